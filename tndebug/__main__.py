@@ -1,0 +1,5 @@
+import sys
+
+from tndebug.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""The fault catalogue: every failure mode of the notes, written the way people get it wrong.
+
+Faults are switched on through config (`ModelConfig.with_faults`) or, for the training-loop
+faults, through `TrainConfig`. The model and the trainer read them; probes never do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    probe: str          # the probe that must catch it ("" for a claim to measure)
+    where: str          # "attention" | "mask" | "embedding" | "block" | "training" | "config"
+    summary: str        # what the buggy code does, in one line
+    norms: tuple[str, ...] = ("pre", "post")   # placements where the fault applies
+    needs: str = ""      # a condition for the fault to show (e.g. "fp16", "resume")
+
+
+_F = Fault
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    _F("no_scale", "missing-scale", "attention", "scores = q @ k^T with no 1/sqrt(d_k)"),
+    _F("scale_by_d_model", "missing-scale", "attention", "scores divided by sqrt(d_model) instead of sqrt(d_k)"),
+    _F("mask_inverted", "mask-broadcast", "mask", "masked_fill on the keep-mask: real tokens are hidden, pads are seen"),
+    _F("pad_mask_query_axis", "mask-broadcast", "mask",
+       "encoder padding mask shaped [B,1,S,1]: it broadcasts over queries, so real queries attend to pads"),
+    _F("no_causal_mask", "mask-broadcast", "mask", "decoder self-attention gets the padding mask only: it sees the future"),
+    _F("causal_transposed", "mask-broadcast", "mask", "causal mask built with triu instead of tril: each position sees the future"),
+    _F("mask_after_softmax", "mask-broadcast", "attention",
+       "masked positions zeroed after softmax: pads stay in the denominator, rows do not sum to 1"),
+    _F("no_memory_mask", "mask-broadcast", "mask", "cross-attention called without the source padding mask"),
+    _F("softmax_wrong_dim", "mask-broadcast", "attention", "softmax over the query axis (dim=-2) instead of the keys"),
+    _F("view_without_transpose", "mask-broadcast", "attention",
+       "heads split with .view(B, h, T, d_k) and no transpose: positions and features mix"),
+    _F("shared_qkv", "head-collapse", "attention", "one Linear used for Q, K and V: scores are symmetric"),
+    _F("identical_head_init", "head-collapse", "attention",
+       "every head initialised from one copy (deepcopy of a head): heads stay identical"),
+    _F("no_pos_encoding", "positional-encoding", "embedding", "positional encoding computed but never added"),
+    _F("no_emb_scale", "positional-encoding", "embedding", "embeddings not multiplied by sqrt(d_model): PE drowns the tokens"),
+    _F("pos_max_len_small", "positional-encoding", "embedding",
+       "PE table too short; positions past max_len are clamped onto its last row"),
+    _F("no_residual", "variance-drift", "block", "sublayer output replaces the stream: x = f(x) with no residual"),
+    _F("pre_ln_no_final_norm", "ln-placement", "block", "Pre-LN stacks without the final LayerNorm", norms=("pre",)),
+    _F("tiny_ln_eps", "nan-scores", "block", "LayerNorm eps=1e-12, which rounds to 0 in float16"),
+    _F("neg_inf_fill_all_masked", "nan-scores", "mask",
+       "2-D padding mask (pad queries too) filled with -inf: fully-masked rows give NaN"),
+    _F("fill_1e9_fp16", "nan-scores", "attention", "mask filled with the literal -1e9, which overflows float16"),
+    _F("label_smoothing_on_pad", "label-smoothing", "training",
+       "label smoothing spreads eps over all V classes, pad included"),
+    _F("warmup_restart_on_resume", "lr-schedule", "training",
+       "on resume the scheduler step and Adam state start from zero: warmup restarts", needs="resume"),
+    _F("no_warmup_high_lr", "ln-placement", "training", "constant lr 1e-3 from step 0, no warmup", norms=("post",)),
+    _F("dead_relu_init", "gradient-flow", "block", "FFN first bias initialised to -3: most ReLUs never fire"),
+    _F("no_dropout", "", "config", "dropout 0 everywhere (the notes claim heads then collapse; measured, not assumed)"),
+)}
+
+TRAINING_FAULTS = frozenset(n for n, f in FAULTS.items() if f.where == "training")
+
+
+def check_faults(names) -> None:
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        raise ValueError(f"unknown fault {unknown[0]!r}; `tndebug faults` lists the {len(FAULTS)} faults")
+
+
+def note_for(name: str) -> str:
+    """The seed note(s) that describe a fault, when known."""
+    try:
+        from tndebug.notes import FAULT_NOTES
+    except ImportError:  # pragma: no cover - notes.py is data shipped with the package
+        return ""
+    entry = FAULT_NOTES.get(name)
+    return entry[1] if entry else ""

@@ -1,0 +1,109 @@
+"""Multi-head scaled dot-product attention (paper §3.2), every intermediate a tap point.
+
+Masks are boolean "keep" masks: True where a query may attend to a key, as in
+`F.scaled_dot_product_attention`. Shapes: [B, 1, 1, S] for padding (broadcast over heads and
+queries), [B, 1, T, T] for padding & causal. The opposite convention, True = ignore, is
+`nn.MultiheadAttention`'s.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tndebug.config import ModelConfig
+from tndebug.model.hooks import HookPoint, tap
+
+# Faults in attention or its masks; any of them disables the fused path, so that the
+# faulted model computes the same numbers whether or not a probe is watching.
+_INTERNAL_FAULTS = ("no_scale", "scale_by_d_model", "mask_after_softmax", "softmax_wrong_dim",
+                    "view_without_transpose", "neg_inf_fill_all_masked", "fill_1e9_fp16",
+                    "mask_inverted", "pad_mask_query_axis", "no_causal_mask", "causal_transposed",
+                    "no_memory_mask")
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.h, self.d_k = cfg.n_heads, cfg.d_k
+        d = cfg.d_model
+        self.w_q = nn.Linear(d, d)
+        if cfg.has("shared_qkv"):     # fault: one projection serves as Q, K and V
+            self.w_k = self.w_v = self.w_q
+        else:
+            self.w_k = nn.Linear(d, d)
+            self.w_v = nn.Linear(d, d)
+        self.w_o = nn.Linear(d, d)
+        self.p_drop = cfg.dropout
+        self.dropout = nn.Dropout(cfg.dropout)
+
+        if cfg.has("no_scale"):
+            self.scale = 1.0
+        elif cfg.has("scale_by_d_model"):
+            self.scale = 1.0 / math.sqrt(d)
+        else:
+            self.scale = 1.0 / math.sqrt(self.d_k)
+        self.fill = ("-inf" if cfg.has("neg_inf_fill_all_masked")
+                     else "1e9" if cfg.has("fill_1e9_fp16") else "finfo")
+        self.mask_after_softmax = cfg.has("mask_after_softmax")
+        self.softmax_dim = -2 if cfg.has("softmax_wrong_dim") else -1
+        self.view_bug = cfg.has("view_without_transpose")
+        self.invert_mask = cfg.has("mask_inverted")
+        self.fusable = not any(cfg.has(f) for f in _INTERNAL_FAULTS)
+
+        self.hook_q = HookPoint()              # [B, h, T, d_k]
+        self.hook_k = HookPoint()              # [B, h, S, d_k]
+        self.hook_v = HookPoint()              # [B, h, S, d_k]
+        self.hook_scores = HookPoint()         # scaled q k^T before the mask  [B, h, T, S]
+        self.hook_masked_scores = HookPoint()  # after masked_fill             [B, h, T, S]
+        self.hook_probs = HookPoint()          # softmax                       [B, h, T, S]
+        self.hook_z = HookPoint()              # per-head outputs              [B, h, T, d_k]
+        self.hook_out = HookPoint()            # after w_o                     [B, T, d_model]
+        self._internal = (self.hook_q, self.hook_k, self.hook_v, self.hook_scores,
+                          self.hook_masked_scores, self.hook_probs, self.hook_z)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        if self.view_bug:   # fault: reinterpret memory without moving the head axis
+            return x.reshape(B, self.h, T, self.d_k)
+        return x.view(B, T, self.h, self.d_k).transpose(1, 2)  # [B, h, T, d_k]
+
+    def fill_value(self, dtype: torch.dtype) -> float:
+        if self.fill == "-inf":
+            return float("-inf")
+        if self.fill == "1e9":
+            return -1e9
+        return torch.finfo(dtype).min
+
+    def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x_q.shape
+        q = tap(self.hook_q, self.split_heads(self.w_q(x_q)))    # [B, h, T, d_k]
+        k = tap(self.hook_k, self.split_heads(self.w_k(x_kv)))   # [B, h, S, d_k]
+        v = tap(self.hook_v, self.split_heads(self.w_v(x_kv)))   # [B, h, S, d_k]
+        if keep is not None and self.invert_mask:
+            keep = ~keep
+        if self.fusable and not any(p.active for p in self._internal):
+            # Fused path: same numbers as below (tests/model/test_attention.py), used only
+            # when no tap inside attention is observed.
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
+                                               dropout_p=self.p_drop if self.training else 0.0)
+        else:
+            z = self.explicit(q, k, v, keep)
+        if self.view_bug:   # the buggy inverse of the buggy split
+            z = z.reshape(B, T, self.h * self.d_k)
+        else:
+            z = z.transpose(1, 2).reshape(B, T, self.h * self.d_k)   # [B, T, d_model]
+        return tap(self.hook_out, self.w_o(z))
+
+    def explicit(self, q, k, v, keep):
+        scores = tap(self.hook_scores, (q @ k.transpose(-2, -1)) * self.scale)   # [B, h, T, S]
+        if keep is not None and not self.mask_after_softmax:
+            scores = scores.masked_fill(~keep, self.fill_value(scores.dtype))
+        scores = tap(self.hook_masked_scores, scores)
+        probs = scores.softmax(dim=self.softmax_dim)
+        if keep is not None and self.mask_after_softmax:   # fault: zero after normalising
+            probs = probs.masked_fill(~keep, 0.0)
+        probs = tap(self.hook_probs, probs)
+        return tap(self.hook_z, self.dropout(probs) @ v)     # [B, h, T, d_k]

@@ -1,0 +1,63 @@
+"""Token embeddings scaled by sqrt(d_model) and sinusoidal positional encoding (paper §3.4-3.5)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from tndebug.config import ModelConfig
+from tndebug.model.hooks import HookPoint, tap
+
+
+class PositionLimitError(ValueError):
+    """A sequence is longer than the positional-encoding table."""
+
+
+def sinusoid_table(max_len: int, d_model: int) -> torch.Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...).  # [max_len, d_model]"""
+    pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div)
+    return pe
+
+
+class Embeddings(nn.Module):
+    """lut(x) * sqrt(d_model) + PE[:T], then dropout."""
+
+    def __init__(self, vocab: int, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.lut = nn.Embedding(vocab, cfg.d_model)
+        self.scale = 1.0 if cfg.has("no_emb_scale") else math.sqrt(cfg.d_model)
+        self.add_pe = not cfg.has("no_pos_encoding")
+        self.clamp_positions = cfg.has("pos_max_len_small")
+        max_len = 8 if self.clamp_positions else cfg.max_len
+        self.register_buffer("pe", sinusoid_table(max_len, cfg.d_model), persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.hook_tok = HookPoint()   # scaled token embeddings  [B, T, d_model]
+        self.hook_pe = HookPoint()    # the PE rows added          [1, T, d_model]
+        self.hook_out = HookPoint()   # token + PE                [B, T, d_model]
+
+    def positions(self, T: int) -> torch.Tensor:
+        max_len = self.pe.shape[0]
+        if T <= max_len:
+            return self.pe[:T]
+        if self.clamp_positions:   # fault: silently reuse the last row for every later position
+            idx = torch.arange(T, device=self.pe.device).clamp(max=max_len - 1)
+            return self.pe[idx]
+        raise PositionLimitError(
+            f"sequence length {T} exceeds the positional-encoding table (max_len={max_len}); "
+            f"raise ModelConfig.max_len")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tok = tap(self.hook_tok, self.lut(x) * self.scale)               # [B, T, d_model]
+        if self.add_pe:
+            pe = tap(self.hook_pe, self.positions(x.shape[1]).unsqueeze(0).to(tok.dtype))  # [1, T, d_model]
+            out = tok + pe
+        else:
+            tap(self.hook_pe, self.positions(x.shape[1]).unsqueeze(0).to(tok.dtype))  # computed, never added
+            out = tok
+        return self.dropout(tap(self.hook_out, out))

@@ -1,0 +1,100 @@
+"""Encoder and decoder layers (paper §3.1), with the residual + LayerNorm placement selectable.
+
+post (the paper):               x = norm(x + dropout(f(x)))
+pre  (The Annotated Transformer): x = x + dropout(f(norm(x))), and a final norm after the stack
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tndebug.config import ModelConfig
+from tndebug.model.attention import MultiHeadAttention
+from tndebug.model.hooks import HookPoint, tap
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper §3.3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.hook_hidden = HookPoint()   # after ReLU  [B, T, d_ff]
+        self.hook_out = HookPoint()      # [B, T, d_model]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = tap(self.hook_hidden, torch.relu(self.w_1(x)))
+        return tap(self.hook_out, self.w_2(self.dropout(h)))
+
+
+def layer_norm(cfg: ModelConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(cfg.d_model, eps=1e-12 if cfg.has("tiny_ln_eps") else cfg.ln_eps)
+
+
+class Sublayer(nn.Module):
+    """Residual connection around one sublayer, with its LayerNorm placed pre or post."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.pre = cfg.norm == "pre"
+        self.residual = not cfg.has("no_residual")
+        self.norm = layer_norm(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.hook_resid = HookPoint()    # the residual stream after this sublayer  [B, T, d_model]
+
+    def forward(self, x: torch.Tensor, f) -> torch.Tensor:
+        if self.pre:
+            y = self.dropout(f(self.norm(x)))
+            out = x + y if self.residual else y
+        else:
+            y = self.dropout(f(x))
+            out = self.norm(x + y if self.residual else y)
+        return tap(self.hook_resid, out)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg)
+        self.ffn = FeedForward(cfg)
+        self.sublayer = nn.ModuleList([Sublayer(cfg) for _ in range(2)])
+        self.hook_out = HookPoint()   # [B, S, d_model]
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        x = self.sublayer[0](x, lambda y: self.self_attn(y, y, keep))
+        return tap(self.hook_out, self.sublayer[1](x, self.ffn))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg)
+        self.cross_attn = MultiHeadAttention(cfg)
+        self.ffn = FeedForward(cfg)
+        self.sublayer = nn.ModuleList([Sublayer(cfg) for _ in range(3)])
+        self.hook_out = HookPoint()   # [B, T, d_model]
+
+    def forward(self, x, memory, self_keep, memory_keep) -> torch.Tensor:
+        x = self.sublayer[0](x, lambda y: self.self_attn(y, y, self_keep))
+        x = self.sublayer[1](x, lambda y: self.cross_attn(y, memory, memory_keep))
+        return tap(self.hook_out, self.sublayer[2](x, self.ffn))
+
+
+class Stack(nn.Module):
+    """N identical layers, then the final norm in pre-LN (none in post-LN, as in the paper)."""
+
+    def __init__(self, cfg: ModelConfig, layer_cls) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([layer_cls(cfg) for _ in range(cfg.n_layers)])
+        final = cfg.norm == "pre" and not cfg.has("pre_ln_no_final_norm")
+        self.norm = layer_norm(cfg) if final else None
+        self.hook_out = HookPoint()   # the stack's output  [B, T, d_model]
+
+    def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, *args)
+        if self.norm is not None:
+            x = self.norm(x)
+        return tap(self.hook_out, x)

@@ -1,0 +1,123 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017, Fig. 1).
+
+    model = Transformer(ModelConfig.small())
+    logits = model(src, tgt_in)          # src [B, S], tgt_in [B, T] -> [B, T, tgt_vocab]
+
+Masks are built inside from `pad_id` (True = may attend, see attention.py).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tndebug.config import ModelConfig
+from tndebug.model.embedding import Embeddings
+from tndebug.model.hooks import HookPoint, name_hook_points, tap
+from tndebug.model.layers import DecoderLayer, EncoderLayer, Stack
+
+
+class Generator(nn.Module):
+    """Final linear projection to the target vocabulary (logits; softmax lives in the loss)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.proj = nn.Linear(cfg.d_model, cfg.tgt_vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = Embeddings(cfg.src_vocab, cfg)
+        self.tgt_embed = Embeddings(cfg.tgt_vocab, cfg)
+        self.encoder = Stack(cfg, EncoderLayer)
+        self.decoder = Stack(cfg, DecoderLayer)
+        self.generator = Generator(cfg)
+        self.hook_logits = HookPoint()   # [B, T, tgt_vocab]
+        self.reset_parameters()
+        self.hook_points = name_hook_points(self)
+
+    # -- initialisation ------------------------------------------------------------
+    def reset_parameters(self) -> None:
+        """Xavier-uniform for matrices (as The Annotated Transformer), N(0, 1/d) embeddings."""
+        cfg = self.cfg
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        for emb in (self.src_embed.lut, self.tgt_embed.lut):
+            nn.init.normal_(emb.weight, std=cfg.d_model ** -0.5)
+        if cfg.tie_embeddings:
+            self.tgt_embed.lut.weight = self.generator.proj.weight
+            self.src_embed.lut.weight = self.generator.proj.weight
+        if cfg.has("identical_head_init"):
+            for name, m in self.named_modules():
+                if name.endswith("attn"):
+                    copy_head_zero(m)
+        if cfg.has("dead_relu_init"):
+            for name, m in self.named_modules():
+                if name.endswith("ffn"):
+                    nn.init.constant_(m.w_1.bias, -3.0)
+
+    # -- masks ---------------------------------------------------------------------
+    def masks(self, src: torch.Tensor, tgt: torch.Tensor):
+        """Keep-masks: encoder self [B,1,1,S], decoder self [B,1,T,T], memory [B,1,1,S]."""
+        cfg, T = self.cfg, tgt.shape[1]
+        src_keep, tgt_keep = src != cfg.pad_id, tgt != cfg.pad_id          # [B, S], [B, T]
+        enc = src_keep[:, None, None, :]                                     # [B, 1, 1, S]
+        if cfg.has("pad_mask_query_axis"):
+            enc = src_keep[:, None, :, None]                                 # [B, 1, S, 1] (wrong axis)
+        memory = None if cfg.has("no_memory_mask") else src_keep[:, None, None, :]
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device)
+        causal = causal.triu() if cfg.has("causal_transposed") else causal.tril()   # [T, T]
+        dec = tgt_keep[:, None, None, :]                                     # [B, 1, 1, T]
+        if not cfg.has("no_causal_mask"):
+            dec = dec & causal                                               # [B, 1, T, T]
+        if cfg.has("neg_inf_fill_all_masked"):   # a "square" padding mask hides pad queries too
+            enc = enc & src_keep[:, None, :, None]
+            dec = dec & tgt_keep[:, None, :, None]
+        return enc, dec, memory
+
+    # -- forward -------------------------------------------------------------------
+    def encode(self, src: torch.Tensor, enc_keep: torch.Tensor | None = None) -> torch.Tensor:
+        if enc_keep is None:
+            enc_keep = self.masks(src, src[:, :1])[0]
+        return self.encoder(self.src_embed(src), enc_keep)                  # [B, S, d_model]
+
+    def decode(self, memory, src, tgt, dec_keep=None, memory_keep=None) -> torch.Tensor:
+        """Logits for every target position.  # [B, T, tgt_vocab]"""
+        if dec_keep is None:
+            _, dec_keep, memory_keep = self.masks(src, tgt)
+        x = self.decoder(self.tgt_embed(tgt), memory, dec_keep, memory_keep)
+        return tap(self.hook_logits, self.generator(x))
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        enc, dec, memory_keep = self.masks(src, tgt)
+        memory = self.encode(src, enc)
+        return self.decode(memory, src, tgt, dec, memory_keep)
+
+
+def copy_head_zero(attn: nn.Module) -> None:
+    """Fault `identical_head_init`: every head's slice of W_Q, W_K, W_V and W_O copies head 0."""
+    h, d_k = attn.h, attn.d_k
+    with torch.no_grad():
+        for lin in {id(l): l for l in (attn.w_q, attn.w_k, attn.w_v)}.values():
+            w, b = lin.weight.view(h, d_k, -1), lin.bias.view(h, d_k)
+            w[1:] = w[0]
+            b[1:] = b[0]
+        wo = attn.w_o.weight.view(-1, h, d_k)   # [d_model, h, d_k]: column block per head
+        wo[:, 1:] = wo[:, :1]
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_model(cfg: ModelConfig | None = None, **kw) -> Transformer:
+    """Build a Transformer from a config (default: the `small` preset)."""
+    return Transformer(cfg or ModelConfig.small(**kw))
+
+
+__all__ = ["Transformer", "Generator", "make_model", "count_parameters"]

@@ -1,0 +1,445 @@
+"""What the four seed tutorial notes say, as plain data.
+
+The notes are in /work/shared/seeds/ (written in Chinese):
+
+* 000: a hand-written PyTorch 1.13 walkthrough with a pitfall table;
+* 001: a code companion to a slide deck, in the style of the annotated Transformer;
+* 002: a source-level dissection of the Transformer;
+* 003: a "day 14" reading guide to The Annotated Transformer.
+
+This module holds four tables:
+
+SEED_NOTES
+    note id -> one-line English title.
+FAULT_NOTES
+    fault name -> (what the bug does, as people usually write it;
+    the note ids that describe it;
+    the fix, in the words of the notes).
+    If no note describes a fault, the source is "(FAILURE_MODES.md)" and
+    the fix text names the closest note as "(closest: note NNN)".
+PROBE_CAUSES
+    probe name -> probable cause, paraphrased from the notes, with
+    citations such as "[note 001]".
+NOTE_CLAIMS
+    Concrete claims in the notes that a measurement can confirm or refute.
+    Each entry is a dict with the keys note, claim, quote (the original
+    Chinese, at most 80 chars), checkable_how and flag.  The flag gives our
+    verdict: "contradicts ..." or "wrong (measured ...)" where we checked
+    with torch on CPU, or "" when the claim is plausible but unchecked.
+
+The notes are not reliable.  Several of their claims are wrong or
+contradict each other (see the flags).  Treat them as hypotheses for
+tndebug to test, not as ground truth.
+"""
+from __future__ import annotations
+
+SEED_NOTES: dict[str, str] = {
+    "000": "Hand-written 'Attention is all you need' code notes (PyTorch 1.13): "
+           "module-by-module walkthrough, training config (BPE, Noam, smoothing), pitfall table",
+    "001": "Slide-deck companion: paper formulas to debuggable PyTorch (annotated-Transformer "
+           "style MHA/PE/LayerNorm/Noam/LabelSmoothing) with per-section troubleshooting",
+    "002": "Source-level dissection: multi-head split, sinusoidal vs learned PE, Post-LN vs "
+           "Pre-LN, padding/causal masks, lr/dropout/smoothing, training pitfalls",
+    "003": "Day-14 guide to The Annotated Transformer (Rush 2018 / Huang et al. 2022): pre-norm "
+           "deviation from paper, mask shapes, KLDiv label smoothing, copy task",
+}
+
+FAULT_NOTES: dict[str, tuple[str, str, str]] = {
+    "no_scale": (
+        "Scores QK^T not divided by sqrt(d_k); logits std ~8 at d_k=64 and softmax saturates",
+        "000,001,002",
+        "Divide scores by math.sqrt(d_k) (d_k=d_model/h=64) before mask+softmax; "
+        "not a hyperparameter but a mathematical necessity",
+    ),
+    "scale_by_d_model": (
+        "Scores divided by sqrt(d_model)=22.6 instead of sqrt(d_k)=8; attention too flat",
+        "(FAILURE_MODES.md)",
+        "Scale by sqrt(d_k) with d_k=q.size(-1) after the head split (64, not 512) "
+        "(closest: note 001, 'that 64 is d_k')",
+    ),
+    "mask_inverted": (
+        "Fills where mask==1 instead of mask==0, so real tokens are hidden and pads/future kept",
+        "001",
+        "Mask is 1/True for tokens to keep; use masked_fill(mask == 0, fill) and print the "
+        "mask to check it",
+    ),
+    "pad_mask_query_axis": (
+        "Padding mask broadcast over the query axis; real queries still attend to pad keys",
+        "000,002,003",
+        "Build src_mask as (src != pad).unsqueeze(1).unsqueeze(2) -> (batch,1,1,src_len) so "
+        "it masks the key (last) axis",
+    ),
+    "no_causal_mask": (
+        "Decoder self-attention has no subsequent mask; position t sees tokens after t",
+        "000,001,002,003",
+        "AND the target pad mask with a lower-triangular subsequent_mask (torch.tril) in "
+        "decoder self-attention",
+    ),
+    "causal_transposed": (
+        "Causal mask built with triu (upper) instead of tril; each query sees only the future",
+        "001,003",
+        "Row i = query i must see keys 1..i: subsequent_mask(4) must print "
+        "[[1,0,0,0],[1,1,0,0],[1,1,1,0],[1,1,1,1]]",
+    ),
+    "mask_after_softmax": (
+        "Multiplies mask * attn_probs after softmax; pad scores stay in denominator, rows !=1",
+        "000",
+        "Apply masked_fill(mask == 0, fill) to the scores BEFORE softmax so masked "
+        "weights are exactly 0",
+    ),
+    "no_memory_mask": (
+        "Cross-attention gets no src_mask, so decoder queries attend to source padding",
+        "002,001",
+        "Pass the encoder padding mask (src_mask) to the encoder-decoder attention "
+        "src_attn(x, memory, memory, src_mask)",
+    ),
+    "softmax_wrong_dim": (
+        "Softmax over the query axis (dim=-2) instead of keys (dim=-1); rows don't sum to 1",
+        "(FAILURE_MODES.md)",
+        "Use softmax(scores, dim=-1) over seq_len_k; scores are (batch, head, seq_len_q, "
+        "seq_len_k) (closest: note 000)",
+    ),
+    "view_without_transpose": (
+        "view(B,T,h,d_k) with no transpose(1,2); notes say it errors, but it mixes positions",
+        "000,001",
+        "q.view(B,T,h,d_k).transpose(1,2) -> (B,h,T,d_k); merge back with "
+        "transpose(1,2).contiguous().view(B,T,d_model)",
+    ),
+    "shared_qkv": (
+        "One projection (W_q=W_k=W_v, or a single Linear reused) makes Q, K and V identical",
+        "001",
+        "Use three separate Linear layers for Q/K/V plus W_o; check id(linears[0]) != "
+        "id(linears[1])",
+    ),
+    "identical_head_init": (
+        "All heads start from identical weights, so they stay the same as one head",
+        "(FAILURE_MODES.md)",
+        "Give each head its own random xavier_uniform_ draw so heads learn different patterns "
+        "(closest: note 001)",
+    ),
+    "no_pos_encoding": (
+        "PE computed but never added to the embeddings; the model is blind to token order",
+        "000,002,001",
+        "Make sure pe is added: x = x + self.pe[:, :x.size(1)] (with pe as a registered "
+        "buffer), then dropout",
+    ),
+    "no_emb_scale": (
+        "Token embeddings not multiplied by sqrt(d_model) before PE, so PE/emb ratio is off",
+        "001,003",
+        "Embeddings: self.lut(x) * math.sqrt(self.d_model), then add the positional encoding",
+    ),
+    "pos_max_len_small": (
+        "PE table max_len <= longest sequence; longer inputs overrun the table",
+        "000,002",
+        "Set max_len well above the longest sequence (note 000: >=2x, e.g. 256 for 128; "
+        "default 5000) or compute PE on the fly",
+    ),
+    "no_residual": (
+        "A sublayer drops the residual add (x = sublayer(x)); gradients stop flowing",
+        "002,001",
+        "Keep x + dropout(sublayer(x)) around every sublayer (2 per encoder layer, 3 per "
+        "decoder layer) before/with LayerNorm",
+    ),
+    "pre_ln_no_final_norm": (
+        "Pre-LN blocks x+sublayer(norm(x)) with no final LayerNorm; output stream unnormalised",
+        "(FAILURE_MODES.md)",
+        "With pre-norm SublayerConnection, add a final LayerNorm after the last "
+        "encoder/decoder layer (annotated Encoder.norm) (closest: note 003)",
+    ),
+    "tiny_ln_eps": (
+        "LayerNorm eps set tiny (1e-8/1e-12), which rounds to 0 in fp16; NaN on const rows",
+        "000",
+        "Use eps=1e-5 (note 000: change eps from 1e-8 to 1e-5); tiny eps is unsafe when LN "
+        "runs in fp16",
+    ),
+    "neg_inf_fill_all_masked": (
+        "masked_fill(..., float('-inf')): a fully masked row (all-pad) gives NaN in softmax",
+        "000,001,002",
+        "Fill with a large finite negative (note 002: -1e9; dtype-safe: "
+        "torch.finfo(dtype).min) so all-masked rows give no NaN",
+    ),
+    "fill_1e9_fp16": (
+        "Mask fill of -1e9 overflows fp16 (max 65504); becomes -inf or errors under autocast",
+        "(FAILURE_MODES.md)",
+        "Use torch.finfo(scores.dtype).min (or -1e4) instead of -1e9 when training in "
+        "float16 mixed precision (closest: note 002)",
+    ),
+    "label_smoothing_on_pad": (
+        "Smoothing spreads eps over all V-1 classes incl. <pad>; pad rows also give loss",
+        "000,001,003",
+        "Spread eps over size-2 classes, zero true_dist[:, pad_idx] and rows with "
+        "target==pad, else model learns to predict pad",
+    ),
+    "warmup_restart_on_resume": (
+        "Checkpoint omits step_num; after resume warmup restarts and lr jumps",
+        "000",
+        "Save {'model','optimizer', 'step_num': opt.step_num} in the checkpoint and restore "
+        "them so the schedule continues",
+    ),
+    "no_warmup_high_lr": (
+        "No warmup and a large peak lr; loss oscillates or goes to NaN/inf early",
+        "000,002",
+        "Use the Noam schedule with warmup (warmup_steps=4000, step_num from 1) and a modest "
+        "peak lr; Post-LN needs warmup",
+    ),
+    "dead_relu_init": (
+        "Bad FFN init (e.g. negative bias) leaves most ReLU units never active",
+        "(FAILURE_MODES.md)",
+        "Init FFN w_1 with xavier_uniform_ (it feeds the ReLU) and default bias; no "
+        "large negative bias (closest: note 000)",
+    ),
+    "no_dropout": (
+        "Dropout set to 0 everywhere; note 000 says heads in a layer collapse to one pattern",
+        "000,002",
+        "Use dropout=0.1 on sublayer outputs (before residual add) and on emb+PE; "
+        "note 000: dropout=0.1 restored head diversity",
+    ),
+}
+
+PROBE_CAUSES: dict[str, str] = {
+    "nan-scores": (
+        "A LayerNorm eps that is too small, or QK^T overflowing when d_k is large, gives NaN "
+        "(fix: eps 1e-5, clamp scores) [note 000]. Filling masks with -inf makes softmax "
+        "NaN, so use -1e9; a too-high lr also sends loss to NaN [note 002]."
+    ),
+    "missing-scale": (
+        "The / sqrt(d_k) was dropped, so Var(q.k) grows with d_k (std ~8 at d_k=64) and "
+        "softmax saturates toward one-hot with vanishing gradients [notes 001, 002]. Check "
+        "that scores stay within about [-10, 10] [note 001]."
+    ),
+    "mask-broadcast": (
+        "The mask has the wrong shape or is broadcast wrongly in some module, so attention "
+        "is blocked or pads take part and loss won't drop [note 002]. src mask (B,1,S) and "
+        "tgt mask (B,T,T) need unsqueeze(1) for the heads, and mask==0 must not be "
+        "inverted [notes 003, 001]."
+    ),
+    "head-collapse": (
+        "With dropout=0.0 all heads of a layer collapsed to one pattern, and dropout=0.1 "
+        "restored them [note 000]. A multi-head output equal to the single-head one means "
+        "W_q=W_k=W_v or one Linear reused [note 001]."
+    ),
+    "variance-drift": (
+        "Note 000 says LN placement sets the layer variance: after the residual it stays at "
+        "0.9-1.1, before it it can pass 5.0 by layer 3 [note 000]. Pre-LN growth with "
+        "depth is expected (our sim: 2.15 at layer 3); a large eps (1e-3) gives a jagged "
+        "loss [note 000]."
+    ),
+    "ln-placement": (
+        "The paper is Post-LN norm(x + sublayer(x)); notes 000/001 call pre-norm a bug, "
+        "while the annotated code is pre-norm for brevity [notes 000, 001, 003]. Pre-LN "
+        "trains more stably without warmup, and Post-LN must be restored to reproduce "
+        "the paper [notes 002, 003]."
+    ),
+    "positional-encoding": (
+        "Loss stuck at about 3.5 means the PE was never added to the embeddings, or pads "
+        "take part in attention [note 000]. Also check the embeddings are scaled by "
+        "sqrt(d_model) and max_len exceeds the sequence length [notes 001, 000, 002]."
+    ),
+    "gradient-flow": (
+        "Residual connections let gradients go straight back to earlier layers, and without "
+        "residual+LayerNorm a deep Transformer cannot be trained [note 002]. A wrong LN "
+        "order or a bad init (use Xavier) destabilises gradients [notes 000, 001, 002]."
+    ),
+    "loss-health": (
+        "A plateau at about 3.5 points to missing PE or attention to pads, and early inf/NaN "
+        "points to lr/warmup [notes 000, 002]. The notes take a failed overfit of a tiny "
+        "dataset or the copy task as proof of a code bug [notes 002, 003]."
+    ),
+    "lr-schedule": (
+        "Use Noam with warmup_steps=4000 and step_num counted from 1; resuming without "
+        "step_num resets warmup and the loss jumps [note 000]. No warmup with a high lr "
+        "gives NaN, and note 002 keeps the peak at about 1e-4 [note 002]."
+    ),
+    "label-smoothing": (
+        "KLDivLoss needs log_softmax input, not logits, and the pad column and pad-target "
+        "rows must be zeroed or the model learns to predict pad [note 003]. Note 000 "
+        "instead spreads eps/(V-1) over every class, pad included [notes 000, 001]."
+    ),
+}
+
+NOTE_CLAIMS: list[dict] = [
+    {
+        "note": "000",
+        "claim": "Pre-LN (LN before residual) is a mistake: layer-3 output variance >5.0 and "
+                 "Adam fails; Post-LN stays at 0.9-1.1",
+        "quote": "若前置，则第3层输出方差可能飙升至5.0以上，Adam优化器直接失效",
+        "checkable_how": "Per-layer residual RMS at init for Pre-/Post-LN; train both with "
+                         "and without warmup",
+        "flag": "contradicts 002,003 (Pre-LN is more stable) and Xiong 2020; our CPU sim "
+                "(6 layers, unit input) gives Pre-LN var 2.15 at layer 3 (linear growth, normal)",
+    },
+    {
+        "note": "001",
+        "claim": "LayerNorm inside the sublayer (pre-norm) causes gradient instability",
+        "quote": "常见错误是把LayerNorm放在Sublayer(x)内部，这会导致梯度不稳定",
+        "checkable_how": "Per-layer grad norms at init (Xiong: Pre-LN flat, Post-LN grows "
+                         "toward output)",
+        "flag": "contradicts 002 and 003 (annotated code is pre-norm; most LLMs use it)",
+    },
+    {
+        "note": "002",
+        "claim": "Pre-LN trains more stably and needs no learning-rate warmup for deep models",
+        "quote": "Pre-LN的训练更稳定不需要学习率预热就能训练深层模型",
+        "checkable_how": "Train Pre-LN and Post-LN without warmup at the same lr; compare "
+                         "divergence rate",
+        "flag": "consistent with Xiong 2020; contradicts 000 and 001",
+    },
+    {
+        "note": "000",
+        "claim": "Without 1/sqrt(d_k) the attention tends to uniform (high entropy) and "
+                 "loses focus; loss drops slowly",
+        "quote": "注意力分布趋向均匀（entropy高），丧失聚焦能力",
+        "checkable_how": "Normalised attention entropy at step 0 with vs without scale",
+        "flag": "wrong (measured: normalised entropy 0.14 unscaled vs 0.88 scaled, max-p "
+                "0.80 vs 0.13); contradicts 001,002 (one-hot/sharp)",
+    },
+    {
+        "note": "001",
+        "claim": "Without scaling, softmax goes near one-hot, gradients vanish, early "
+                 "loss oscillates",
+        "quote": "导致Softmax输出趋近于one-hot分布，梯度消失",
+        "checkable_how": "Max attention prob and grad norm of W_Q/W_K at step 0, "
+                         "scaled vs unscaled",
+        "flag": "confirmed at init (max-p 0.80 unscaled); note 000 says the opposite",
+    },
+    {
+        "note": "000",
+        "claim": "For d_k=64 the raw QK^T dot product has mean ~64 and std ~8",
+        "quote": "QK^T点积均值约64，标准差约8",
+        "checkable_how": "Sample unit-variance q,k with d_k=64; measure mean/std of q.k",
+        "flag": "half wrong (measured mean 0.00, std 8.01): variance is d_k, mean is 0",
+    },
+    {
+        "note": "001",
+        "claim": "Forgetting transpose after view makes matmul raise a size mismatch",
+        "quote": "若此处维度错位（如忘记transpose），matmul会报size mismatch",
+        "checkable_how": "Run self-attention with view(B,T,h,d_k) without transpose; "
+                         "check for an error",
+        "flag": "wrong (measured: matmul runs silently, (B,T,h,h) scores mixing positions; "
+                "errors only if T!=S); note 000 claims the same",
+    },
+    {
+        "note": "002",
+        "claim": "-inf in masked_fill makes softmax NaN, so use -1e9 (equivalent masking)",
+        "quote": "负无穷在softmax里会导致NaN而-1e9足够小",
+        "checkable_how": "Softmax of a partly vs fully masked row with -inf / -1e9; "
+                         "-1e9 fill in fp16",
+        "flag": "partly wrong: NaN only for fully masked rows (all -1e9 gives uniform "
+                "1/n); -1e9 overflows fp16 (masked_fill raises); 000/001 use -inf",
+    },
+    {
+        "note": "000",
+        "claim": "LayerNorm eps=1e-6 can make var+eps zero on GPU and trigger NaN; "
+                 "eps=1e-3 gives a jagged loss",
+        "quote": "eps=1e-6时，GPU浮点精度下var(x)+eps可能为0，触发NaN",
+        "checkable_how": "LayerNorm on constant rows with eps 1e-6/1e-8/1e-12 in fp32 and "
+                         "fp16",
+        "flag": "wrong for fp32 (finite even at 1e-12); in fp16 1e-6 is representable, "
+                "1e-8 and 1e-12 round to 0",
+    },
+    {
+        "note": "000",
+        "claim": "With dropout=0.0 every head in layer 4 collapsed to the same pattern; "
+                 "dropout=0.1 restored diversity",
+        "quote": "dropout=0.0时，第4层所有头均坍缩，启用dropout=0.1后恢复多样性",
+        "checkable_how": "Pairwise head JS divergence/entropy per layer, dropout 0 vs 0.1, "
+                         "several seeds",
+        "flag": "unsupported; FAILURE_MODES: redundant heads are normal, only exact "
+                "duplication is a bug",
+    },
+    {
+        "note": "000",
+        "claim": "warmup 4000 found by grid search; warmup 1000 sends loss to inf within 100 "
+                 "steps; 8000 is 0.12 worse at step 4000",
+        "quote": "warmup_steps=1000：前期学习率过高，梯度爆炸，loss在100步内升至inf",
+        "checkable_how": "Noam lr values (w=1000: lr@100=1.4e-4, peak 1.4e-3) and short "
+                         "training runs per warmup",
+        "flag": "implausible: at step 100 the w=1000 lr is only 1.4e-4, lower than the "
+                "w=4000 peak (7.0e-4)",
+    },
+    {
+        "note": "002",
+        "claim": "Loss went NaN from a too-high lr; warmup plus a peak lr of ~1e-4 fixed it",
+        "quote": "后来加了预热学习率峰值控制在1e-4左右训练就稳定了",
+        "checkable_how": "Log peak lr; Noam(d=512,w=4000) peaks at 6.99e-4",
+        "flag": "contradicts the Noam schedule in 000/001/003 (peak ~7e-4, factor 1)",
+    },
+    {
+        "note": "000",
+        "claim": "Loss stuck at ~3.5 means PE not added or pads attended (attention "
+                 "uniform)",
+        "quote": "训练loss不下降，始终在3.5左右",
+        "checkable_how": "Compare the plateau with ln V and the unigram entropy; run the "
+                         "PE-permutation test",
+        "flag": "the 3.5 is vocab-dependent (ln 37000=10.5), so not a universal signature",
+    },
+    {
+        "note": "000",
+        "claim": "max_len=128 (= longest train sentence) silently truncates PE and costs "
+                 "2.3 BLEU; use >=256",
+        "quote": "max_len=128时，模型在验证集上BLEU分数下降2.3分",
+        "checkable_how": "Feed seq_len>max_len through PositionalEncoding; observe "
+                         "error vs silent truncation",
+        "flag": "doubtful: x + pe[:, :T] with T>max_len raises a shape error rather than "
+                "truncating (note 002: 'out of bounds')",
+    },
+    {
+        "note": "000",
+        "claim": "Label smoothing puts eps/(V-1) on every other class; CrossEntropyLoss "
+                 "cannot do smoothing",
+        "quote": "其他类为ε/(vocab_size-1)",
+        "checkable_how": "Unit-test the criterion: gradient on the pad column at uniform "
+                         "logits",
+        "flag": "contradicts 001/003 (eps/(V-2), pad column and rows zeroed); "
+                "CrossEntropyLoss has label_smoothing since torch 1.10",
+    },
+    {
+        "note": "001",
+        "claim": "Usage example feeds raw logits to the KLDivLoss label smoothing criterion",
+        "quote": "pred = torch.randn(2, 1000) # logits",
+        "checkable_how": "Check that the criterion input rows logsumexp to 0 (log-probs)",
+        "flag": "bug: 003 says KLDivLoss needs log_softmax input, not logits",
+    },
+    {
+        "note": "001",
+        "claim": "Embeddings x sqrt(d_model) keep the embedding from dominating, else PE is "
+                 "drowned; embedding norm ~22.6",
+        "quote": "否则PE信号被Embedding淹没",
+        "checkable_how": "rho = RMS(emb*scale)/RMS(PE) with and without the scale",
+        "flag": "direction wrong: scaling enlarges emb; with xavier (V=1000) unscaled rho ~0.05. "
+                "Measured norm 863, not 22.6",
+    },
+    {
+        "note": "002",
+        "claim": "Overfitting a tiny dataset to ~100% accuracy shows the model and code "
+                 "are basically correct",
+        "quote": "如果模型能在这个小数据集上达到接近100%的准确率说明模型结构和代码逻辑基本没问题",
+        "checkable_how": "Inject view-without-transpose, no_causal_mask etc.; see whether "
+                         "the copy task still reaches ~100%",
+        "flag": "contradicted by FAILURE_MODES (a copy task missed view-without-"
+                "transpose); 003 makes the same copy-task claim",
+    },
+    {
+        "note": "000",
+        "claim": "Vocabulary must be sorted so that <unk>=0 and <pad>=1",
+        "quote": "确保<unk>索引为0，<pad>为1",
+        "checkable_how": "Compare pad id used by vocab, masks and criterion",
+        "flag": "conflicts with 002 (create_padding_mask pad_token=0) and 001 "
+                "(padding_idx=0); risk of pad-id mismatch",
+    },
+    {
+        "note": "000",
+        "claim": "Resuming without step_num resets warmup, lr jumps, and loss rises 0.3",
+        "quote": "学习率预热会重置，导致后续训练学习率突变",
+        "checkable_how": "lr just before and after resume vs schedule(global_step); "
+                         "loss jump",
+        "flag": "",
+    },
+    {
+        "note": "003",
+        "claim": "Label smoothing (0.9/0.1) worsens perplexity but improves BLEU",
+        "quote": "困惑度会变差，但 BLEU 会提高",
+        "checkable_how": "Train eps=0 vs 0.1; compare held-out perplexity and BLEU/accuracy",
+        "flag": "",
+    },
+]

@@ -1,0 +1,54 @@
+"""Probes: one file, one class per failure mode. `REGISTRY` maps stable names to classes."""
+from __future__ import annotations
+
+import importlib
+
+from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext, StepInfo
+
+# name -> module (one file per probe); the order is the report's order.
+_MODULES = {
+    "nan-scores": "nan_scores",
+    "missing-scale": "missing_scale",
+    "mask-broadcast": "mask_broadcast",
+    "head-collapse": "head_collapse",
+    "variance-drift": "variance_drift",
+    "ln-placement": "ln_placement",
+    "positional-encoding": "positional_encoding",
+    "gradient-flow": "gradient_flow",
+    "loss-health": "loss_health",
+    "lr-schedule": "lr_schedule",
+    "label-smoothing": "label_smoothing",
+}
+PROBE_NAMES = tuple(_MODULES)
+
+
+def probe_class(name: str) -> type[Probe]:
+    if name not in _MODULES:
+        raise ProbeError(f"unknown probe {name!r}; valid: {', '.join(PROBE_NAMES)}, all, none")
+    module = importlib.import_module(f"tndebug.probes.{_MODULES[name]}")
+    for obj in vars(module).values():
+        if isinstance(obj, type) and issubclass(obj, Probe) and obj.name == name:
+            return obj
+    raise ProbeError(f"module tndebug.probes.{_MODULES[name]} defines no probe named {name!r}")
+
+
+def parse_probe_spec(spec: str | None) -> list[str]:
+    """'all' | 'none' | 'a,b' -> names, validated at once."""
+    if spec is None or spec.strip() in ("", "none"):
+        return []
+    if spec.strip() == "all":
+        return list(PROBE_NAMES)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    for n in names:
+        if n not in _MODULES:
+            raise ProbeError(f"unknown probe {n!r}; valid: {', '.join(PROBE_NAMES)}, all, none")
+    return names
+
+
+def make_probes(spec: str | list[str] | None) -> list[Probe]:
+    names = parse_probe_spec(spec) if not isinstance(spec, list) else spec
+    return [probe_class(n)() for n in names]
+
+
+__all__ = ["Probe", "ProbeError", "ResumeInfo", "RunContext", "StepInfo", "PROBE_NAMES",
+           "probe_class", "parse_probe_spec", "make_probes"]

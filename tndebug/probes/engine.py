@@ -1,0 +1,168 @@
+"""The probe engine: attaches probes to a run, captures traces on scheduled steps only, and
+syncs all probes' device statistics to the host once per probed step.
+
+    engine = ProbeEngine(probes, run)
+    with engine:                          # every hook is removed on exit, even on error
+        engine.setup()
+        for step ...:
+            trace = engine.begin_step(step, src, tgt_in)     # None on off-schedule steps
+            loss = ...; loss.backward()
+            engine.end_step(StepInfo(step, lr, loss, ...))  # before optimizer.step()
+        findings = engine.finish()
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+
+from tndebug.findings import Finding
+from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
+from tndebug.trace import Trace
+
+Reducer = Callable[[torch.Tensor], torch.Tensor]
+
+
+class ProbeEngine:
+    def __init__(self, probes: Iterable[Probe], run: RunContext, sinks: Iterable[Any] = (),
+                 reducer: Reducer | None = None) -> None:
+        self.probes = list(probes)
+        self.run = run
+        self.sinks = list(sinks)
+        self.reducer = reducer          # all-reduce of the packed statistics (DDP), or None
+        self._stack = contextlib.ExitStack()
+        self._trace: Trace | None = None
+        self._due: list[Probe] = []
+        self.first_sign: Finding | None = None   # the earliest warning/error, for diverged runs
+        self.probe_seconds = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> "ProbeEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+        self._trace = None
+
+    def _guard(self, probe: Probe, what: str, fn, *args):
+        """Run one probe moment; a crashing probe is skipped, never the whole run."""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - a probe's bug must not kill training
+            if probe.skipped is None:
+                probe.skip(f"{what} raised {type(e).__name__}: {e}")
+            return None
+
+    def _note_findings(self) -> None:
+        if self.first_sign is None:
+            for p in self.probes:
+                for f in p.findings:
+                    if f.severity in ("warning", "error"):
+                        if self.first_sign is None or (f.step or 0) < (self.first_sign.step or 0):
+                            self.first_sign = f
+
+    def setup(self) -> None:
+        t0 = time.perf_counter()
+        for p in self.probes:
+            self._guard(p, "setup", p.setup, self.run)
+        self.probe_seconds += time.perf_counter() - t0
+        self._note_findings()
+        self._drain_metrics()
+
+    def resume(self, info: ResumeInfo) -> None:
+        for p in self.probes:
+            self._guard(p, "on_resume", p.on_resume, self.run, info)
+        self._note_findings()
+
+    def wants(self, step: int) -> bool:
+        return any(p.schedule(step) for p in self.probes)
+
+    def begin_step(self, step: int, src: torch.Tensor | None = None,
+                   tgt: torch.Tensor | None = None) -> Trace | None:
+        self._due = [p for p in self.probes if p.schedule(step)]
+        if not self._due:
+            return None
+        reads = frozenset(r for p in self._due for r in p.reads)
+        trace = Trace(step=step, src=src, tgt=tgt, pad_id=self.run.subject.pad_id)
+        if reads and self.run.subject.capture is not None:
+            self._stack.enter_context(self.run.subject.capture.recording(reads, trace))
+        self._trace = trace
+        return trace
+
+    def end_step(self, info: StepInfo) -> None:
+        if self._trace is None:
+            return
+        t0 = time.perf_counter()
+        self._stack.close()                 # hooks off before the optimizer step
+        self._stack = contextlib.ExitStack()
+        trace, self._trace = self._trace, None
+        if info.logits is not None and trace.logits is None:
+            trace.logits = info.logits
+        collected = []
+        for p in self._due:
+            stats = self._guard(p, "observe", p.observe, trace, info)
+            collected.append((p, stats or {}))
+        host = self._to_host(collected)
+        for (p, _), stats in zip(collected, host):
+            p.checked = True
+            self._guard(p, "update", p.update, stats, info)
+        for sink in self.sinks:
+            on_trace = getattr(sink, "on_trace", None)
+            if on_trace is not None:
+                on_trace(info.step, trace)
+        self.probe_seconds += time.perf_counter() - t0
+        self._note_findings()
+        self._drain_metrics()
+
+    def finish(self) -> list[Finding]:
+        for p in self.probes:
+            self._guard(p, "finish", p.finish, self.run)
+        self._note_findings()
+        self._drain_metrics()
+        return self.findings()
+
+    def findings(self) -> list[Finding]:
+        return [f for p in self.probes for f in p.findings]
+
+    def statuses(self) -> dict[str, dict]:
+        return {p.name: {"status": p.status(), **({"reason": p.skipped} if p.skipped else {})}
+                for p in self.probes}
+
+    # -- internals -------------------------------------------------------------------------
+    def _to_host(self, collected):
+        """Pack every tensor statistic into one buffer: one reduction, one device->host copy."""
+        flat, layout = [], []
+        for _, stats in collected:
+            for key, val in stats.items():
+                if isinstance(val, torch.Tensor):
+                    layout.append((key, val.shape, val.numel()))
+                    flat.append(val.detach().reshape(-1).to(torch.float32))
+        if flat:
+            packed = torch.cat(flat)
+            if self.reducer is not None:
+                packed = self.reducer(packed)
+            packed = packed.cpu()
+        out, offset = [], 0
+        for _, stats in collected:
+            host = {}
+            for key, val in stats.items():
+                if isinstance(val, torch.Tensor):
+                    n = val.numel()
+                    host[key] = packed[offset:offset + n].reshape(val.shape)
+                    offset += n
+                else:
+                    host[key] = val
+            out.append(host)
+        return out
+
+    def _drain_metrics(self) -> None:
+        for p in self.probes:
+            if p.metrics:
+                for sink in self.sinks:
+                    on_metric = getattr(sink, "on_metric", None)
+                    if on_metric is not None:
+                        for step, tag, value in p.metrics:
+                            on_metric(step, tag, value)
+                p.metrics.clear()

@@ -1,0 +1,72 @@
+"""The report: one value that every reporter formats (`tndebug.report/1`).
+
+    {"schema": "tndebug.report/1",
+     "run": {...},                 # what ran: task, preset, norm, faults, seed, steps, device,
+                                   # final_loss, exact_match, token_accuracy, wall_s, status, ...
+     "verdict": "clean" | "warnings" | "errors",
+     "probes": {name: {"status": "pass" | "warn" | "fail" | "skipped", "reason"?: str}},
+     "first_sign": finding | null, # the earliest warning/error (what a diverged run saw first)
+     "findings": [finding, ...]}
+Keys are stable: add, never rename.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tndebug.findings import Finding, worst
+
+SCHEMA = "tndebug.report/1"
+
+
+@dataclass
+class Report:
+    run: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+    probes: dict[str, dict] = field(default_factory=dict)
+    first_sign: Finding | None = None
+    history: dict[str, list] = field(default_factory=dict)   # curves for plots (not in JSON's stable core)
+
+    @property
+    def verdict(self) -> str:
+        w = worst(self.findings)
+        return {None: "clean", "info": "clean", "warning": "warnings", "error": "errors"}[w]
+
+    def exit_code(self, fail_on: str = "error") -> int:
+        if fail_on == "never":
+            return 0
+        return 1 if any(f.at_least(fail_on) for f in self.findings) else 0
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "run": self.run, "verdict": self.verdict, "probes": self.probes,
+                "first_sign": self.first_sign.to_dict() if self.first_sign else None,
+                "findings": [f.to_dict() for f in self.findings]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Report":
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} report (schema={d.get('schema')!r})")
+        fs = d.get("first_sign")
+        return cls(run=d["run"], findings=[Finding.from_dict(f) for f in d["findings"]],
+                   probes=d.get("probes", {}), first_sign=Finding.from_dict(fs) if fs else None)
+
+    def write_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, default=_jsonable) + "\n")
+        tmp.replace(path)
+        return path
+
+
+def _jsonable(x):
+    try:
+        import torch
+        if isinstance(x, torch.Tensor):
+            return x.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)
