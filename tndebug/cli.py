@@ -18,7 +18,7 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse's own code), no usage dump
-        raise UsageError(f"{self.prog}: {message} (see --help)")
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"tndebug: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `tndebug faults | head`
+        sys.stderr.close()
+        return EXIT_OK
     except KeyboardInterrupt:
         print("tndebug: interrupted", file=sys.stderr)
         return 130
