@@ -6,6 +6,7 @@ Forward observation uses the ordinary `register_forward_hook`; backward observat
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable
 
 import torch
@@ -21,7 +22,7 @@ class HookPoint(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.name = ""
-        self._grad_fns: dict[int, GradFn] = {}
+        self._grad_fns: dict[int, GradFn] = OrderedDict()   # RemovableHandle needs a weak-referenceable dict
         self._next_id = 0
 
     @property
