@@ -1,0 +1,172 @@
+"""gradient-flow: do gradients reach every layer, finitely and without spikes; do the ReLUs fire?
+
+Failure: a bad FFN initialisation (a large negative bias) leaves most ReLU units never active,
+so their weights get no gradient; gradients explode (no warmup, a too-high lr, no clipping) or
+never reach a layer (a detached or unused block).
+Symptom: the loss falls slowly or not at all; NaN/inf loss after a spike; part of the model does
+not change.
+Fix: Xavier-initialise the FFN's first Linear with its default bias (no negative constant), keep
+residual + LayerNorm around every sublayer, and use warmup (and clipping) for a high lr.
+
+Decided from parameter gradients after backward (grouped by layer from parameter names, e.g.
+`encoder.layers.3`) and from the FFN hidden activations (`Trace.ffn_hidden`):
+
+* non-finite gradient in any group -> error (the first group in parameter order);
+* a group's norm above SPIKE x the median of its last WINDOW probed norms -> warning (the
+  first such step, naming the group with the largest ratio);
+* a group whose gradient is zero or absent at every probed step -> warning;
+* dead ReLUs: the share of hidden units never active over >= MIN_TOKENS tokens above
+  DEAD_SHARE in a layer -> warning; tested at setup on random batches (eval mode), and again
+  on every MIN_TOKENS-token window of training.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tndebug.notes import FAULT_NOTES
+from tndebug.probes._misc_stats import RunningMedian, first_reason, group_parameters, metric_tag
+from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.schedule import every
+from tndebug.trace import Trace
+
+MIN_TOKENS = 4096     # FAILURE_MODES 7f
+# Healthy tiny/small, pre/post, dropout 0/0.1/0.3: at most 31% of a layer's units never fire at
+# init on 4096 random tokens, and at most ~20% during training; FFN bias -3 gives 98-100%.
+DEAD_SHARE = 0.5
+SPIKE = 10.0          # FAILURE_MODES 7g; healthy runs peak at ~3x their running median
+WINDOW, MIN_HISTORY = 20, 5
+_NOTE = FAULT_NOTES["dead_relu_init"][2]
+
+
+class GradientFlowProbe(Probe):
+    name = "gradient-flow"
+    summary = "per-layer gradient norms (non-finite, spikes, no gradient) and dead ReLU units"
+    reads = ("ffn.hidden",)
+    fix = ("Keep residual + LayerNorm around every sublayer and Xavier init (notes 002, 000); "
+           "use warmup and gradient clipping when the lr is high [notes 000, 002]")
+    default_schedule = staticmethod(lambda: every(10))
+
+    def __init__(self, schedule=None) -> None:
+        super().__init__(schedule)
+        self._groups: dict[str, list] = {}
+        self._median: dict[str, RunningMedian] = {}
+        self._zero_steps: dict[str, int] = {}
+        self._grad_steps = 0
+        self._nonfinite = False
+        self._spiked = False
+        self._window: dict[str, list] = {}      # site -> [ever-active mask (host), tokens]
+
+    # -- setup: dead units at init --------------------------------------------------------------
+    def setup(self, run: RunContext) -> None:
+        subject = run.subject
+        self._groups = group_parameters(subject.model)
+        ever: dict[str, torch.Tensor] = {}
+        tokens = 0
+        try:
+            with subject.evaluating():
+                for i in range(2):
+                    g = torch.Generator().manual_seed(100 + i)
+                    src, tgt = subject.random_batch(batch=64, src_len=32, tgt_len=32,
+                                                    pad_share=0.0, generator=g)
+                    trace = subject.trace(src, tgt, reads=("ffn.hidden",))
+                    tokens += src.numel()
+                    for site, h in trace.ffn_hidden.items():
+                        act = (h > 0).reshape(-1, h.shape[-1]).any(0)              # [d_ff]
+                        ever[site] = act if site not in ever else ever[site] | act
+        except Exception as e:  # noqa: BLE001
+            self.skip(f"dead-unit test at init could not run: {first_reason(e)}")
+            return
+        if not ever:
+            self.skip("no FFN hidden activations in the trace; dead-unit test skipped")
+            return
+        self.checked = True
+        for site, act in ever.items():
+            self._judge_dead(site, act.cpu(), tokens, step=0, when="at init (random inputs)")
+
+    def _judge_dead(self, site: str, ever_active: torch.Tensor, tokens: int, step: int,
+                    when: str) -> None:
+        dead = 1.0 - ever_active.float().mean().item()
+        self.metric(step, metric_tag(site, "relu", "dead_fraction"), dead)
+        if dead > DEAD_SHARE and not self.already(site):
+            self.report("warning", f"{dead:.0%} of the FFN units in {site} never fire on "
+                        f"{tokens} tokens {when}", where=site, step=step, fix=_NOTE,
+                        evidence={"dead_fraction": dead, "threshold": DEAD_SHARE,
+                                  "units": int(ever_active.numel()), "tokens": tokens})
+
+    # -- per step --------------------------------------------------------------------------------
+    def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
+        stats: dict = {}
+        if info.grads_ready and self._groups:
+            norms, present = [], []
+            for params in self._groups.values():
+                grads = [p.grad for _, p in params if p.grad is not None]
+                present.append(bool(grads))
+                sq = [g.detach().float().pow(2).sum() for g in grads]
+                norms.append(torch.stack(sq).sum().sqrt() if sq else
+                             torch.zeros((), device=params[0][1].device))
+            stats["grad_norm"] = torch.stack(norms)                             # [G]
+            stats["grad_present"] = present
+        for site, h in trace.ffn_hidden.items():
+            stats[f"active/{site}"] = (h > 0).reshape(-1, h.shape[-1]).any(0)  # [d_ff]
+            stats[f"tokens/{site}"] = h.numel() // h.shape[-1]
+        return stats
+
+    def update(self, stats, info: StepInfo) -> None:
+        if "grad_norm" in stats:
+            self._grads(stats["grad_norm"].tolist(), stats["grad_present"], info.step)
+        for key, act in stats.items():
+            if not key.startswith("active/"):
+                continue
+            site = key.removeprefix("active/")
+            mask, tokens = self._window.get(site, (torch.zeros_like(act, dtype=torch.bool), 0))
+            mask, tokens = mask | act.bool(), tokens + stats[f"tokens/{site}"]
+            if tokens >= MIN_TOKENS:
+                self._judge_dead(site, mask, tokens, info.step, when=f"of training up to step {info.step}")
+                mask, tokens = torch.zeros_like(mask), 0
+            self._window[site] = (mask, tokens)
+
+    def _grads(self, norms: list[float], present: list[bool], step: int) -> None:
+        names = list(self._groups)
+        self._grad_steps += 1
+        finite = [math.isfinite(n) for n in norms]
+        if not all(finite):
+            if not self._nonfinite:
+                bad = [g for g, ok in zip(names, finite) if not ok]
+                self._nonfinite = True
+                self.report("error", f"non-finite gradient in {bad[0]} at step {step} "
+                            f"({len(bad)} of {len(names)} layer groups)", where=bad[0], step=step,
+                            evidence={"groups": bad, "norm": norms[names.index(bad[0])]})
+            return
+        total = math.sqrt(sum(n * n for n in norms))
+        self.metric(step, "grad/total/norm", total)
+        spikes = []                                     # (ratio, group, norm, median)
+        for group, norm, has in zip(names, norms, present):
+            self.metric(step, metric_tag(group), norm)
+            if not has or norm == 0.0:
+                self._zero_steps[group] = self._zero_steps.get(group, 0) + 1
+            hist = self._median.setdefault(group, RunningMedian(WINDOW))
+            if len(hist) >= MIN_HISTORY:
+                med = hist.median()
+                if med > 0 and norm > SPIKE * med:
+                    spikes.append((norm / med, group, norm, med))
+            hist.push(norm)
+        if spikes and not self._spiked:       # the first spike is the finding; later ones are metrics
+            self._spiked = True
+            ratio, group, norm, med = max(spikes)
+            self.report("warning", f"gradient spike at step {step}: {group} norm {norm:.3g} is "
+                        f"{ratio:.0f}x its running median ({len(spikes)} of {len(names)} layer "
+                        f"groups spiked)", where=group, step=step,
+                        evidence={"norm": norm, "running_median": med, "ratio": ratio,
+                                  "threshold_ratio": SPIKE, "window": WINDOW,
+                                  "groups": [g for _, g, _, _ in spikes]})
+
+    def finish(self, run: RunContext) -> None:
+        if self._grad_steps < 3 or self._nonfinite:
+            return
+        for group, zeros in self._zero_steps.items():
+            if zeros == self._grad_steps and not self.already(group):
+                self.report("warning", f"no gradient reaches {group} at any of "
+                            f"{self._grad_steps} probed steps", where=group,
+                            evidence={"probed_steps": self._grad_steps, "zero_steps": zeros})

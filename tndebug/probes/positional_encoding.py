@@ -1,0 +1,232 @@
+"""positional-encoding: is token order visible to the encoder, at a sensible strength, at every length?
+
+Failure: the positional encoding is computed but never added (pytorch-lightning #19138); the
+token embeddings are not multiplied by sqrt(d_model), so the PE drowns them (or N(0, 1)
+embeddings times sqrt(d) drown the PE); the PE table is shorter than the sequences and later
+positions silently reuse its last row.
+Symptom: the loss plateaus (note 000's "stuck at about 3.5"), word order is ignored, long
+sentences degrade.
+Fix: add the PE (x = x + pe[:, :T]), scale the embeddings by sqrt(d_model) before adding it,
+and size the table well above the longest sequence (or raise on overflow).
+
+Three tests at setup, all in eval mode and from behaviour only:
+
+* permutation: permute the real source tokens of each row; an encoder without position
+  information is permutation-equivariant, enc(Px) = P enc(x), to rounding (rel < 1e-4);
+* scale: rho = RMS(token part) / RMS(PE actually added), the PE being `out - tok` of the
+  embedding taps (a bug may compute the PE and never add it);
+* overflow: feed one constant-token sequence as long as the model accepts; the embedding rows
+  then differ only by position, so two positions with identical rows share a PE row.
+"""
+from __future__ import annotations
+
+import torch
+
+from tndebug.notes import FAULT_NOTES
+from tndebug.probes._misc_stats import first_reason, rel_diff, rms
+from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.schedule import every
+from tndebug.subject import Subject
+from tndebug.trace import Trace
+
+PERM_TOL = 1e-4          # FAILURE_MODES 7a; healthy tiny/small encoders give rel 0.3-1.0
+PERM_TOL_LOW_PRECISION = 1e-2   # when the encoder does not compute in float32
+# rho at init: ours is 1.33-1.41 (N(0,1/d) embeddings x sqrt(d) over a sin/cos table of RMS
+# 0.707); without the sqrt(d) scale it is d^-0.5/0.707: 0.17 (tiny), 0.12 (small), 0.06 (base).
+# FAILURE_MODES 2.7 gives 0.23 for the annotated Transformer (xavier, V=37k) *with* the scale,
+# so a low rho is forgiven when the token part is a parameter row times s >= SCALED.
+RHO_LOW, RHO_HIGH = 0.25, 20.0
+SCALED = 2.0
+ZERO_PE = 1e-6           # RMS(PE added) / RMS(token part) below this: no PE added
+DUP_TOL = 1e-5           # two positions whose rows differ by less (relative) share a PE row
+MAX_PROBE_LEN = 1024
+
+
+def _fix(fault: str) -> str:
+    _, notes, fix = FAULT_NOTES[fault]
+    return f"{fix} [notes {notes}]" if notes[0].isdigit() else fix
+
+
+class PositionalEncodingProbe(Probe):
+    name = "positional-encoding"
+    summary = "PE added (encoder permutation test), embedding/PE scale ratio, PE rows past max_len"
+    reads = ("embed",)
+    fix = _fix("no_pos_encoding")
+    default_schedule = staticmethod(lambda: every(100))
+
+    def setup(self, run: RunContext) -> None:
+        subject = run.subject
+        self._no_pe_sites: list[str] = []      # embedding taps whose output equals their token part
+        self._src_sites: set[str] = set()      # taps that embed the source
+        if subject.capture is None:
+            self._skip("no embedding taps: scale and overflow tests skipped")
+        else:
+            self._scale_test(subject)
+        self._permutation_test(subject)
+        if subject.capture is not None:
+            self._overflow_test(subject)
+
+    def _skip(self, reason: str) -> None:
+        self.skip(f"{self.skipped}; {reason}" if self.skipped else reason)
+
+    # -- 1. permutation equivariance -------------------------------------------------------
+    def _permutation_test(self, subject: Subject) -> None:
+        g = torch.Generator().manual_seed(7)
+        src, tgt = subject.random_batch(batch=4, src_len=12, tgt_len=6, generator=g)
+        keep = src != subject.pad_id                                   # [B, S]
+        src_p, gather = src.clone(), torch.arange(src.shape[1]).repeat(src.shape[0], 1)
+        for b in range(src.shape[0]):
+            idx = keep[b].nonzero().flatten().cpu()
+            perm = torch.randperm(len(idx), generator=g)
+            if torch.equal(perm, torch.arange(len(idx))):
+                perm = perm.roll(1)
+            gather[b, idx] = idx[perm]
+            src_p[b, idx] = src[b, idx[perm]]
+        gather = gather.to(src.device)
+        try:
+            with subject.evaluating():
+                enc = subject.encode(src)
+                if enc is not None:                 # equivariance: enc(Px) == P enc(x)
+                    what = "encoder output"
+                    out = subject.encode(src_p)[keep]
+                    ref = enc.gather(1, gather[..., None].expand_as(enc))[keep]
+                else:                               # invariance: memory is a set to cross-attention
+                    what = "decoder logits"
+                    out, ref = subject.logits(src_p, tgt), subject.logits(src, tgt)
+        except Exception as e:  # noqa: BLE001 - a model that cannot run this is not our finding
+            self._skip(f"permutation test could not run: {first_reason(e)}")
+            return
+        self.checked = True
+        rel = rel_diff(out, ref)
+        tol = PERM_TOL if out.dtype == torch.float32 else PERM_TOL_LOW_PRECISION
+        self.metric(0, "pe/encoder/permutation_rel_diff", rel)
+        if rel < tol:
+            src_no_pe = [s for s in self._no_pe_sites if s in self._src_sites]
+            where = src_no_pe[0] if src_no_pe else "encoder"
+            no_pe = f"; no PE is added at {', '.join(self._no_pe_sites)}" if self._no_pe_sites else ""
+            self.report("error", f"encoder ignores token order: permuting the source permutes its "
+                        f"{what} (rel diff {rel:.1e} < {tol:g}){no_pe}", where=where, step=0,
+                        evidence={"rel_diff": rel, "threshold": tol, "compared": what,
+                                  "sites_without_pe": list(self._no_pe_sites)})
+
+    # -- 2. embedding / PE scale ---------------------------------------------------------------
+    def _scale_test(self, subject: Subject) -> None:
+        g = torch.Generator().manual_seed(8)
+        src, tgt = subject.random_batch(batch=8, src_len=12, tgt_len=10, generator=g)
+        try:
+            with subject.evaluating():
+                trace = subject.trace(src, tgt, reads=("embed",))
+        except Exception as e:  # noqa: BLE001
+            self._skip(f"scale test could not capture the embeddings: {first_reason(e)}")
+            return
+        ids = {src.shape[1]: src, tgt.shape[1]: tgt}
+        with_pe = []
+        for site, parts in trace.embed.items():
+            if "tok" not in parts or "out" not in parts:
+                continue
+            tok, out = parts["tok"], parts["out"]
+            tokens = ids.get(tok.shape[1])
+            if tok.shape[1] == src.shape[1]:
+                self._src_sites.add(site)
+            keep = (tokens != subject.pad_id) if tokens is not None else torch.ones(tok.shape[:2], dtype=torch.bool)
+            pe = (out - tok).expand_as(tok)                           # [B, T, d]
+            tok_rms, pe_rms = rms(tok[keep]).item(), rms(pe[keep]).item()
+            self.checked = True
+            if pe_rms <= ZERO_PE * tok_rms:
+                self._no_pe_sites.append(site)
+                continue
+            with_pe.append(site)
+            rho = tok_rms / pe_rms
+            self.metric(0, f"pe/{site}/rho", rho)
+            scale = _fitted_scale(subject, tok, tokens)
+            evidence = {"rho": rho, "rms_token": tok_rms, "rms_pe": pe_rms,
+                        "threshold_low": RHO_LOW, "threshold_high": RHO_HIGH,
+                        "fitted_scale": scale}
+            if rho < RHO_LOW and (scale is None or scale < SCALED):
+                self.report("warning", f"PE drowns the token embeddings at {site}: "
+                            f"rho = RMS(tok)/RMS(PE) = {rho:.3f} < {RHO_LOW}"
+                            + (f" (token part = embedding row x {scale:.3g})" if scale else ""),
+                            where=site, step=0, evidence=evidence, fix=_fix("no_emb_scale"))
+            elif rho > RHO_HIGH:
+                self.report("warning", f"token embeddings drown the PE at {site}: "
+                            f"rho = {rho:.1f} > {RHO_HIGH}", where=site, step=0,
+                            evidence=evidence, fix=_fix("no_emb_scale"))
+        if not trace.embed:
+            self._skip("no embedding taps (tok/out) in the trace; scale test skipped")
+        elif with_pe and self._no_pe_sites:       # one side adds PE, the other does not
+            for site in self._no_pe_sites:
+                self.report("warning", f"{site} adds no positional encoding (out == tok) while "
+                            f"{', '.join(with_pe)} does", where=site, step=0,
+                            evidence={"rms_pe": 0.0, "sites_with_pe": with_pe})
+
+    # -- 3. positions past the table -------------------------------------------------------------
+    def _overflow_test(self, subject: Subject) -> None:
+        length = min(subject.max_len or MAX_PROBE_LEN, MAX_PROBE_LEN)
+        tok = subject.first_content
+        refused = None
+        while length >= 16:
+            seq = torch.full((1, length), tok, dtype=torch.long, device=subject.device)
+            try:
+                with subject.evaluating():
+                    trace = subject.trace(seq, seq, reads=("embed",))
+                break
+            except Exception as e:  # noqa: BLE001 - raising on a long input is healthy
+                refused = refused or (length, first_reason(e))
+                length //= 2
+        else:
+            self._skip(f"overflow test: the model refused every probe length"
+                      f"{f' ({refused[1]})' if refused else ''}")
+            return
+        for site, parts in trace.embed.items():
+            if "out" not in parts:
+                continue
+            rows = parts["out"][0].double()                             # [L, d]: same token everywhere
+            spread = (rows - rows.mean(0)).pow(2).mean().sqrt()         # RMS of the position part
+            self.checked = True
+            if spread <= 1e-12 * rows.pow(2).mean().sqrt().clamp_min(1e-300):
+                continue                                                # no PE at all: test 1's case
+            dist = torch.cdist(rows, rows) / (spread * rows.shape[1] ** 0.5)   # [L, L]
+            same = torch.triu(dist < DUP_TOL, diagonal=1)               # pairs i < j
+            dup_cols = same.any(0).nonzero().flatten()
+            if len(dup_cols) == 0:
+                continue
+            j = int(dup_cols[0])
+            i = int(same[:, j].nonzero()[0])
+            self.report("error", f"{site}: {len(dup_cols)} positions from {j} on reuse the PE row of an "
+                        f"earlier position ({j} gets the row of {i}); the PE table is too short",
+                        where=site, step=0, fix=_fix("pos_max_len_small"),
+                        evidence={"first_duplicate_position": j, "same_row_as": i,
+                                  "duplicate_positions": len(dup_cols), "probe_length": length,
+                                  "threshold_rel_distance": DUP_TOL,
+                                  "refused_length": refused[0] if refused else None})
+
+    # -- runtime: rho as embeddings grow ---------------------------------------------------------
+    def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
+        stats = {}
+        for site, parts in trace.embed.items():
+            if "tok" in parts and "out" in parts:
+                tok = parts["tok"]
+                stats[site] = rms(tok) / rms((parts["out"] - tok).expand_as(tok)).clamp_min(1e-30)
+        return stats
+
+    def update(self, stats, info: StepInfo) -> None:
+        for site, rho in stats.items():
+            self.metric(info.step, f"pe/{site}/rho", float(rho))
+
+
+def _fitted_scale(subject: Subject, tok: torch.Tensor, tokens: torch.Tensor | None) -> float | None:
+    """s when the token part is s * W[token] for some [V, d] parameter W, else None."""
+    if tokens is None:
+        return None
+    d, top = tok.shape[-1], int(tokens.max())
+    for p in subject.model.parameters():
+        if p.dim() != 2 or p.shape[1] != d or p.shape[0] <= top:
+            continue
+        rows = p.detach()[tokens].to(tok.dtype)                         # [B, T, d]
+        denom = rows.pow(2).sum()
+        if denom == 0:
+            continue
+        s = (tok * rows).sum() / denom
+        if (tok - s * rows).norm() <= 1e-4 * tok.norm():
+            return float(s)
+    return None
