@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tndebug.config import ModelConfig
+from tndebug.model.dropout import make_dropout
 from tndebug.model.hooks import HookPoint, tap
 
 # Faults in attention or its masks; any of them disables the fused path, so that the
@@ -36,8 +37,7 @@ class MultiHeadAttention(nn.Module):
             self.w_k = nn.Linear(d, d)
             self.w_v = nn.Linear(d, d)
         self.w_o = nn.Linear(d, d)
-        self.p_drop = cfg.dropout
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg)
 
         if cfg.has("no_scale"):
             self.scale = 1.0
@@ -79,23 +79,47 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x_q.shape
-        q = tap(self.hook_q, self.split_heads(self.w_q(x_q)))    # [B, h, T, d_k]
-        k = tap(self.hook_k, self.split_heads(self.w_k(x_kv)))   # [B, h, S, d_k]
-        v = tap(self.hook_v, self.split_heads(self.w_v(x_kv)))   # [B, h, S, d_k]
         if keep is not None and self.invert_mask:
             keep = ~keep
         if self.fusable and not any(p.active for p in self._internal):
-            # Fused path: same numbers as below (tests/model/test_attention.py), used only
-            # when no tap inside attention is observed.
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
-                                               dropout_p=self.p_drop if self.training else 0.0)
+            # Fused path: same numbers as the explicit one (tests/model/test_equivalence.py),
+            # taken only when no tap inside attention is observed.
+            q, k, v = self.project_fused(x_q, x_kv)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.scale,
+                                               dropout_p=self.dropout.p if self.training else 0.0)
+            if keep is not None:
+                # A query with no key kept (a sequence all pads) comes out 0 from SDPA; the explicit
+                # path's finite fill gives uniform weights there, i.e. the mean of v.
+                empty = ~keep.any(dim=-1, keepdim=True)                       # [B, 1, T|1, 1]
+                z = z + empty * v.mean(dim=-2, keepdim=True)                  # [B, h, T, d_k]
         else:
+            q = tap(self.hook_q, self.split_heads(self.w_q(x_q)))    # [B, h, T, d_k]
+            k = tap(self.hook_k, self.split_heads(self.w_k(x_kv)))   # [B, h, S, d_k]
+            v = tap(self.hook_v, self.split_heads(self.w_v(x_kv)))   # [B, h, S, d_k]
             z = self.explicit(q, k, v, keep)
         if self.view_bug:   # the buggy inverse of the buggy split
             z = z.reshape(B, T, self.h * self.d_k)
         else:
             z = z.transpose(1, 2).reshape(B, T, self.h * self.d_k)   # [B, T, d_model]
         return tap(self.hook_out, self.w_o(z))
+
+    def project_fused(self, x_q: torch.Tensor, x_kv: torch.Tensor):
+        """q, k, v from one matmul (self-attention) or two (cross: q, then k|v stacked).
+
+        The weights are concatenated on the fly, so parameters stay w_q, w_k, w_v; one wide
+        matmul is faster on CPU than three narrow ones.
+        """
+        d = self.h * self.d_k
+        if x_q is x_kv:
+            w = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])   # [3d, d]
+            b = torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])         # [3d]
+            q, k, v = F.linear(x_q, w, b).split(d, dim=-1)                       # 3 x [B, T, d]
+        else:
+            q = self.w_q(x_q)                                                    # [B, T, d]
+            w = torch.cat([self.w_k.weight, self.w_v.weight])                    # [2d, d]
+            b = torch.cat([self.w_k.bias, self.w_v.bias])
+            k, v = F.linear(x_kv, w, b).split(d, dim=-1)                         # 2 x [B, S, d]
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)    # [B, h, T|S, d_k]
 
     def explicit(self, q, k, v, keep):
         scores = tap(self.hook_scores, (q @ k.transpose(-2, -1)) * self.scale)   # [B, h, T, S]
@@ -107,3 +131,4 @@ class MultiHeadAttention(nn.Module):
             probs = probs.masked_fill(~keep, 0.0)
         probs = tap(self.hook_probs, probs)
         return tap(self.hook_z, self.dropout(probs) @ v)     # [B, h, T, d_k]
+

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from tndebug.config import ModelConfig
+from tndebug.model.dropout import make_dropout
 from tndebug.model.hooks import HookPoint, tap
 
 
@@ -36,7 +37,7 @@ class Embeddings(nn.Module):
         self.clamp_positions = cfg.has("pos_max_len_small")
         max_len = 8 if self.clamp_positions else cfg.max_len
         self.register_buffer("pe", sinusoid_table(max_len, cfg.d_model), persistent=False)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg)
         self.hook_tok = HookPoint()   # scaled token embeddings  [B, T, d_model]
         self.hook_pe = HookPoint()    # the PE rows added          [1, T, d_model]
         self.hook_out = HookPoint()   # token + PE                [B, T, d_model]

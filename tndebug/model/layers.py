@@ -10,6 +10,7 @@ from torch import nn
 
 from tndebug.config import ModelConfig
 from tndebug.model.attention import MultiHeadAttention
+from tndebug.model.dropout import make_dropout
 from tndebug.model.hooks import HookPoint, tap
 
 
@@ -20,7 +21,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg)
         self.hook_hidden = HookPoint()   # after ReLU  [B, T, d_ff]
         self.hook_out = HookPoint()      # [B, T, d_model]
 
@@ -41,7 +42,7 @@ class Sublayer(nn.Module):
         self.pre = cfg.norm == "pre"
         self.residual = not cfg.has("no_residual")
         self.norm = layer_norm(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg)
         self.hook_resid = HookPoint()    # the residual stream after this sublayer  [B, T, d_model]
 
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:

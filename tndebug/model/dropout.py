@@ -1,0 +1,11 @@
+"""Dropout with P_drop from the config (paper §5.4: on every sublayer output and on embeddings + PE)."""
+from __future__ import annotations
+
+from torch import nn
+
+from tndebug.config import ModelConfig
+
+
+def make_dropout(cfg: ModelConfig) -> nn.Dropout:
+    """nn.Dropout(cfg.dropout); p = 0 under the config fault `no_dropout` (dropout 0 everywhere)."""
+    return nn.Dropout(0.0 if cfg.has("no_dropout") else cfg.dropout)
