@@ -105,12 +105,13 @@ def setup_only(subject: Subject, probes, **run_kw):
 
 def probed_loop(subject: Subject, probes, steps: int, *, criterion=None, lr_fn=None,
                 optimizer_fn=None, seed: int = 0, batch: int = 16, length: int = 8,
-                resume_at: int | None = None, resume_fn=None, set_lr=None):
+                resume_at: int | None = None, resume_fn=None, set_lr=None, unshifted=False):
     """Train `steps` steps with probes attached; at `resume_at` call `resume_fn(state)`.
 
     `resume_fn` receives a dict with the model, optimizer and schedule, returns the new
     (optimizer, lr_fn, ResumeInfo) and may rebuild them the way a buggy trainer would.
     `set_lr(opt, step, lr_fn)` applies the lr each step (default: every group to lr_fn(step)).
+    `unshifted=True` feeds the targets themselves as decoder input (a target leak).
     Returns (engine, findings).
     """
     torch.manual_seed(seed)
@@ -137,6 +138,8 @@ def probed_loop(subject: Subject, probes, steps: int, *, criterion=None, lr_fn=N
             else:
                 set_lr(opt, step, lr_fn)
             src, tgt_in, tgt_out = copy_batch(g, batch, length, V)
+            if unshifted:
+                tgt_in = tgt_out
             engine.begin_step(step, src, tgt_in)
             logits = model(src, tgt_in)
             loss = criterion(logits.reshape(-1, V), tgt_out.reshape(-1))

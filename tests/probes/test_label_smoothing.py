@@ -1,0 +1,96 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from _misc_helpers import PAD, V, kinds, setup_only
+from tndebug.config import ModelConfig
+from tndebug.harness import smoothed_loss, train_with_probes
+from tndebug.model import make_model
+from tndebug.probes.label_smoothing import LabelSmoothingProbe
+from tndebug.probes.schedule import every
+from tndebug.subject import tndebug_subject
+
+NAME = "label-smoothing"
+
+
+class Sink:
+    def __init__(self):
+        self.tags = []
+
+    def on_metric(self, step, tag, value):
+        self.tags.append(tag)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_healthy_criterion_and_model_are_silent(norm):
+    probe, sink = LabelSmoothingProbe(every(2)), Sink()
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm=norm), [probe], steps=3, batch=8,
+                                       sinks=[sink])
+    assert findings == [] and probe.status() == "pass"
+    assert sink.tags.count("smoothing/pad_mass") == 2
+
+
+def smoothing_onto_pad(logits, target, eps=0.1):
+    """The fault label_smoothing_on_pad as the trainer writes it: eps/(V-1) on every other class."""
+    true = torch.full_like(logits, eps / (logits.shape[-1] - 1))
+    true.scatter_(1, target[:, None], 1.0 - eps)
+    true[target == PAD] = 0
+    return F.kl_div(logits.log_softmax(-1), true, reduction="sum") / (target != PAD).sum()
+
+
+def _unit(criterion):
+    probe = LabelSmoothingProbe()
+    findings = setup_only(tndebug_subject(make_model(ModelConfig.tiny())), [probe],
+                          criterion=criterion)
+    return findings, probe
+
+
+def test_smoothing_onto_pad_gives_exactly_the_warning():
+    [f], _ = _unit(smoothing_onto_pad)
+    assert (f.severity, f.where) == ("warning", "criterion")
+    assert f.evidence["q_pad"] == pytest.approx(0.1 / (V - 1), rel=1e-4)
+    assert f.evidence["g_pad"] == pytest.approx(f.evidence["g_other"], rel=1e-4)
+
+
+@pytest.mark.parametrize("criterion", [
+    lambda lg, t: smoothed_loss(lg, t),                                          # annotated
+    lambda lg, t: F.cross_entropy(lg, t, ignore_index=PAD),                      # no smoothing
+    lambda lg, t: F.cross_entropy(lg, t, ignore_index=PAD, reduction="sum"),
+], ids=["annotated", "ce", "ce-sum"])
+def test_criteria_that_keep_pad_clean_are_silent(criterion):
+    findings, probe = _unit(criterion)
+    assert findings == [] and probe.status() == "pass"
+
+
+# -- the same bug written by hand ------------------------------------------------------------
+
+def test_hand_torch_label_smoothing_spreads_onto_pad():
+    """nn.CrossEntropyLoss(label_smoothing=...) spreads eps over all V classes, pad included."""
+    [f], _ = _unit(nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1))
+    assert (f.severity, f.where) == ("warning", "criterion")
+    assert f.evidence["q_pad"] == pytest.approx(0.1 / V, rel=1e-4)
+
+
+def test_hand_note_000_criterion_without_pad_rows_is_also_an_error():
+    """Note 000: eps/(V-1) everywhere and pad-target rows kept (batchmean over all rows)."""
+    def criterion(logits, target, eps=0.1):
+        true = torch.full_like(logits, eps / (logits.shape[-1] - 1))
+        true.scatter_(1, target[:, None], 1.0 - eps)
+        return F.kl_div(logits.log_softmax(-1), true, reduction="batchmean")
+    findings, _ = _unit(criterion)
+    assert kinds(findings, NAME) == {("warning", "criterion"), ("error", "criterion")}
+    assert [f.severity for f in findings] == ["error", "warning"]
+
+
+def test_hand_ce_without_ignore_index_is_a_pad_row_error():
+    findings, _ = _unit(nn.CrossEntropyLoss())
+    assert kinds(findings, NAME) == {("error", "criterion")}
+
+
+def test_no_criterion_or_raw_logits_skip_with_a_reason():
+    _, probe = _unit(None)
+    assert probe.status() == "skipped" and "criterion" in probe.skipped
+    raw = lambda lg, t: F.kl_div(lg, F.one_hot(t, V).float(), reduction="sum")   # no log_softmax
+    findings, probe = _unit(raw)
+    assert "log_softmax" in probe.skipped

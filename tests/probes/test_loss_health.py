@@ -1,0 +1,90 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from _misc_helpers import PAD, V, hand_subject, kinds, probed_loop
+from tndebug.config import ModelConfig
+from tndebug.harness import train_with_probes
+from tndebug.model import make_model
+from tndebug.probes.loss_health import PLATEAU_SHARE, LossHealthProbe
+from tndebug.probes.schedule import every
+from tndebug.subject import tndebug_subject
+
+NAME = "loss-health"
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_healthy_model_is_silent(norm):
+    probe = LossHealthProbe(every(5), plateau_steps=60)
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm=norm), [probe], steps=61, batch=16,
+                                       length=8, warmup=20)
+    assert kinds(findings, NAME) == set()
+    assert probe._plateau_judged and probe.status() == "pass"
+
+
+def test_lr_zero_is_a_plateau_error():
+    """A schedule that returns 0 (F24): nothing learns, the loss stays at ln V."""
+    subject = tndebug_subject(make_model(ModelConfig.tiny()))
+    _, findings = probed_loop(subject, [LossHealthProbe(every(5), plateau_steps=20)], steps=21,
+                              lr_fn=lambda step: 0.0)
+    [f] = findings
+    assert (f.severity, f.step) == ("error", 20)
+    assert f.evidence["ce"] > f.evidence["threshold"] == pytest.approx(PLATEAU_SHARE * math.log(V))
+
+
+def test_too_short_run_skips_the_plateau_check_with_a_reason():
+    probe = LossHealthProbe(every(5))
+    _, findings, _ = train_with_probes(ModelConfig.tiny(), [probe], steps=6, batch=8)
+    assert findings == [] and "500 steps" in probe.skipped and probe.status() == "pass"
+
+
+# -- written by hand -------------------------------------------------------------------------
+
+class HandLogits(nn.Module):
+    """A user's model with an output layer of N(0, 1) weights over an unnormalised stream."""
+
+    def __init__(self, d=32, out_std=None, tied=False):
+        super().__init__()
+        self.embed = nn.Embedding(V, d)
+        self.mix = nn.Linear(d, d)
+        self.out = nn.Linear(d, V)
+        if out_std is not None:
+            nn.init.normal_(self.out.weight, std=out_std)
+        self.tied = tied
+
+    def forward(self, src, tgt):
+        x = self.embed(tgt) + self.mix(self.embed(src).mean(1, keepdim=True))
+        if self.tied:                    # logits = x E^T: the input token scores itself highest
+            return x @ self.embed.weight.T
+        return self.out(x)
+
+
+def test_hand_large_init_logits_warn_at_step_0():
+    subject = hand_subject(HandLogits(out_std=1.0), encode=False)
+    _, findings = probed_loop(subject, [LossHealthProbe(every(5))], steps=2)
+    [f] = findings
+    assert (f.severity, f.step) == ("warning", 0)
+    assert f.evidence["loss0"] > f.evidence["threshold_high"]
+
+
+def test_hand_unshifted_targets_with_tied_embeddings_warn_at_step_0():
+    subject = hand_subject(HandLogits(tied=True), encode=False)
+    _, findings = probed_loop(subject, [LossHealthProbe(every(5))], steps=2, unshifted=True)
+    [f] = findings
+    assert (f.severity, f.step) == ("warning", 0) and "targets visible" in f.message
+
+
+def test_hand_nonfinite_loss_is_an_error_at_its_step():
+    calls = {"n": 0}
+
+    def criterion(logits, target):      # mean over real tokens, but counted on a batch that has none
+        calls["n"] += 1
+        n = (target != PAD).sum() if calls["n"] < 4 else (target < 0).sum()
+        return F.cross_entropy(logits, target, ignore_index=PAD, reduction="sum") / n
+    subject = hand_subject(HandLogits(), encode=False)
+    _, findings = probed_loop(subject, [LossHealthProbe(every(1))], steps=6, criterion=criterion)
+    [f] = findings
+    assert (f.severity, f.step) == ("error", 3) and f.evidence["loss"] == math.inf

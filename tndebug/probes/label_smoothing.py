@@ -1,0 +1,119 @@
+"""label-smoothing: does the criterion keep smoothing mass off <pad> and ignore pad targets?
+
+Failure: label smoothing spreads eps over every class, <pad> included (note 000's eps/(V-1)),
+and/or rows whose target is <pad> still contribute to the loss.
+Symptom: the model learns to give <pad> probability at real positions; decoding emits <pad>
+mid-sentence; the loss counts padding.
+Fix: spread eps over V-2 classes, zero the pad column of the smoothed target and the rows whose
+target is pad (the annotated LabelSmoothing; note 003).
+
+A unit test of `run.criterion(logits [N, V], target [N])` at setup. For a softmax criterion with
+target distribution q, the gradient is g = w (softmax(z) - q): at z = 0 it is w (1/V - q), so
+g_pad == g_other means <pad> gets the same mass as any other wrong class. A second point
+(z_k = 1 in every row) gives w, and with it q itself, so plain cross-entropy (q_other = q_pad = 0,
+also g_pad == g_other) is told apart from smoothing onto pad. Rows whose target is pad must have
+zero gradient. At runtime the probe reports the model's probability on <pad> at real targets.
+"""
+from __future__ import annotations
+
+import torch
+
+from tndebug.notes import FAULT_NOTES
+from tndebug.probes._misc_stats import first_reason
+from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.schedule import every
+from tndebug.trace import Trace
+
+PAD_ROW_GRAD = 1e-6     # max |grad| on pad-target rows, relative to the largest gradient entry
+PAD_SHARE = 0.1         # q_pad above 10% of q_other (and q_other > Q_MIN): pad gets smoothing mass
+Q_MIN = 1e-5            # below this the criterion is taken as unsmoothed (one-hot targets)
+_FIX = FAULT_NOTES["label_smoothing_on_pad"][2] + " [notes 003, 001]"
+
+
+class LabelSmoothingProbe(Probe):
+    name = "label-smoothing"
+    summary = "criterion unit test: smoothing mass on <pad>, loss from pad-target rows"
+    reads = ()
+    fix = _FIX
+    default_schedule = staticmethod(lambda: every(50))
+
+    def setup(self, run: RunContext) -> None:
+        if run.criterion is None:
+            self.skip("no training criterion to test")
+            return
+        subject = run.subject
+        V, pad = subject.tgt_vocab, subject.pad_id
+        if V < 4:
+            self.skip(f"vocabulary of {V} is too small to tell pad from other classes")
+            return
+        content = [c for c in range(V) if c not in (pad, subject.bos_id)]
+        dev = subject.device
+        target = torch.tensor([content[i % len(content)] for i in range(4)] + [pad, pad],
+                              device=dev)                                       # [N]
+        real = target != pad
+        k = content[-1]                        # the logit raised at the second point
+        try:
+            g0 = self._grad(run.criterion, torch.zeros(len(target), V, device=dev), target)
+            z1 = torch.zeros(len(target), V, device=dev)
+            z1[:, k] = 1.0
+            g1 = self._grad(run.criterion, z1, target)
+        except Exception as e:  # noqa: BLE001
+            self.skip(f"criterion unit test could not run: {first_reason(e)}")
+            return
+        self.checked = True
+        scale = g0.abs().max().item()
+        if scale == 0:
+            self.skip("the criterion gives zero gradient at uniform logits")
+            return
+        self._pad_rows(g0[~real], scale)
+        self._pad_column(g0[real], g1[real], target[real], V, pad, k)
+
+    @staticmethod
+    def _grad(criterion, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = logits.clone().requires_grad_(True)
+        with torch.enable_grad():
+            criterion(logits, target).backward()
+        if logits.grad is None:
+            raise RuntimeError("the criterion's loss does not depend on the logits")
+        return logits.grad.detach().double()
+
+    def _pad_rows(self, g_pad_rows: torch.Tensor, scale: float) -> None:
+        worst = g_pad_rows.abs().max().item() / scale if g_pad_rows.numel() else 0.0
+        if worst > PAD_ROW_GRAD:
+            self.report("error", f"rows whose target is <pad> still produce loss gradient "
+                        f"(max |grad| {worst:.2g} of the largest entry)", where="criterion",
+                        evidence={"pad_row_grad_rel": worst, "threshold": PAD_ROW_GRAD})
+
+    def _pad_column(self, g0, g1, target, V: int, pad: int, k: int) -> None:
+        p1 = torch.softmax(torch.eye(V, dtype=torch.float64)[k], -1)          # [V], same every row
+        w = (g1[:, k] - g0[:, k]) / (p1[k] - 1.0 / V)                         # [n] per-row weight
+        if (w.abs() < 1e-12).any():
+            self.skip("the criterion's gradient does not move with the logits (log_softmax missing?)")
+            return
+        q = 1.0 / V - g0 / w[:, None]                                         # [n, V] target mass
+        other = torch.ones_like(q, dtype=torch.bool)
+        other[:, pad] = False
+        other[torch.arange(len(target)), target] = False
+        q_pad, q_other = q[:, pad].mean().item(), q[other].mean().item()
+        g_pad, g_other = g0[:, pad].mean().item(), g0[other].mean().item()
+        q_target = q[torch.arange(len(target)), target].mean().item()
+        evidence = {"q_pad": q_pad, "q_other": q_other, "q_target": q_target,
+                    "g_pad": g_pad, "g_other": g_other, "threshold_share": PAD_SHARE}
+        self.metric(0, "smoothing/criterion_q_pad", q_pad)
+        if q_other > Q_MIN and q_pad > PAD_SHARE * q_other:
+            self.report("warning", f"label smoothing puts mass on <pad>: q_pad = {q_pad:.3g} vs "
+                        f"{q_other:.3g} on other classes (g_pad == g_other at uniform logits)",
+                        where="criterion", evidence=evidence)
+
+    # -- runtime: what the model learned to give <pad> ----------------------------------------
+    def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
+        logits = info.logits if info.logits is not None else trace.logits
+        if logits is None or info.tgt_out is None:
+            return {}
+        real = info.tgt_out != trace.pad_id                                   # [B, T]
+        p_pad = logits.detach().float().softmax(-1)[..., trace.pad_id]         # [B, T]
+        return {"pad_mass": p_pad[real].mean()}
+
+    def update(self, stats, info: StepInfo) -> None:
+        if "pad_mass" in stats:
+            self.metric(info.step, "smoothing/pad_mass", float(stats["pad_mass"]))

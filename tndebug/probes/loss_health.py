@@ -1,0 +1,120 @@
+"""loss-health: does the loss start at ln V, stay finite, and leave the uniform level?
+
+Failure: an initialisation that makes the logits large (the model is confidently wrong before
+it has seen data), a training loop that does not learn (lr 0, optimizer not stepped, targets
+not aligned), or a loss that goes to NaN/inf.
+Symptom: the first loss is far above ln V; the loss sits near ln V for hundreds of steps
+(note 000's "stuck at about 3.5"); NaN/inf.
+Fix: small output logits at init; check the optimizer, the lr and the target shift; for NaN,
+lower the lr and use warmup (note 002), LayerNorm eps 1e-5 (note 000).
+
+The probe computes the token cross-entropy from the logits and the targets itself (ignoring pad
+targets), because the training criterion may be a KL to smoothed targets, whose floor is 0.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.schedule import every
+from tndebug.trace import Trace
+
+# Initial CE over ln V.  Healthy tiny/small models (V = 11, Xavier generator over a normalised
+# stream) start at 1.08-1.54 ln V: the logit variance at init is ~2, which adds sigma^2/2 ~ 1 nat,
+# a large share of a small ln V.  So the upper bound allows that excess in nats.
+INIT_LOW = 0.8             # L0 < 0.8 ln V: the model "knows" the targets before training (leak)
+INIT_HIGH_SHARE = 0.2      # L0 > ln V + max(0.2 ln V, 2 nats): logits far too large at init
+INIT_HIGH_NATS = 2.0
+PLATEAU_SHARE = 0.95       # FAILURE_MODES 7e: CE > 0.95 ln V ...
+PLATEAU_STEPS = 500        # ... at 500 steps -> error
+PLATEAU_LAST = 3           # judged on the mean of the last 3 probed CEs
+
+
+class LossHealthProbe(Probe):
+    name = "loss-health"
+    summary = "initial loss vs ln V, plateau at the uniform level, non-finite loss"
+    reads = ()
+    fix = ("Check the loss at init (~ln V), the optimizer and lr, and the target shift; a plateau "
+           "near ln V points to missing PE or pads in attention, NaN to lr/warmup [notes 000, 002]")
+    default_schedule = staticmethod(lambda: every(10))
+
+    def __init__(self, schedule=None, *, plateau_steps: int = PLATEAU_STEPS) -> None:
+        super().__init__(schedule)
+        self.plateau_steps = plateau_steps
+        self._ce: list[tuple[int, float]] = []
+        self._bad_step: int | None = None
+        self._plateau_judged = False
+        self._ln_v: float | None = None
+
+    def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
+        stats = {}
+        if info.loss is not None:
+            stats["loss"] = info.loss.detach().float().reshape(())
+        logits = info.logits if info.logits is not None else trace.logits
+        if logits is not None and info.tgt_out is not None:
+            V = logits.shape[-1]
+            stats["ce"] = F.cross_entropy(logits.detach().float().reshape(-1, V),
+                                          info.tgt_out.reshape(-1), ignore_index=trace.pad_id)
+            stats["vocab"] = V
+        return stats
+
+    def update(self, stats, info: StepInfo) -> None:
+        step = info.step
+        loss = float(stats["loss"]) if "loss" in stats else None
+        ce = float(stats["ce"]) if "ce" in stats else None
+        if loss is not None:
+            self.metric(step, "loss/train", loss)
+        for value, what in ((loss, "training loss"), (ce, "cross-entropy")):
+            if value is not None and not math.isfinite(value) and self._bad_step is None:
+                self._bad_step = step
+                self.report("error", f"{what} is {value} at step {step}", step=step,
+                            evidence={"loss": loss, "ce": ce, "step": step})
+        if ce is None or self._bad_step is not None:
+            return
+        self._ln_v = ln_v = math.log(stats["vocab"])
+        self.metric(step, "loss/ce", ce)
+        self.metric(step, "loss/ce_over_uniform", ce / ln_v)
+        if not self._ce and step == 0:
+            self._initial(ce, ln_v)
+        self._ce.append((step, ce))
+        if step >= self.plateau_steps and not self._plateau_judged:
+            self._plateau(step)
+
+    def _initial(self, ce: float, ln_v: float) -> None:
+        high = ln_v + max(INIT_HIGH_SHARE * ln_v, INIT_HIGH_NATS)
+        evidence = {"loss0": ce, "ln_V": ln_v, "ratio": ce / ln_v,
+                    "threshold_low": INIT_LOW * ln_v, "threshold_high": high}
+        if ce > high:
+            self.report("warning", f"initial loss {ce:.2f} is far above ln V = {ln_v:.2f}: the "
+                        f"logits are too large at init", step=0, evidence=evidence,
+                        fix="Initialise the output projection small (Xavier over a normalised "
+                            "stream); the loss at step 0 should be close to ln V")
+        elif ce < INIT_LOW * ln_v:
+            self.report("warning", f"initial loss {ce:.2f} is below {INIT_LOW} ln V = "
+                        f"{INIT_LOW * ln_v:.2f} before any training: are the targets visible "
+                        f"to the model (unshifted targets, no causal mask)?", step=0,
+                        evidence=evidence,
+                        fix="Feed tgt[:, :-1] and score tgt[:, 1:], with the causal mask on "
+                            "(notes 001, 003)")
+
+    def _plateau(self, step: int) -> None:
+        self._plateau_judged = True
+        last = [c for _, c in self._ce[-PLATEAU_LAST:]]
+        mean = sum(last) / len(last)
+        limit = PLATEAU_SHARE * self._ln_v
+        self.metric(step, "loss/plateau_ce", mean)
+        if mean > limit:
+            self.report("error", f"loss still at the uniform level after {step} steps: "
+                        f"cross-entropy {mean:.3f} > {PLATEAU_SHARE} ln V = {limit:.3f}",
+                        step=step, evidence={"ce": mean, "ln_V": self._ln_v, "threshold": limit,
+                                             "steps": step, "last_steps": [s for s, _ in self._ce[-PLATEAU_LAST:]]})
+
+    def finish(self, run: RunContext) -> None:
+        if not self._ce and self._bad_step is None:
+            self.skip("no logits/targets or loss were observed")
+        elif not self._plateau_judged and self._bad_step is None and self._ce:
+            self.skip(f"plateau check needs {self.plateau_steps} steps; the run stopped at "
+                      f"step {self._ce[-1][0]}")
