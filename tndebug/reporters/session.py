@@ -5,44 +5,146 @@
         ... bar.update(step, loss=..., lr=...)
     engine = ProbeEngine(probes, run, sinks=session.sinks)   # metrics and traces stream here
     session.log_scalars(step, {"train/loss": ...})
-    code = session.finish(report, fail_on="error")           # writes report.json/.md, TB, prints
+    code = session.finish(report, fail_on="error")           # in a `finally:` is fine
 
-(Placeholder: writes report.json only. The reporters issue fills in console, markdown, plots
-and TensorBoard behind this same interface.)
+`finish` writes, in order: report.json, the figures (once), report.md, the TensorBoard text
+and hparams; then prints the summary (`fmt` text: the findings table on stdout; json: the
+report alone on stdout; md: report.md on stdout; everything else on stderr) and returns the
+exit code. It is idempotent; `close()` only flushes and closes TensorBoard (also idempotent).
+Files: out_dir/report.json, report.md, figures/*.png, tb/events.out.tfevents.*
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 
 from tndebug.report import Report
+from tndebug.reporters import console
+from tndebug.reporters.recorder import Recorder, to_float
 
-
-class _NullBar:
-    def update(self, step: int, **metrics) -> None:
-        pass
+FORMATS = ("text", "json", "md")
 
 
 class ReportSession:
-    def __init__(self, out_dir: str | Path, fmt: str = "text", tensorboard: bool = True) -> None:
+    """Args:
+        out_dir: where report.json, report.md, figures/ and tb/ go (created).
+        fmt: what goes to stdout at the end: "text" | "json" | "md".
+        tensorboard: write out_dir/tb (one SummaryWriter).
+        figures: draw the PNGs at the end (the plots cost about a second).
+        markdown: write report.md.
+    """
+
+    def __init__(self, out_dir: str | Path, fmt: str = "text", tensorboard: bool = True, *,
+                 figures: bool = True, markdown: bool = True) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.fmt = fmt
-        self.sinks: list = []
+        self.figures, self.markdown = figures, markdown
+        self.recorder = Recorder()
+        self.tb = None
+        if tensorboard:
+            from tndebug.reporters.tensorboard import TensorBoardSink   # TB only when asked
+            self.tb = TensorBoardSink(self.out_dir / "tb")
+        self.sinks: list = [self.recorder] + ([self.tb] if self.tb else [])
+        self.plots: list = []
+        self.report_seconds = 0.0        # time spent in finish() (figures, files, printing)
+        self._code: int | None = None
 
+    # -- during the run -------------------------------------------------------------------
     @contextlib.contextmanager
     def progress(self, total: int, description: str = "training"):
-        yield _NullBar()
+        """A bar with `.update(step, **metrics)`; on stderr, plain lines when not a terminal."""
+        with console.progress(total, description, console.make_console(stderr=True)) as bar:
+            yield bar
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
-        pass
+        """Training scalars (`train/loss`, `train/lr`, `eval/accuracy`): curves and TensorBoard."""
+        values = {tag: to_float(v) for tag, v in scalars.items()}    # tensors synced here, once
+        self.recorder.log_scalars(step, values)
+        if self.tb is not None:
+            self.tb.log_scalars(step, values)
 
+    def on_metric(self, step: int, tag: str, value: float) -> None:
+        """A metric that does not come through a probe (same path as the probes' ones)."""
+        for sink in self.sinks:
+            sink.on_metric(step, tag, value)
+
+    # -- the end --------------------------------------------------------------------------
     def finish(self, report: Report, fail_on: str = "error") -> int:
-        report.write_json(self.out_dir / "report.json")
+        """Write every file, print the summary, close TensorBoard; return the exit code."""
+        if self._code is not None:
+            return self._code
+        t0 = time.perf_counter()
+        paths = {"report": str(self.out_dir / "report.json")}
+        md = ""
+        try:
+            report.write_json(self.out_dir / "report.json")
+            md = _guarded("report.md", self._write_markdown, report, paths) or ""
+            if self.tb is not None:
+                _guarded("TensorBoard summary", self._write_tensorboard, report)
+                paths["tensorboard"] = f"tensorboard --logdir {self.out_dir / 'tb'}"
+        finally:
+            self.close()
+        self._code = report.exit_code(fail_on)
+        self._print(report, md, paths)
+        self.report_seconds += time.perf_counter() - t0
+        return self._code
+
+    def close(self) -> None:
+        """Flush and close TensorBoard (safe to call twice, and after `finish`)."""
+        if self.tb is not None:
+            self.tb.close()
+
+    def __enter__(self) -> "ReportSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- pieces ---------------------------------------------------------------------------
+    def _write_markdown(self, report: Report, paths: dict) -> str:
+        from tndebug.reporters import markdown
+        if self.figures:
+            from tndebug.reporters.plots import make_figures
+            self.plots = make_figures(self.recorder, report, self.out_dir / "figures")
+            for p in self.plots:
+                if not p.name:
+                    print(f"tndebug: warning: {p.title}: {p.caption}", file=sys.stderr)
+            self.plots = [p for p in self.plots if p.name] + [p for p in self.plots if not p.name]
+        md = markdown.render(report, self.plots)
+        if self.markdown:
+            (self.out_dir / "report.md").write_text(md)
+            paths["markdown"] = str(self.out_dir / "report.md")
+        return md
+
+    def _write_tensorboard(self, report: Report) -> None:
+        from tndebug.reporters import markdown
+        from tndebug.reporters.common import counts
+        c = counts(report)
+        self.tb.write_summary(report.run, markdown.render(report, with_figures=False),
+                              self.recorder.last_step,
+                              {"findings_errors": c["error"], "findings_warnings": c["warning"]})
+
+    def _print(self, report: Report, md: str, paths: dict) -> None:
         if self.fmt == "json":
-            print(json.dumps(report.to_dict(), indent=2, default=str))
+            console.print_plain(json.dumps(report.to_dict(), indent=2, default=str))
+            console.print_summary(report, console.make_console(stderr=True), paths)
+        elif self.fmt == "md":
+            console.print_plain(md)
+            console.print_summary(report, console.make_console(stderr=True), paths)
         else:
-            print(f"verdict: {report.verdict} ({len(report.findings)} findings)", file=sys.stdout)
-        return report.exit_code(fail_on)
+            console.print_summary(report, console.make_console(), paths)
+
+
+def _guarded(what: str, fn, *args):
+    """A reporter that fails costs its own output, never the report or the exit code."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        print(f"tndebug: warning: could not write {what}: {type(e).__name__}: {e}", file=sys.stderr)
+        return None

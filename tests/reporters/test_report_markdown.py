@@ -1,0 +1,38 @@
+"""report.md: every finding explained, figures embedded, and the PNGs real."""
+import re
+
+from matplotlib.image import imread
+
+from tndebug.notes import PROBE_CAUSES
+
+PNG = b"\x89PNG\r\n\x1a\n"
+EXPECTED = {"curves.png", "entropy.png", "head_similarity.png", "attention_enc_self.png",
+            "attention_dec_self.png", "attention_cross.png", "depth.png"}
+
+
+def test_findings_are_explained(tiny_run):
+    md = (tiny_run["dir"] / "report.md").read_text()
+    assert md.startswith("# tndebug report: ERRORS")
+    assert "> **RUN DIVERGED at step 8.**" in md
+    assert "> **First sign:** missing-scale at step 4 in encoder.layers.0.self_attn" in md
+    error = md.index("### 1. ERROR `missing-scale` at step 0")
+    warn = md.index("### 2. WARN `missing-scale` at step 4")
+    assert error < warn
+    block = md[warn:md.index("## Probes")]
+    assert "**Symptom:** entropy fell below the floor" in block
+    assert "`entropy` = 0.01235; `threshold` = 0.05" in block
+    assert PROBE_CAUSES["missing-scale"] in block
+    assert "**Fix:** Divide the scores by sqrt(d_k)." in block
+    assert "**Where:** `encoder.layers.0.self_attn` (layer 0, head 2)" in block
+    assert "| `stand-in-skipped` | skipped |" in md
+
+
+def test_figures_are_embedded_and_valid_pngs(tiny_run):
+    md = (tiny_run["dir"] / "report.md").read_text()
+    links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", md)
+    assert {l.split("/")[-1] for l in links} == EXPECTED
+    for link in links:
+        path = tiny_run["dir"] / link
+        assert path.read_bytes()[:8] == PNG, link
+        h, w = imread(path).shape[:2]
+        assert 200 <= h <= 1600 and 300 <= w <= 1800, (link, h, w)

@@ -1,0 +1,97 @@
+"""Small formatting helpers shared by the console and Markdown reporters (no rich, no TB)."""
+from __future__ import annotations
+
+import math
+
+from tndebug.findings import Finding, severity_rank
+from tndebug.report import Report
+
+SEVERITY_WORD = {"error": "ERROR", "warning": "WARN", "info": "INFO"}
+VERDICT_WORD = {"clean": "CLEAN", "warnings": "WARNINGS", "errors": "ERRORS"}
+STATUS_KEYS = ("stopped_at", "stop_step", "step")   # where run["status"] != completed stopped
+
+
+def fmt_value(v) -> str:
+    """Numbers to 4 significant digits, everything else as str."""
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return str(v)
+        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+            return f"{v:.3e}"
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return "none"
+        inner = ", ".join(fmt_value(x) for x in v[:8])
+        return f"[{inner}{', ...' if len(v) > 8 else ''}]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {fmt_value(x)}" for k, x in list(v.items())[:8]) + "}"
+    return str(v)
+
+
+def evidence_text(f: Finding, sep: str = ", ") -> str:
+    return sep.join(f"{k}={fmt_value(v)}" for k, v in f.evidence.items())
+
+
+def where_text(f: Finding) -> str:
+    w = f.where or "(run)"
+    if f.head is not None:
+        w += f" head {f.head}"
+    return w
+
+
+def sorted_findings(report: Report) -> list[Finding]:
+    """Errors first, then warnings, then info; earliest step first within a severity."""
+    return sorted(report.findings,
+                  key=lambda f: (-severity_rank(f.severity), f.step if f.step is not None else -1))
+
+
+def counts(report: Report) -> dict[str, int]:
+    c = {"error": 0, "warning": 0, "info": 0}
+    for f in report.findings:
+        c[f.severity] += 1
+    return c
+
+
+def counts_text(report: Report) -> str:
+    c = counts(report)
+    return (f"{c['error']} error{'s' * (c['error'] != 1)}, "
+            f"{c['warning']} warning{'s' * (c['warning'] != 1)}, {c['info']} info")
+
+
+def run_status(report: Report) -> tuple[str, int | None]:
+    """("completed" | "interrupted" | "diverged" | ..., the step it stopped at or None)."""
+    status = str(report.run.get("status", "completed"))
+    for key in STATUS_KEYS:
+        if report.run.get(key) is not None:
+            return status, report.run[key]
+    return status, None
+
+
+def status_text(report: Report) -> str | None:
+    """"DIVERGED at step 123" for a run that did not complete, else None."""
+    status, step = run_status(report)
+    if status == "completed":
+        return None
+    return status.upper() + (f" at step {step}" if step is not None else "")
+
+
+def first_sign_text(report: Report) -> str | None:
+    f = report.first_sign
+    if f is None:
+        return None
+    at = f" at step {f.step}" if f.step is not None else ""
+    where = f" in {f.where}" if f.where else ""
+    return f"{f.probe}{at}{where}: {f.message}"
+
+
+def probe_groups(report: Report) -> dict[str, list[tuple[str, str]]]:
+    """status -> [(probe, reason)] for pass | warn | fail | skipped."""
+    out: dict[str, list[tuple[str, str]]] = {"pass": [], "warn": [], "fail": [], "skipped": []}
+    for name, st in report.probes.items():
+        out.setdefault(st.get("status", "pass"), []).append((name, st.get("reason", "")))
+    return out

@@ -1,0 +1,194 @@
+"""The terminal: a progress bar on stderr while training, and the summary at the end.
+
+The only module that imports rich. Readable without colour (NO_COLOR, pipes, CI logs):
+severity is a word (ERROR / WARN / INFO), and when stderr is not a terminal the progress
+bar becomes a plain line every tenth of the run.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from typing import TextIO
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, \
+    TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from tndebug.report import Report
+from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, evidence_text, \
+    first_sign_text, fmt_value, probe_groups, sorted_findings, status_text, where_text
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+VERDICT_STYLE = {"clean": "bold green", "warnings": "bold yellow", "errors": "bold red"}
+PLAIN_WIDTH = 120            # rich's 80 columns squeeze a six-column table in CI logs
+
+
+def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console:
+    """A Console on `file` (default: the current stdout/stderr); colour only on a terminal."""
+    file = file or (sys.stderr if stderr else sys.stdout)
+    tty = hasattr(file, "isatty") and file.isatty()
+    width = None if tty or os.environ.get("COLUMNS") else PLAIN_WIDTH
+    return Console(file=file, width=width, highlight=False, soft_wrap=False)
+
+
+# -- progress ----------------------------------------------------------------------------
+def _fmt_metric(v) -> str:
+    try:
+        return fmt_value(float(v.item() if hasattr(v, "item") else v))
+    except (TypeError, ValueError):
+        return str(v)
+
+
+class ProgressBar:
+    """`update(step, loss=..., lr=...)` after step `step` (0-based) finished.
+
+    Metric values may be tensors; they are read only when shown (a few times a second on a
+    terminal, every tenth of the run otherwise), so the bar does not force a sync per step.
+    """
+
+    def __init__(self, total: int, description: str, console: Console) -> None:
+        self.total, self.description, self.console = max(int(total), 0), description, console
+        self.live = console.is_terminal
+        self.metrics: dict = {}
+        self.done = 0
+        self.t0 = time.perf_counter()
+        self._next_line = 0
+        self._printed = 0
+        self._progress: Progress | None = None
+        self._task = None
+
+    def _rate(self) -> float:
+        dt = time.perf_counter() - self.t0
+        return self.done / dt if dt > 0 else 0.0
+
+    def fields(self) -> str:
+        parts = [f"{k} {_fmt_metric(v)}" for k, v in self.metrics.items()]
+        parts.append(f"{self._rate():.1f} step/s")
+        return "  ".join(parts)
+
+    def __enter__(self) -> "ProgressBar":
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TaskProgressColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"), console=self.console, refresh_per_second=4,
+                transient=False)
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self.description, total=self.total or None,
+                                                 info="")
+        return self
+
+    def update(self, step: int, **metrics) -> None:
+        self.done = min(step + 1, self.total) if self.total else step + 1
+        self.metrics.update(metrics)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=self.done, info=_LazyFields(self))
+        elif self.done >= self._next_line or self.done == self.total:
+            self._line()
+
+    def _line(self) -> None:
+        every = max(1, self.total // 10) if self.total else 100
+        self._next_line = (self.done // every + 1) * every
+        self._printed = self.done
+        of = f"/{self.total}" if self.total else ""
+        self.console.print(f"{self.description}: step {self.done}{of}  {self.fields()}",
+                           markup=False)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+            self._progress = None
+        elif self.done and self._printed < self.done:      # interrupted between two lines
+            self._line()
+
+
+class _LazyFields:
+    """Renders the bar's metrics when rich draws, not when the trainer updates."""
+
+    def __init__(self, bar: ProgressBar) -> None:
+        self.bar = bar
+
+    def __format__(self, spec: str) -> str:
+        return self.bar.fields()
+
+    def __str__(self) -> str:
+        return self.bar.fields()
+
+
+@contextlib.contextmanager
+def progress(total: int, description: str = "training", console: Console | None = None):
+    bar = ProgressBar(total, description, console or make_console(stderr=True))
+    with bar:
+        yield bar
+
+
+# -- the summary -------------------------------------------------------------------------
+def findings_table(report: Report) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, show_lines=False, expand=False, pad_edge=False)
+    t.add_column("severity", no_wrap=True)
+    t.add_column("probe", no_wrap=True)
+    t.add_column("where", overflow="fold", min_width=12, max_width=32)
+    t.add_column("step", justify="right", no_wrap=True)
+    t.add_column("message", overflow="fold", ratio=3)
+    t.add_column("evidence", overflow="fold", ratio=2)
+    t.add_column("fix", overflow="fold", ratio=3)
+    for f in sorted_findings(report):
+        t.add_row(Text(SEVERITY_WORD[f.severity], style=SEVERITY_STYLE[f.severity]),
+                  f.probe, where_text(f), "" if f.step is None else str(f.step),
+                  f.message, evidence_text(f, "\n"), f.fix)
+    return t
+
+
+def summary(report: Report, paths: dict[str, str] | None = None) -> Group:
+    """The end-of-run summary: verdict, status, first sign, findings, probes, files."""
+    parts = []
+    head = Text()
+    head.append("verdict: ", style="bold")
+    head.append(VERDICT_WORD[report.verdict], style=VERDICT_STYLE[report.verdict])
+    head.append(f"  ({counts_text(report)})")
+    parts.append(head)
+    stopped = status_text(report)
+    sign = first_sign_text(report)
+    if stopped or sign:
+        body = Text()
+        if stopped:
+            body.append(f"RUN {stopped}\n", style="bold red")
+        if sign:
+            body.append("first sign: ", style="bold")
+            body.append(sign)
+        parts.append(Panel(body, box=box.HEAVY, border_style="red", expand=False))
+    if report.findings:
+        parts.append(findings_table(report))
+    else:
+        parts.append(Text("no findings"))
+    groups = probe_groups(report)
+    for status, label, style in (("fail", "failed", "red"), ("warn", "warned", "yellow"),
+                                 ("pass", "passed", "green")):
+        if groups.get(status):
+            line = Text(f"probes {label} ({len(groups[status])}): ", style=style)
+            line.append(", ".join(n for n, _ in groups[status]), style="default")
+            parts.append(line)
+    if groups.get("skipped"):
+        parts.append(Text(f"probes skipped ({len(groups['skipped'])}):", style="dim"))
+        for name, reason in groups["skipped"]:
+            parts.append(Text(f"  SKIPPED {name}: {reason or 'no reason given'}"))
+    for label, path in (paths or {}).items():
+        parts.append(Text(f"{label}: {path}", style="dim"))
+    return Group(*parts)
+
+
+def print_summary(report: Report, console: Console, paths: dict[str, str] | None = None) -> None:
+    console.print(summary(report, paths))
+
+
+def print_plain(text: str, file: TextIO | None = None) -> None:
+    """JSON or Markdown on stdout, exactly as given (no rich wrapping or markup)."""
+    file = file or sys.stdout
+    file.write(text if text.endswith("\n") else text + "\n")
+    file.flush()

@@ -1,0 +1,79 @@
+"""report.md: the verdict, each finding (symptom, evidence, probable cause from the notes, fix,
+module path), the probes' statuses, and the figures as relative PNG links."""
+from __future__ import annotations
+
+from tndebug.findings import Finding
+from tndebug.notes import PROBE_CAUSES
+from tndebug.report import Report
+from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, first_sign_text, \
+    fmt_value, sorted_findings, status_text
+from tndebug.reporters.plots import Plot
+
+RUN_KEYS_FIRST = ("status", "task", "preset", "norm", "faults", "probes", "seed", "steps",
+                  "device", "final_loss", "exact_match", "token_accuracy", "wall_s")
+STATUS_MARK = {"pass": "pass", "warn": "**WARN**", "fail": "**FAIL**", "skipped": "skipped"}
+
+
+def _md(text) -> str:
+    """Escape the characters that would break a table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures/",
+           with_figures: bool = True) -> str:
+    out = [f"# tndebug report: {VERDICT_WORD[report.verdict]}", ""]
+    out.append(f"**Verdict: {VERDICT_WORD[report.verdict]}** ({counts_text(report)}).")
+    stopped, sign = status_text(report), first_sign_text(report)
+    if stopped or sign:
+        out.append("")
+        if stopped:
+            out.append(f"> **RUN {stopped}.**")
+        if sign:
+            out.append(f"> **First sign:** {sign}")
+    out += ["", "## Run", "", "| | |", "|---|---|"]
+    keys = [k for k in RUN_KEYS_FIRST if k in report.run] + \
+           [k for k in report.run if k not in RUN_KEYS_FIRST]
+    out += [f"| {_md(k)} | {_md(fmt_value(report.run[k]))} |" for k in keys]
+
+    out += ["", "## Findings", ""]
+    findings = sorted_findings(report)
+    if not findings:
+        out.append("No findings.")
+    for i, f in enumerate(findings, 1):
+        out += _finding(i, f)
+
+    out += ["", "## Probes", "", "| probe | status | reason |", "|---|---|---|"]
+    for name, st in report.probes.items():
+        status = st.get("status", "pass")
+        out.append(f"| `{name}` | {STATUS_MARK.get(status, status)} | {_md(st.get('reason', ''))} |")
+
+    if with_figures and plots:
+        out += ["", "## Figures", ""]
+        for p in plots:
+            if not p.name:
+                out += [f"*{p.title}: {p.caption}*", ""]
+                continue
+            out += [f"### {p.title}", "", f"![{p.title}]({fig_prefix}{p.name})", "", p.caption, ""]
+    elif not with_figures:
+        out += ["", "*Figures: see report.md and figures/ in the run directory.*"]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _finding(i: int, f: Finding) -> list[str]:
+    at = f" at step {f.step}" if f.step is not None else ""
+    lines = [f"### {i}. {SEVERITY_WORD[f.severity]} `{f.probe}`{at}", "",
+             f"- **Symptom:** {f.message}"]
+    if f.evidence:
+        ev = "; ".join(f"`{k}` = {fmt_value(v)}" for k, v in f.evidence.items())
+        lines.append(f"- **Evidence:** {ev}")
+    cause = PROBE_CAUSES.get(f.probe)
+    if cause:
+        lines.append(f"- **Probable cause (from the notes):** {cause}")
+    if f.fix:
+        lines.append(f"- **Fix:** {f.fix}")
+    where = f"`{f.where}`" if f.where else "the run as a whole"
+    extra = ", ".join(x for x in (f"layer {f.layer}" if f.layer is not None else "",
+                                  f"head {f.head}" if f.head is not None else "",
+                                  f"rank {f.rank}" if f.rank is not None else "") if x)
+    lines.append(f"- **Where:** {where}" + (f" ({extra})" if extra else ""))
+    return lines + [""]

@@ -1,0 +1,423 @@
+"""End-of-run figures (PNG, matplotlib's Agg canvas; no pyplot, no global backend switch).
+
+Each `figure_*` function takes the Recorder (and the Report) and returns a `Plot` written
+under `fig_dir`, or None when the run gave it nothing to draw. `make_figures` draws them all,
+once, at the end of the run. `attention_image` colours one attention map for TensorBoard.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib import colormaps
+from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
+
+from tndebug.report import Report
+from tndebug.reporters.recorder import Recorder, TraceSnapshot
+from tndebug.trace import KINDS
+
+DPI = 100
+KIND_TITLE = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention",
+              "cross": "cross-attention (decoder queries, encoder keys)"}
+_HEAD_METRIC = re.compile(r"attn/(enc_self|dec_self|cross)/layer(\d+)/head(\d+)/(\w+)")
+_RESID = re.compile(r"depth/(encoder|decoder)/layer(\d+)/resid_rms")
+_GRAD = re.compile(r"grad/(\w+)/layer(\d+)/norm")
+KIND_SHORT = {"enc_self": "encoder self", "dec_self": "decoder self", "cross": "cross"}
+STACK_COLOR = {"encoder": "tab:blue", "decoder": "tab:orange", "embed": "tab:gray"}
+
+
+@dataclass
+class Plot:
+    name: str          # file name under fig_dir, e.g. "entropy_enc_self.png"
+    title: str         # a heading for the report
+    caption: str       # one sentence: what is drawn and from which data
+
+
+def make_figures(rec: Recorder, report: Report, fig_dir: Path) -> list[Plot]:
+    """Draw every figure the recorded data allows; a figure that fails is skipped, not fatal."""
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    plots: list[Plot] = []
+    jobs = [lambda: figure_curves(rec, report, fig_dir), lambda: figure_entropy(rec, fig_dir),
+            lambda: figure_similarity(rec, fig_dir)]
+    jobs += [lambda k=kind: figure_attention_maps(rec, k, fig_dir) for kind in KINDS]
+    jobs.append(lambda: figure_depth(rec, fig_dir))
+    for job in jobs:
+        try:
+            p = job()
+        except Exception as e:  # noqa: BLE001 - a figure must never cost the report
+            p = Plot("", "figure failed", f"{type(e).__name__}: {e}")
+        if p is not None:
+            plots.append(p)
+    return plots
+
+
+# -- attention entropy per layer x head --------------------------------------------------
+def entropy_matrix(rec: Recorder, kind: str) -> tuple[np.ndarray, int | None, str] | None:
+    """[layers, heads] mean attention entropy (nats), from the probe metric or the probe batch."""
+    cells = {(int(l), int(h)): sv for (k, l, h, m), sv in rec.matching(_HEAD_METRIC).items()
+             if k == kind and m == "entropy"}
+    if cells:
+        L = max(l for l, _ in cells) + 1
+        H = max(h for _, h in cells) + 1
+        mat = np.full((L, H), np.nan)
+        for (l, h), (_, v) in cells.items():
+            mat[l, h] = v
+        return mat, max(s for s, _ in cells.values()), "the probe metric"
+    snap = rec.last
+    recs = [a for a in (snap.attention if snap else []) if a.kind == kind and a.layer is not None]
+    if not recs:
+        return None
+    L = max(a.layer for a in recs) + 1
+    H = max(a.probs.shape[1] for a in recs)
+    mat = np.full((L, H), np.nan)
+    for a in recs:
+        p, valid = _valid_rows(a.probs, snap, kind)                 # [b, h, T, S], [b, T]
+        ent = -(p * torch.log(p.clamp_min(1e-12))).sum(-1)         # [b, h, T]
+        w = valid[:, None, :].float()
+        mat[a.layer, :p.shape[1]] = ((ent * w).sum((0, 2)) / w.sum((0, 2)).clamp_min(1)).numpy()
+    return mat, snap.step, "the probe batch"
+
+
+def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
+    got = {k: m for k in KINDS if (m := entropy_matrix(rec, k)) is not None}
+    if not got:
+        return None
+    top = max((np.nanmax(m[0]) for m in got.values() if np.isfinite(m[0]).any()), default=1.0)
+    L = max(m[0].shape[0] for m in got.values())
+    H = max(m[0].shape[1] for m in got.values())
+    fig = Figure(figsize=(len(got) * max(2.6, 0.55 * H + 1.0) + 1.2, max(2.6, 0.45 * L + 1.7)),
+                 dpi=DPI)
+    axes = fig.subplots(1, len(got), squeeze=False)[0]
+    for ax, (kind, (mat, step, source)) in zip(axes, got.items()):
+        im = ax.imshow(mat, cmap="magma", aspect="auto", vmin=0, vmax=top or 1.0)
+        _ticks(ax, mat.shape[1], mat.shape[0], "head", "layer")
+        _annotate(ax, mat, im)
+        ax.set_title(f"{KIND_SHORT[kind]}\n(step {step})", fontsize=9)
+    fig.suptitle("Attention entropy per layer and head", fontsize=10)
+    _colorbar(fig, im, "entropy (nats)", left=0.07, top=0.76, bottom=0.17, wspace=0.35)
+    fig.savefig(fig_dir / "entropy.png")
+    sources = sorted({m[2] for m in got.values()})
+    return Plot("entropy.png", "Attention entropy per layer and head",
+                f"Mean entropy of each head's attention over real query rows (from "
+                f"{' and '.join(sources)}), one panel per attention type. A head near 0 looks at "
+                f"one key; ln(keys) is uniform attention.")
+
+
+# -- head similarity matrices ------------------------------------------------------------
+def similarity_matrices(snap: TraceSnapshot, kind: str) -> list[tuple[int, np.ndarray]]:
+    """[(layer, [h, h] cosine similarity of heads' attention maps)] from the probe batch."""
+    out = []
+    for a in sorted((a for a in snap.attention if a.kind == kind), key=lambda a: a.layer or 0):
+        p, valid = _valid_rows(a.probs, snap, kind)                  # [b, h, T, S], [b, T]
+        v = (p * valid[:, None, :, None]).transpose(0, 1).reshape(p.shape[1], -1)  # [h, b*T*S]
+        n = v.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        out.append((a.layer or 0, ((v / n) @ (v / n).T).numpy()))
+    return out
+
+
+def figure_similarity(rec: Recorder, fig_dir: Path) -> Plot | None:
+    snap = rec.last
+    got = {k: m for k in KINDS if snap and (m := similarity_matrices(snap, k))}
+    if not got:
+        return None
+    L = max(len(m) for m in got.values())
+    H = max(x.shape[0] for m in got.values() for _, x in m)
+    fig = Figure(figsize=(min(16.0, max(4.5, 0.4 * L * (H + 1) + 2.4)), 1.0 + len(got) *
+                          max(1.5, 0.4 * H + 0.75)), dpi=DPI)
+    axes = fig.subplots(len(got), 1, squeeze=False)[:, 0]
+    for ax, (kind, mats) in zip(axes, got.items()):
+        grid = _grid([[m for _, m in mats]])
+        im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1)
+        xs, labels = [], []
+        for j, (layer, m) in enumerate(mats):
+            x0 = j * (m.shape[1] + 1)
+            xs += [x0 + h for h in range(m.shape[1])]
+            labels += [f"h{h}" for h in range(m.shape[1])]
+            ax.text(x0 + (m.shape[1] - 1) / 2, -0.7, f"layer {layer}", ha="center", va="bottom",
+                    fontsize=8)
+        ax.set_xticks(xs, labels, fontsize=7)
+        ax.set_yticks(range(H), [f"h{h}" for h in range(H)], fontsize=7)
+        ax.set_ylabel(KIND_SHORT[kind], fontsize=8)
+        if grid.size <= 400:
+            _annotate(ax, grid, im, fmt="{:.1f}")
+        ax.spines[:].set_visible(False)
+    fig.suptitle(f"Head similarity per layer (probe batch, step {snap.step})", fontsize=10)
+    _colorbar(fig, im, "cosine similarity", left=0.1, top=0.86, bottom=0.08, hspace=0.45)
+    fig.savefig(fig_dir / "head_similarity.png")
+    return Plot("head_similarity.png", "Head similarity per layer",
+                f"Cosine similarity between the heads' attention maps on the probe batch at step "
+                f"{snap.step}, one block per layer (1 on the diagonal). Off-diagonal cells near 1 "
+                f"are duplicated heads.")
+
+
+# -- attention maps of the probe batch ---------------------------------------------------
+def figure_attention_maps(rec: Recorder, kind: str, fig_dir: Path,
+                          example: int | None = None) -> Plot | None:
+    snap = rec.last
+    recs = sorted((a for a in (snap.attention if snap else []) if a.kind == kind),
+                  key=lambda a: a.layer or 0)
+    if example is None:
+        example = padded_example(snap)
+    if not recs or recs[0].probs.shape[0] <= example:
+        return None
+    L, H = len(recs), recs[0].probs.shape[1]
+    T, S = recs[0].probs.shape[-2:]
+    grid = _grid([[a.probs[example, h].numpy() for h in range(a.probs.shape[1])] for a in recs])
+    queries = _tokens(snap.src if kind == "enc_self" else snap.tgt, example, T)
+    keys = _tokens(snap.tgt if kind == "dec_self" else snap.src, example, S)
+    scale = min(0.22, 7.5 / max(H * (S + 1), 1))        # inches per cell, at most ~10 in wide
+    fig = Figure(figsize=(max(5.0, scale * H * (S + 1) + 2.0), max(2.8, scale * L * (T + 1) + 1.6)),
+                 dpi=DPI)
+    ax = fig.add_subplot()
+    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, interpolation="nearest", aspect="equal")
+    ax.set_xticks([h * (S + 1) + (S - 1) / 2 for h in range(H)], [f"head {h}" for h in range(H)],
+                  fontsize=8)
+    ax.set_yticks([i * (T + 1) + (T - 1) / 2 for i in range(L)],
+                  [f"layer {a.layer}" for a in recs], fontsize=8)
+    ax.set_xlabel("keys (left to right), one block per head")
+    ax.set_ylabel("queries (top to bottom)")
+    ax.spines[:].set_visible(False)
+    ax.tick_params(length=0)
+    k0 = _first_pad(keys, snap.pad_id)
+    q0 = _first_pad(queries, snap.pad_id)
+    pads, diag = [], []
+    for i in range(L):
+        for h in range(H):
+            x, y = h * (S + 1) - 0.5, i * (T + 1) - 0.5
+            if k0 is not None:
+                pads.append([(x + k0, y), (x + k0, y + T)])
+            if q0 is not None:
+                pads.append([(x, y + q0), (x + S, y + q0)])
+            diag.append([(x, y), (x + min(S, T), y + min(S, T))])
+    ax.add_collection(LineCollection(pads, colors="red", linestyles="--", linewidths=1.0))
+    if kind == "dec_self":
+        ax.add_collection(LineCollection(diag, colors="white", linewidths=0.5, alpha=0.6))
+    index = snap.rows[example] if example < len(snap.rows) else example
+    ax.set_title(f"Attention maps: {KIND_TITLE[kind]}\nexample {index} of the probe batch, "
+                 f"step {snap.step}", fontsize=10)
+    _colorbar(fig, im, "attention probability", left=0.12, top=0.86, bottom=0.14)
+    name = f"attention_{kind}.png"
+    fig.savefig(fig_dir / name)
+    marks = ("Red dashed lines mark where padding starts (vertical: keys, horizontal: queries); "
+             "none are drawn when this example has no padding. ")
+    if kind == "dec_self":
+        marks += "The faint diagonal is the causal limit: any mass right of it sees the future. "
+    return Plot(name, f"Attention maps: {kind}",
+                f"One block per layer (rows) and head (columns), example {index} of the probe "
+                f"batch at step {snap.step}. Queries: {_fmt_tokens(queries, snap.pad_id)}; keys: "
+                f"{_fmt_tokens(keys, snap.pad_id)}. {marks}Mass on padding is a mask bug.")
+
+
+def padded_example(snap: TraceSnapshot | None) -> int:
+    """The longest kept example that has source padding (masks show there), else 0."""
+    if snap is None or snap.src is None or snap.src.dim() != 2:
+        return 0
+    n_pad = (snap.src == snap.pad_id).sum(1)               # [b]
+    if int(n_pad.max()) == 0:
+        return 0
+    return int(torch.where(n_pad > 0, n_pad, n_pad.max() + 1).argmin())
+
+
+def attention_image(probs: torch.Tensor, min_cell: int = 96) -> np.ndarray:
+    """Heads side by side, viridis, upscaled; NaN in magenta.  probs [h, T, S] -> [H, W, 3] uint8"""
+    p = probs.detach().float().cpu().numpy()
+    h, T, S = p.shape
+    k = max(1, math.ceil(min_cell / max(T, S, 1)))
+    rgb = colormaps["viridis"](np.clip(np.nan_to_num(p, nan=0.0), 0, 1))[..., :3]  # [h, T, S, 3]
+    rgb[~np.isfinite(p)] = (1.0, 0.0, 1.0)
+    rgb = rgb.repeat(k, axis=1).repeat(k, axis=2)                                  # [h, kT, kS, 3]
+    gap = np.ones((T * k, 2, 3))
+    tiles = []
+    for i in range(h):
+        tiles += [rgb[i], gap] if i < h - 1 else [rgb[i]]
+    return (np.concatenate(tiles, axis=1) * 255).astype(np.uint8)
+
+
+# -- depth: residual RMS and gradient norm -----------------------------------------------
+def _depth_series(rec: Recorder, pattern: re.Pattern, from_snap: str):
+    """{stack: {step: {layer: value}}} from metrics, else from the probe-batch snapshots."""
+    out: dict[str, dict[int, dict[int, float]]] = {}
+    for (stack, layer), series in rec.series_matching(pattern).items():
+        for step, v in series:
+            out.setdefault(stack, {}).setdefault(step, {})[int(layer)] = v
+    if out:
+        return out, "probe metrics"
+    for snap in rec.snapshots:
+        values = getattr(snap, from_snap)
+        for (stack, layer, kind, _), v in values.items():
+            if layer is not None and kind == "layer":
+                out.setdefault(stack, {}).setdefault(snap.step, {})[layer] = v
+    return out, "the probe batch"
+
+
+def figure_depth(rec: Recorder, fig_dir: Path) -> Plot | None:
+    rms, rms_src = _depth_series(rec, _RESID, "stream_rms")
+    grad, grad_src = _depth_series(rec, _GRAD, "grad_norm")
+    if not rms and not grad:
+        return None
+    fig = Figure(figsize=(9.0, 3.6), dpi=DPI)
+    ax1, ax2 = fig.subplots(1, 2)
+    for ax, data, label, log in ((ax1, rms, "residual stream RMS", False),
+                                 (ax2, grad, "gradient norm", True)):
+        if not data:
+            ax.text(0.5, 0.5, "not measured in this run", ha="center", va="center",
+                    transform=ax.transAxes, color="gray")
+        for stack, by_step in sorted(data.items()):
+            steps = sorted(by_step)
+            shown = [steps[0], steps[-1]] if len(steps) > 1 else steps
+            for s in shown:
+                layers = sorted(by_step[s])
+                last = s == steps[-1]
+                ax.plot(layers, [by_step[s][l] for l in layers], marker="o",
+                        color=STACK_COLOR.get(stack, "tab:green"), linestyle="-" if last else ":",
+                        alpha=1.0 if last else 0.6, label=f"{stack}, step {s}")
+        ax.set_xlabel("layer")
+        ax.set_ylabel(label)
+        if log and data and all(v > 0 for d in data.values() for m in d.values() for v in m.values()):
+            ax.set_yscale("log")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        if data:
+            ax.legend(fontsize=7)
+    ax1.set_title(f"Residual stream RMS by depth\n(from {rms_src})", fontsize=10)
+    ax2.set_title(f"Gradient norm by depth\n(from {grad_src})", fontsize=10)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.82, bottom=0.15, wspace=0.3)
+    fig.savefig(fig_dir / "depth.png")
+    return Plot("depth.png", "Residual RMS and gradient norm by depth",
+                "Each layer's output RMS and gradient norm, at the first (dotted) and last "
+                "(solid) probed step. Steady growth with depth is normal for Pre-LN; a jump or "
+                "a collapse to 0 at one layer is not.")
+
+
+# -- loss and learning-rate curves -------------------------------------------------------
+def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
+    scalars = dict(rec.scalars)
+    for key, tag in (("loss", "train/loss"), ("lr", "train/lr")):   # the trainer's own history
+        h = report.history.get(key) if report.history else None
+        if tag not in scalars and h:
+            scalars[tag] = [tuple(p) if isinstance(p, (list, tuple)) else (i, p)
+                            for i, p in enumerate(h)]
+    losses = {t: s for t, s in scalars.items() if t.endswith("loss") and s}
+    lrs = {t: s for t, s in scalars.items() if t.endswith("/lr") and s}
+    others = {t: s for t, s in scalars.items() if t.startswith("eval/") and t not in losses and s}
+    if not losses and not lrs:
+        return None
+    panels = [(label, data) for label, data in (("loss", losses), ("learning rate", lrs),
+                                                ("evaluation", others)) if data]
+    fig = Figure(figsize=(4.2 * len(panels), 3.4), dpi=DPI)
+    axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]
+    marks = _step_marks(report)
+    for ax, (label, data) in zip(axes, panels):
+        for tag, series in sorted(data.items()):
+            xs, ys = zip(*series)
+            ax.plot(xs, ys, label=tag, marker="." if len(xs) < 30 else None)
+        finite = [y for s in data.values() for _, y in s if math.isfinite(y)]
+        if label != "evaluation" and finite and min(finite) > 0 and max(finite) / min(finite) > 30:
+            ax.set_yscale("log")
+        for step, text, color in marks:
+            ax.axvline(step, color=color, linestyle="--", linewidth=1)
+            ax.text(step, 0.98, f" {text}", color=color, fontsize=7, rotation=90,
+                    va="top", ha="right", transform=ax.get_xaxis_transform())
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.set_title(label.capitalize(), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.88, bottom=0.16, wspace=0.3)
+    fig.savefig(fig_dir / "curves.png")
+    return Plot("curves.png", "Loss and learning rate",
+                "Training (and evaluation) curves as logged; dashed lines mark the first sign "
+                "a probe saw and where the run stopped.")
+
+
+# -- helpers -----------------------------------------------------------------------------
+def _step_marks(report: Report) -> list[tuple[int, str, str]]:
+    from tndebug.reporters.common import run_status
+    marks = []
+    if report.first_sign is not None and report.first_sign.step is not None:
+        marks.append((report.first_sign.step, f"first sign: {report.first_sign.probe}", "tab:red"))
+    status, step = run_status(report)
+    if status != "completed" and step is not None:
+        marks.append((step, status, "black"))
+    return marks
+
+
+def _valid_rows(probs: torch.Tensor, snap: TraceSnapshot, kind: str):
+    """probs with non-finite rows zeroed, and which query rows are real tokens.  -> [b,h,T,S], [b,T]"""
+    b, _, T, _ = probs.shape
+    tokens = snap.src if kind == "enc_self" else snap.tgt
+    if tokens is not None and tokens.shape[0] >= b and tokens.shape[1] == T:
+        valid = tokens[:b] != snap.pad_id
+    else:
+        valid = torch.ones(b, T, dtype=torch.bool)
+    p = torch.nan_to_num(probs, nan=0.0, posinf=0.0, neginf=0.0)
+    return p, valid
+
+
+def _colorbar(fig: Figure, im, label: str, **adjust) -> None:
+    """Axes first, then a colorbar in its own strip on the right (never over a panel)."""
+    w = fig.get_figwidth()
+    right = 1 - 1.25 / w                            # leave 1.25 in for the bar and its label
+    fig.subplots_adjust(right=right, **adjust)
+    top, bottom = adjust.get("top", 0.88), adjust.get("bottom", 0.12)
+    cax = fig.add_axes((right + 0.25 / w, bottom, 0.15 / w, top - bottom))
+    fig.colorbar(im, cax=cax, label=label)
+
+
+def _grid(blocks: list[list[np.ndarray]], gap: int = 1) -> np.ndarray:
+    """Rows of equal-sized 2-D blocks into one array, NaN (drawn white) between them."""
+    h = max(b.shape[0] for row in blocks for b in row)
+    w = max(b.shape[1] for row in blocks for b in row)
+    n_cols = max(len(row) for row in blocks)
+    out = np.full((len(blocks) * (h + gap) - gap, n_cols * (w + gap) - gap), np.nan)
+    for i, row in enumerate(blocks):
+        for j, b in enumerate(row):
+            out[i * (h + gap):i * (h + gap) + b.shape[0], j * (w + gap):j * (w + gap) + b.shape[1]] = b
+    return out
+
+
+def _tokens(x: torch.Tensor | None, example: int, length: int) -> list[int] | None:
+    if x is None or x.shape[0] <= example or x.shape[1] != length:
+        return None
+    return x[example].tolist()
+
+
+def _first_pad(tokens: list[int] | None, pad_id: int) -> int | None:
+    """Where trailing padding starts, or None when there is none."""
+    if not tokens or tokens[-1] != pad_id:
+        return None
+    i = len(tokens)
+    while i > 0 and tokens[i - 1] == pad_id:
+        i -= 1
+    return i
+
+
+def _fmt_tokens(tokens: list[int] | None, pad_id: int) -> str:
+    if tokens is None:
+        return "(not recorded)"
+    shown = " ".join("pad" if t == pad_id else str(t) for t in tokens[:24])
+    return f"`{shown}{' ...' if len(tokens) > 24 else ''}`"
+
+
+def _ticks(ax, nx: int, ny: int, xlabel: str, ylabel: str) -> None:
+    ax.set_xticks(range(nx), [f"{xlabel[0]}{i}" if xlabel == "head" else str(i) for i in range(nx)])
+    ax.set_yticks(range(ny), [f"h{i}" if ylabel == "head" else str(i) for i in range(ny)])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+
+
+def _annotate(ax, mat: np.ndarray, im, fmt: str = "{:.2f}") -> None:
+    if mat.size > 400:
+        return
+    lo, hi = im.get_clim()
+    for (i, j), v in np.ndenumerate(mat):
+        if not np.isfinite(v):
+            continue
+        dark = (v - lo) / ((hi - lo) or 1) < 0.55
+        ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=7,
+                color="white" if dark else "black")

@@ -1,0 +1,147 @@
+"""Recorder: a sink that keeps what the end-of-run figures need, and nothing else.
+
+* probe metrics as series `{tag: [(step, value), ...]}` (from `on_metric`);
+* training scalars the same way (`log_scalars`: `train/loss`, `train/lr`, `eval/...`);
+* a small snapshot of the probe batch at each probed step (`on_trace`): the attention
+  probabilities of the first few examples, and the RMS of every stream point and gradient,
+  so that the last Trace itself (and its device memory) is never held.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from tndebug.trace import Trace
+
+_LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)")
+SNAPSHOT_EXAMPLES = 4          # examples of the probe batch kept for attention figures
+
+
+@dataclass
+class AttentionSnapshot:
+    site: str                            # module path
+    kind: str                            # enc_self | dec_self | cross
+    layer: int | None
+    probs: torch.Tensor                  # [b, h, T, S] on the CPU, b <= SNAPSHOT_EXAMPLES
+
+
+@dataclass
+class TraceSnapshot:
+    step: int
+    src: torch.Tensor | None             # [b, S] on the CPU
+    tgt: torch.Tensor | None             # [b, T] on the CPU
+    pad_id: int
+    rows: list[int] = field(default_factory=list)   # which examples of the batch were kept
+    attention: list[AttentionSnapshot] = field(default_factory=list)
+    # (stack, layer, kind, name) -> RMS; stacks "embed" | "encoder" | "decoder"
+    stream_rms: dict[tuple, float] = field(default_factory=dict)
+    grad_norm: dict[tuple, float] = field(default_factory=dict)
+
+
+def _stream_key(name: str) -> tuple:
+    """(stack, layer, kind, name) for a stream tap name, as far as the name tells."""
+    m = _LAYER.search(name)
+    if m:
+        kind = "sublayer" if name.endswith("hook_resid") else "layer"
+        return m.group(1), int(m.group(2)), kind, name
+    stack = name.split(".")[0]
+    return stack, None, "stack", name
+
+
+class Recorder:
+    """Sink for `ProbeEngine` plus the trainer's scalars; reporters read it at the end."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, list[tuple[int, float]]] = {}
+        self.scalars: dict[str, list[tuple[int, float]]] = {}
+        self.snapshots: list[TraceSnapshot] = []     # every probed step: RMS only
+        self.last: TraceSnapshot | None = None       # the last probed step, with attention
+        self.last_step = 0
+
+    # -- sink interface -------------------------------------------------------------------
+    def on_metric(self, step: int, tag: str, value: float) -> None:
+        self.metrics.setdefault(tag, []).append((step, float(value)))
+        self.last_step = max(self.last_step, step)
+
+    def log_scalars(self, step: int, scalars: dict) -> None:
+        for tag, value in scalars.items():
+            self.scalars.setdefault(tag, []).append((step, to_float(value)))
+        self.last_step = max(self.last_step, step)
+
+    def on_trace(self, step: int, trace: Trace) -> None:
+        self.last_step = max(self.last_step, step)
+        rows = _rows(trace)
+        snap = TraceSnapshot(step, _cpu_rows(trace.src, rows), _cpu_rows(trace.tgt, rows),
+                             trace.pad_id, rows.tolist())
+        keys, values = [], []
+        for p in trace.streams:
+            keys.append(("s", (p.stack, p.layer, p.kind, p.name)))
+            values.append(p.x.detach().float().pow(2).mean().sqrt())
+        for name, g in trace.grads.items():
+            keys.append(("g", _stream_key(name)))
+            values.append(g.detach().float().norm())
+        if values:
+            host = torch.stack([v.to(values[0].device) for v in values]).cpu().tolist()   # one sync
+            for (which, key), v in zip(keys, host):
+                (snap.stream_rms if which == "s" else snap.grad_norm)[key] = v
+        for rec in trace.records():
+            if rec.probs is not None and rec.probs.dim() == 4:
+                probs = rec.probs.detach()[rows.to(rec.probs.device)].float().cpu()
+                snap.attention.append(AttentionSnapshot(rec.site, rec.kind, rec.layer, probs))
+        if self.last is not None:
+            self.last.attention = []          # keep attention only for the last probed step
+        self.snapshots.append(snap)
+        self.last = snap
+
+    # -- reading --------------------------------------------------------------------------
+    def latest(self, tag: str) -> tuple[int, float] | None:
+        series = self.metrics.get(tag) or self.scalars.get(tag)
+        return series[-1] if series else None
+
+    def matching(self, pattern: re.Pattern) -> dict[tuple, tuple[int, float]]:
+        """{match.groups(): (step, value) latest} for every metric tag matching `pattern`."""
+        out = {}
+        for tag, series in self.metrics.items():
+            m = pattern.fullmatch(tag)
+            if m and series:
+                out[m.groups()] = series[-1]
+        return out
+
+    def series_matching(self, pattern: re.Pattern) -> dict[tuple, list[tuple[int, float]]]:
+        out = {}
+        for tag, series in self.metrics.items():
+            m = pattern.fullmatch(tag)
+            if m and series:
+                out[m.groups()] = series
+        return out
+
+
+def _rows(trace: Trace) -> torch.Tensor:
+    """Which examples to keep: the longest one that still has source padding first (the
+    masks show there, and so does the content), then the first ones.  -> [b] indices"""
+    n = next((r.probs.shape[0] for r in trace.records() if r.probs is not None), None)
+    if n is None:
+        n = trace.src.shape[0] if trace.src is not None else 0
+    first = list(range(min(n, SNAPSHOT_EXAMPLES)))
+    if trace.src is not None and trace.src.dim() == 2 and trace.src.shape[0] == n and n:
+        n_pad = (trace.src == trace.pad_id).sum(1).cpu()
+        if int(n_pad.max()) > 0:
+            best = int(torch.where(n_pad > 0, n_pad, n_pad.max() + 1).argmin())
+            first = [best] + [i for i in first if i != best][:SNAPSHOT_EXAMPLES - 1]
+    return torch.tensor(first, dtype=torch.long)
+
+
+def _cpu_rows(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    if x is None or not rows.numel() or x.dim() == 0 or x.shape[0] <= int(rows.max()):
+        return None
+    return x.detach()[rows.to(x.device)].cpu()
+
+
+def to_float(value) -> float:
+    try:
+        return float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        return math.nan

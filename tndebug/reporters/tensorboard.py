@@ -1,0 +1,206 @@
+"""TensorBoard: the only module that imports it. One SummaryWriter in `out_dir/tb`, `add_scalar` only.
+
+What goes in (tags):
+
+* every probe metric as it arrives (`attn/enc_self/layer0/head1/entropy`, `depth/...`, `grad/...`);
+* the trainer's scalars (`train/loss`, `train/lr`, `eval/accuracy`, ...);
+* at probed steps only: histograms `hist/stream/<tap>`, `hist/attn/<kind>/layer<N>/probs`,
+  `hist/ffn/<module>`, `hist/grad/<tap>` (non-finite values dropped and counted in
+  `nonfinite/<same name>`, plus `nonfinite/total` at every probed step), and attention maps
+  `attn_maps/<kind>/layer<N>` (heads side by side, example 0 of the probe batch);
+* a custom-scalars layout: "Head diversity" (one multiline chart per layer and attention type
+  over all heads' entropy, and each type's `diversity` across layers), "Head similarity",
+  "Depth" (resid_rms and grad norm of all layers of a stack);
+* at the end: the Markdown report (`report` text), and the run's hyperparameters with its final
+  metrics (`hparams/<name>` scalars) in the same directory, for the HParams dashboard.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import custom_scalars, hparams
+
+from tndebug.trace import Trace
+
+MAX_HIST_VALUES = 65536          # a histogram reads at most this many values (strided)
+_HEAD = re.compile(r"attn/(enc_self|dec_self|cross)/layer(\d+)/head\d+/(entropy|similarity)")
+_DIVERSITY = re.compile(r"attn/(enc_self|dec_self|cross)/layer\d+/diversity")
+_RESID = re.compile(r"depth/(encoder|decoder)/layer\d+/(resid_rms|rank)")
+_GRAD = re.compile(r"grad/(\w+)/layer\d+/norm")
+RESULT_KEYS = ("final_loss", "exact_match", "token_accuracy", "wall_s", "stopped_at")
+RESULT_PREFIXES = ("final_", "eval_", "best_")
+
+
+class TensorBoardSink:
+    """A ProbeEngine sink (`on_metric`, `on_trace`) that also takes the trainer's scalars."""
+
+    def __init__(self, log_dir: str | Path, *, histograms: bool = True, images: bool = True,
+                 flush_secs: int = 30) -> None:
+        self.log_dir = Path(log_dir)
+        self.writer = SummaryWriter(str(self.log_dir), flush_secs=flush_secs)
+        self.histograms, self.images = histograms, images
+        self.charts: dict[str, dict[str, list]] = {}   # category -> title -> ["Multiline", [regex]]
+        self._layout_written: int = 0                  # number of charts in the last layout written
+        self._step = 0
+        self.closed = False
+
+    # -- sink interface -------------------------------------------------------------------
+    def on_metric(self, step: int, tag: str, value: float) -> None:
+        if self.closed:
+            return
+        if step > self._step:
+            self._step_boundary()
+            self._step = step
+        self.writer.add_scalar(tag, value, step)
+        self._chart_for(tag)
+
+    def log_scalars(self, step: int, scalars: dict) -> None:
+        if self.closed:
+            return
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, float(value), step)
+
+    def on_trace(self, step: int, trace: Trace) -> None:
+        if self.closed:
+            return
+        self._step_boundary()
+        if self.histograms:
+            named = [(f"stream/{p.name}", p.x) for p in trace.streams]
+            named += [(f"attn/{r.tag}/probs", r.probs) for r in trace.records() if r.probs is not None]
+            named += [(f"ffn/{site}", x) for site, x in trace.ffn_hidden.items()]
+            named += [(f"grad/{name}", g) for name, g in trace.grads.items()]
+            self.add_histograms(step, named)
+        if self.images:
+            from tndebug.reporters.plots import attention_image
+            for r in trace.records():
+                if r.probs is not None and r.probs.dim() == 4 and r.probs.shape[0] > 0:
+                    self.writer.add_image(f"attn_maps/{r.tag}", attention_image(r.probs[0]), step,
+                                          dataformats="HWC")
+
+    # -- pieces ---------------------------------------------------------------------------
+    def add_histograms(self, step: int, named: list[tuple[str, torch.Tensor]]) -> int:
+        """Histograms `hist/<name>`; NaN/Inf dropped and counted. Returns the non-finite total."""
+        named = [(n, t.detach().reshape(-1)) for n, t in named if t is not None and t.numel()]
+        if not named:
+            return 0
+        dev = named[0][1].device
+        bad = torch.stack([(~torch.isfinite(t)).sum().to(dev) for _, t in named]).cpu().tolist()
+        samples = [t[::max(1, math.ceil(t.numel() / MAX_HIST_VALUES))].float().to(dev)
+                   for _, t in named]
+        host = torch.cat(samples).cpu().numpy()                       # one copy for all of them
+        offset = 0
+        for (name, _), sample, n_bad in zip(named, samples, bad):
+            values = host[offset:offset + sample.numel()]
+            offset += sample.numel()
+            values = values[np.isfinite(values)]
+            if values.size:
+                self.writer.add_histogram(f"hist/{name}", values, step)
+            if n_bad:
+                self.writer.add_scalar(f"nonfinite/{name}", n_bad, step)
+        total = int(sum(bad))
+        self.writer.add_scalar("nonfinite/total", total, step)
+        return total
+
+    def _chart_for(self, tag: str) -> None:
+        m = _HEAD.fullmatch(tag)
+        if m:
+            kind, layer, metric = m.groups()
+            cat = "Head diversity" if metric == "entropy" else "Head similarity"
+            self._chart(cat, f"{kind} layer {layer}: {metric} per head",
+                        rf"attn/{kind}/layer{layer}/head\d+/{metric}")
+            return
+        m = _DIVERSITY.fullmatch(tag)
+        if m:
+            self._chart("Head diversity", f"{m.group(1)}: diversity per layer",
+                        rf"attn/{m.group(1)}/layer\d+/diversity")
+            return
+        m = _RESID.fullmatch(tag)
+        if m:
+            self._chart("Depth", f"{m.group(1)}: {m.group(2)} per layer",
+                        rf"depth/{m.group(1)}/layer\d+/{m.group(2)}")
+            return
+        m = _GRAD.fullmatch(tag)
+        if m:
+            self._chart("Depth", f"{m.group(1)}: gradient norm per layer",
+                        rf"grad/{m.group(1)}/layer\d+/norm")
+
+    def _chart(self, category: str, title: str, regex: str) -> None:
+        charts = self.charts.setdefault(category, {})
+        if title not in charts:
+            charts[title] = ["Multiline", [regex]]
+
+    def _n_charts(self) -> int:
+        return sum(len(c) for c in self.charts.values())
+
+    def _step_boundary(self) -> None:
+        """A probed step's metrics are all in: write the layout if it grew (normally once)."""
+        if self._n_charts() > self._layout_written:
+            self.write_layout()
+
+    def write_layout(self) -> None:
+        ordered = {cat: dict(sorted(self.charts[cat].items(), key=lambda kv: _chart_order(kv[0])))
+                   for cat in ("Head diversity", "Head similarity", "Depth") if cat in self.charts}
+        self.writer._get_file_writer().add_summary(custom_scalars(ordered), self._step)
+        self._layout_written = self._n_charts()
+
+    # -- the end --------------------------------------------------------------------------
+    def write_summary(self, run: dict, markdown: str, step: int, extra_metrics: dict) -> None:
+        """The Markdown report as text, and hparams with the run's final metrics."""
+        if self.closed:
+            return
+        self._step_boundary()
+        self.writer.add_text("report", markdown, step)
+        metrics = {f"hparams/{k}": float(v) for k, v in run.items()
+                   if _is_result(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics.update({f"hparams/{k}": float(v) for k, v in extra_metrics.items()})
+        hp = _flat_hparams({k: v for k, v in run.items() if not _is_result(k)})
+        for summary in hparams(hp, metrics):
+            self.writer._get_file_writer().add_summary(summary, step)
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def flush(self) -> None:
+        if not self.closed:
+            self.writer.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._step_boundary()
+            self.writer.flush()
+            self.writer.close()
+            self.closed = True
+
+
+def _chart_order(title: str):
+    """enc_self, dec_self, cross; then by layer number."""
+    kind = title.split(" ")[0].rstrip(":")
+    m = re.search(r"layer (\d+)", title)
+    rank = {"enc_self": 0, "dec_self": 1, "cross": 2, "encoder": 0, "decoder": 1}.get(kind, 3)
+    return rank, int(m.group(1)) if m else -1, title
+
+
+def _is_result(key: str) -> bool:
+    return key in RESULT_KEYS or key.startswith(RESULT_PREFIXES)
+
+
+def _flat_hparams(run: dict, prefix: str = "") -> dict:
+    """HParams take numbers and strings: lists are joined, dicts flattened one level, None skipped."""
+    out = {}
+    for k, v in run.items():
+        key = f"{prefix}{k}"
+        if v is None:
+            continue
+        if isinstance(v, (bool, int, float, str)):
+            out[key] = v
+        elif isinstance(v, (list, tuple)):
+            out[key] = ",".join(map(str, v)) or "none"
+        elif isinstance(v, dict) and not prefix:
+            out.update(_flat_hparams(v, f"{key}."))
+        else:
+            out[key] = str(v)
+    return out
