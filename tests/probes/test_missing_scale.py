@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from tndebug.config import ModelConfig
+from tndebug.harness import train_with_probes
+from tndebug.probes.missing_scale import MissingScale
+from tndebug.probes.schedule import at
+
+try:
+    from attn_handmade import HandAttention, HandModel, hand_subject, run_probe
+except ImportError:  # tests/probes imported as a package
+    from tests.probes.attn_handmade import HandAttention, HandModel, hand_subject, run_probe
+
+
+def found(cfg, steps=2):
+    _, findings, _ = train_with_probes(cfg, [MissingScale(at(1))], steps=steps, batch=8)
+    return [(f.severity, f.where) for f in findings], findings
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_healthy_model_gives_no_finding(norm):
+    assert found(ModelConfig.tiny(norm=norm))[0] == []
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_no_scale_is_fitted_at_one(norm):
+    pairs, findings = found(ModelConfig.tiny(norm=norm).with_faults("no_scale"))
+    assert pairs == [("error", "encoder.layers.0.self_attn")]      # once, all 6 modules in it
+    f = findings[0]
+    assert f.message.startswith("encoder.layers.0.self_attn: scale 1.000, expected 1/sqrt(16)=0.250 "
+                                "(no 1/sqrt(d_k))")
+    assert f.step == 0 and len(f.evidence["modules"]) == 6
+    assert f.evidence["mean_max_prob"] > 0.4          # saturated softmax, as evidence
+
+
+def test_scale_by_d_model_is_named():
+    pairs, findings = found(ModelConfig.tiny().with_faults("scale_by_d_model"))
+    assert pairs == [("error", "encoder.layers.0.self_attn")]
+    assert "scale 0.125, expected 1/sqrt(16)=0.250 (1/sqrt(d_model))" in findings[0].message
+
+
+# -- the same bug written by hand --------------------------------------------------------------
+class NoScale(HandAttention):
+    def score(self, q, k):
+        return q @ k.transpose(-2, -1)          # the bug: no / math.sqrt(d_k)
+
+
+def test_handmade_healthy_model_gives_no_finding():
+    assert run_probe(hand_subject(HandModel()), MissingScale(at(1))) == []
+
+
+@pytest.mark.parametrize("fields", [HandAttention.TAPS, ("q", "k", "probs", "out")],
+                         ids=["scores", "probs-only"])
+def test_handmade_no_scale_gives_the_same_finding(fields):
+    findings = run_probe(hand_subject(HandModel(attn_cls=NoScale), fields=fields), MissingScale(at(1)))
+    assert [(f.severity, f.where) for f in findings] == [("error", "enc.0.self_attn")]
+    assert "scale 1.000, expected 1/sqrt(8)=0.354 (no 1/sqrt(d_k))" in findings[0].message
+    assert findings[0].evidence["fit"] == ("scores" if "scores" in fields else "log-probs")
+
+
+def test_head_averaged_probs_without_scores_are_skipped_not_judged():
+    probe = MissingScale(at(1))
+    assert run_probe(hand_subject(HandModel(attn_cls=NoScale), fields=("q", "k", "probs"),
+                                  head_average=True), probe, steps=0) == []
+    assert probe.status() == "skipped" and "enc.0.self_attn" in probe.skipped
+
+
+def test_scale_lost_during_training_is_caught_on_schedule():
+    class Tempered(HandAttention):
+        temperature = 1.0
+
+        def score(self, q, k):
+            return super().score(q, k) * self.temperature
+
+    model = HandModel(attn_cls=Tempered)
+
+    def drop_scale(step):
+        if step == 1:
+            for m in model.modules():
+                if isinstance(m, Tempered):
+                    m.temperature = m.d_k ** 0.5
+
+    findings = run_probe(hand_subject(model), MissingScale(at(1)), steps=2, before_step=drop_scale)
+    assert [(f.where, f.step) for f in findings] == [("enc.0.self_attn", 1)]
+    assert "(no 1/sqrt(d_k))" in findings[0].message
+
+
+def test_sixteen_bit_tolerance_is_wider():
+    class SlightlyOff(HandAttention):
+        def score(self, q, k):
+            return super().score(q, k) * 1.005        # 0.5% off: an error in fp32, noise in fp16
+
+    subject = hand_subject(HandModel(attn_cls=SlightlyOff))
+    assert len(run_probe(subject, MissingScale(at(1)), steps=0)) == 1
+    assert run_probe(subject, MissingScale(at(1)), steps=0, compute_dtype=torch.float16) == []

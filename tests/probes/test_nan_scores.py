@@ -1,0 +1,110 @@
+import math
+
+import pytest
+import torch
+
+from tndebug.config import ModelConfig
+from tndebug.harness import train_with_probes
+from tndebug.model import make_model
+from tndebug.probes.base import RunContext
+from tndebug.probes.nan_scores import NanScores
+from tndebug.subject import tndebug_subject
+
+try:
+    from attn_handmade import HandAttention, HandModel, HandNorm, PAD, hand_subject, run_probe
+except ImportError:  # tests/probes imported as a package
+    from tests.probes.attn_handmade import HandAttention, HandModel, HandNorm, PAD, hand_subject, run_probe
+
+
+def found(cfg, steps=2):
+    _, findings, _ = train_with_probes(cfg, [NanScores()], steps=steps, batch=8)
+    return [(f.severity, f.where) for f in findings], findings
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_healthy_model_gives_no_finding(norm):
+    assert found(ModelConfig.tiny(norm=norm), steps=3)[0] == []
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_neg_inf_fill_with_fully_masked_rows_is_named_at_its_softmax(norm):
+    pairs, findings = found(ModelConfig.tiny(norm=norm).with_faults("neg_inf_fill_all_masked"))
+    assert pairs == [("error", "encoder.layers.0.self_attn")]
+    f = findings[0]
+    assert f.message.startswith("encoder.layers.0.self_attn.hook_probs: softmax produced NaN in")
+    assert "every key masked" in f.message and f.step == 0
+    assert f.evidence["fully_masked_nonfinite_rows"] == f.evidence["rows"] > 0
+    assert f.evidence["fill"] == -math.inf
+
+
+def test_fill_1e9_warns_on_fp32_and_fails_under_fp16():
+    pairs, findings = found(ModelConfig.tiny().with_faults("fill_1e9_fp16"))
+    assert pairs == [("warning", "encoder.layers.0.self_attn")]
+    assert "-1e+09 will overflow under fp16" in findings[0].message
+    assert findings[0].evidence["fill"] == -1e9
+    probe = NanScores()
+    probe.setup(RunContext(tndebug_subject(make_model(ModelConfig.tiny().with_faults("fill_1e9_fp16"))),
+                           compute_dtype=torch.float16))
+    assert [(f.severity, f.where) for f in probe.findings] == [("error", "encoder.layers.0.self_attn")]
+
+
+def test_finfo_min_fill_is_safe_under_fp16():
+    probe = NanScores()
+    probe.setup(RunContext(tndebug_subject(make_model(ModelConfig.tiny())), compute_dtype=torch.float16))
+    assert probe.findings == []
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_tiny_ln_eps_warns_and_names_the_first_norm(norm):
+    pairs, findings = found(ModelConfig.tiny(norm=norm).with_faults("tiny_ln_eps"))
+    assert pairs == [("warning", "encoder.layers.0.sublayer.0.norm")]
+    assert "eps=1e-12 rounds to 0 in float16" in findings[0].message
+
+
+def test_tiny_ln_eps_is_an_error_under_fp16():
+    probe = NanScores()
+    probe.setup(RunContext(tndebug_subject(make_model(ModelConfig.tiny().with_faults("tiny_ln_eps"))),
+                           compute_dtype=torch.float16))
+    assert [f.severity for f in probe.findings] == ["error"]
+
+
+# -- the same bugs written by hand, in a model tndebug did not build -------------------------
+class NegInfAttention(HandAttention):
+    def mask(self, s, keep):
+        return s.masked_fill(~keep, float("-inf"))      # the bug: -inf fill
+
+
+class SquarePadMask(HandModel):
+    def src_mask(self, src):
+        keep = src != PAD
+        return (keep[:, None, :, None] & keep[:, None, None, :])   # the bug: pad queries masked too
+
+
+def test_handmade_healthy_model_gives_no_finding():
+    assert run_probe(hand_subject(HandModel()), NanScores()) == []
+
+
+def test_handmade_neg_inf_square_mask_gives_the_same_finding():
+    findings = run_probe(hand_subject(SquarePadMask(attn_cls=NegInfAttention)), NanScores())
+    assert [(f.severity, f.where) for f in findings] == [("error", "enc.0.self_attn")]
+    assert findings[0].message.startswith("enc.0.self_attn.probs: softmax produced NaN in")
+    assert "every key masked" in findings[0].message
+
+
+def test_handmade_norm_with_tiny_eps_fails_in_float16_behaviourally():
+    findings = run_probe(hand_subject(HandModel(norm_cls=HandNorm, eps=1e-12)), NanScores())
+    assert [(f.severity, f.where) for f in findings] == [("warning", "enc.0.norms.0")]
+    assert "enc.0.norms.0" in findings[0].evidence["fp16_constant_row_nonfinite"]
+
+
+def test_nan_during_training_is_replayed_and_named():
+    model = HandModel()
+
+    def poison(step):
+        if step == 1:
+            with torch.no_grad():
+                model.dec[0].src_attn.wq.weight[0, 0] = float("inf")
+
+    findings = run_probe(hand_subject(model), NanScores(), steps=3, before_step=poison)
+    assert [(f.severity, f.where, f.step) for f in findings] == [("error", "dec.0.src_attn", 1)]
+    assert findings[0].message.startswith("dec.0.src_attn.q: query projection produced")

@@ -1,0 +1,335 @@
+"""mask-broadcast: exact step-0 tests of the masks, and which attention breaks them."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from tndebug.notes import FAULT_NOTES
+from tndebug.probes._attn_stats import KIND_WORDS, as_heads, probe_batch, roles
+from tndebug.probes.base import Probe, RunContext
+from tndebug.probes.schedule import never
+from tndebug.subject import Subject
+from tndebug.trace import Trace
+
+REL_TOL = 1e-5     # behaviour: max|change| > REL_TOL * (1 + max|reference|)
+MASS_TOL = 1e-6    # probability a real query puts on keys it must not see
+SUM_TOL = 1e-5     # |sum_j P_ij - 1| on real query rows
+FIT_TOL = 1e-3     # relative residual of q (cross: k) as an affine map of its input row
+EXTRA_PADS = 3     # pad columns appended in the pad-length tests
+KINDS = ("enc_self", "dec_self", "cross")
+NOTE = {k: FAULT_NOTES[k][2] for k in ("mask_inverted", "pad_mask_query_axis", "no_causal_mask",
+                                        "causal_transposed", "mask_after_softmax", "no_memory_mask",
+                                        "softmax_wrong_dim", "view_without_transpose")}
+
+
+@dataclass
+class Check:
+    """One behavioural comparison: max |change| against its tolerance."""
+    delta: float = 0.0
+    tol: float = 0.0
+    finite: bool = True
+
+    @property
+    def failed(self) -> bool:
+        return self.finite and self.delta > self.tol
+
+    def merge(self, other: "Check") -> "Check":
+        worst = max(self, other, key=lambda c: (c.failed, c.delta / max(c.tol, 1e-30)))
+        return Check(worst.delta, worst.tol, self.finite and other.finite)
+
+
+def compare(ref: torch.Tensor, new: torch.Tensor, keep: torch.Tensor | None = None) -> Check:
+    """ref, new [B, T, *]; keep [B, T] selects the positions compared."""
+    if keep is not None:
+        ref, new = ref[keep], new[keep]
+    if ref.numel() == 0:
+        return Check()
+    finite = bool(ref.isfinite().all() and new.isfinite().all())
+    if not finite:
+        return Check(finite=False)
+    return Check(float((new - ref).abs().max()), REL_TOL * (1 + float(ref.abs().max())))
+
+
+@dataclass
+class Module:
+    site: str
+    kind: str
+    stats: dict = field(default_factory=dict)
+    problem: str = ""      # from the probabilities (exact)
+    fix: str = ""
+    fit: float | None = None   # affine-fit residual of the head split
+
+
+def _content(s: Subject, like: torch.Tensor, g: torch.Generator, vocab: int) -> torch.Tensor:
+    return torch.randint(s.first_content, vocab, like.shape, generator=g).to(like.device)
+
+
+def _other(s: Subject, x: torch.Tensor, g: torch.Generator, vocab: int) -> torch.Tensor:
+    """Different content tokens at every position of x (content ids in, content ids out)."""
+    lo, n = s.first_content, vocab - s.first_content
+    r = torch.randint(1, max(n, 2), x.shape, generator=g).to(x.device)
+    return lo + (x - lo + r) % n
+
+
+def _pads(s: Subject, x: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.cat([x, torch.full((x.shape[0], n), s.pad_id, dtype=x.dtype, device=x.device)], 1)
+
+
+def behaviour(s: Subject) -> dict[str, Check]:
+    """Causality, pad length/content and batch independence (eval mode, Subject calls only)."""
+    g = torch.Generator().manual_seed(7)
+    out = {k: Check() for k in ("causality", "tgt_pad_length", "tgt_pad_content", "enc_pad_length",
+                                 "src_pad_length", "enc_batch", "batch")}
+    has_encode = True
+    for src, tgt in (probe_batch(s, 6, 10, 9, seed=1), probe_batch(s, 5, 7, 12, seed=2)):
+        pad, T = s.pad_id, tgt.shape[1]
+        real_s, real_t = src != pad, tgt != pad
+        full = tgt.where(real_t, _content(s, tgt, g, s.tgt_vocab))          # no target pads
+        base = s.logits(src, full)
+        for t in sorted({0, T // 3, T // 2, T - 2}):
+            alt = full.clone()
+            alt[:, t + 1:] = _other(s, alt[:, t + 1:], g, s.tgt_vocab)
+            out["causality"] = out["causality"].merge(compare(base[:, :t + 1], s.logits(src, alt)[:, :t + 1]))
+        ref = s.logits(src, tgt)
+        out["tgt_pad_length"] = out["tgt_pad_length"].merge(
+            compare(ref, s.logits(src, _pads(s, tgt, EXTRA_PADS))[:, :T], real_t))
+        out["tgt_pad_content"] = out["tgt_pad_content"].merge(
+            compare(ref, s.logits(src, full), real_t))
+        out["src_pad_length"] = out["src_pad_length"].merge(
+            compare(ref, s.logits(_pads(s, src, EXTRA_PADS), tgt), real_t))
+        enc = s.encode(src)
+        has_encode = has_encode and enc is not None
+        if enc is not None:
+            longer = s.encode(_pads(s, src, EXTRA_PADS))[:, :src.shape[1]]
+            out["enc_pad_length"] = out["enc_pad_length"].merge(compare(enc, longer, real_s))
+        for b in (0, 1):
+            one = slice(b, b + 1)
+            out["batch"] = out["batch"].merge(compare(ref[one], s.logits(src[one], tgt[one]), real_t[one]))
+            if enc is not None:
+                out["enc_batch"] = out["enc_batch"].merge(compare(enc[one], s.encode(src[one]), real_s[one]))
+    if not has_encode:
+        out.pop("enc_pad_length"), out.pop("enc_batch")
+    return out
+
+
+def expected(kind: str, src: torch.Tensor, tgt: torch.Tensor, pad: int):
+    """(real query rows [B, 1, Tq], allowed keys [B, 1, Tq, Sk]) from the inputs alone."""
+    sk, tk = src != pad, tgt != pad
+    q_real, k_ok = {"enc_self": (sk, sk), "cross": (tk, sk), "dec_self": (tk, tk)}[kind]
+    allowed = k_ok[:, None, :].expand(-1, q_real.shape[1], -1)                # [B, Tq, Sk]
+    if kind == "dec_self":
+        T = tgt.shape[1]
+        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=tgt.device).tril()
+    return q_real[:, None], allowed[:, None]
+
+
+def probs_check(m: Module, p: torch.Tensor, src, tgt, pad) -> None:
+    """Mass on keys a real query must not see, row sums; sets m.problem when one fails."""
+    p = as_heads(p).float()                                                   # [B, h, Tq, Sk]
+    q_real, allowed = expected(m.kind, src, tgt, pad)
+    if p.shape[0] != allowed.shape[0] or p.shape[-2:] != allowed.shape[-2:]:
+        return
+    rows = (q_real & allowed.any(-1)).expand(p.shape[:3]) & p.isfinite().all(-1)   # [B, h, Tq]
+    if not bool(rows.any()):
+        return
+    forb = (p * ~allowed).sum(-1)[rows]
+    hidden = rows & (~allowed).any(-1)                  # real rows that have keys to hide
+    seen = (p * allowed).sum(-1)[hidden] if bool(hidden.any()) else p.new_ones(1)
+    tot = p.sum(-1)[rows]
+    col_err = float((p.nan_to_num().sum(-2) - 1).abs().max())
+    st = dict(forbidden_mass_max=float(forb.max()), forbidden_mass_mean=float(forb.mean()),
+              row_sum_min=float(tot.min()), row_sum_max=float(tot.max()), column_sum_err=col_err,
+              blind_rows=float((seen < MASS_TOL).float().mean()))
+    if m.kind == "dec_self":
+        past = torch.ones(p.shape[-2:], dtype=torch.bool, device=p.device).tril(-1)
+        st["past_mass_mean"] = float((p * (past & allowed)).sum(-1)[rows & past.any(-1)].mean())
+    m.stats = st
+    sum_err = max(abs(st["row_sum_min"] - 1), abs(st["row_sum_max"] - 1))
+    span = f"{st['row_sum_min']:.3f}..{st['row_sum_max']:.3f}"
+    if sum_err > SUM_TOL:
+        if col_err <= SUM_TOL:
+            m.problem, m.fix = f"softmax over the query axis: columns sum to 1, rows to {span}", NOTE["softmax_wrong_dim"]
+        elif st["forbidden_mass_max"] <= MASS_TOL:
+            m.problem = f"rows sum to {span}, not 1: masked after softmax (masked keys stay in the denominator)"
+            m.fix = NOTE["mask_after_softmax"]
+        else:
+            m.problem, m.fix = f"attention rows sum to {span}, not 1", NOTE["mask_after_softmax"]
+    elif st["forbidden_mass_max"] > MASS_TOL:
+        mass = st["forbidden_mass_max"]
+        if st["blind_rows"] >= 0.99:
+            m.problem = "mask inverted: real queries attend only to the keys that should be masked"
+            m.fix = NOTE["mask_inverted"]
+        elif m.kind == "dec_self" and st.get("past_mass_mean", 1.0) <= MASS_TOL:
+            m.problem, m.fix = "causal mask transposed: queries see the future and not the past", NOTE["causal_transposed"]
+        elif m.kind == "dec_self":
+            m.problem = f"real queries put up to {mass:.3f} of their attention on future keys (no causal mask)"
+            m.fix = NOTE["no_causal_mask"]
+        elif m.kind == "cross":
+            m.problem = f"real queries put up to {mass:.3f} of their attention on source pad keys (no memory mask)"
+            m.fix = NOTE["no_memory_mask"]
+        else:
+            m.problem = (f"real queries put up to {mass:.3f} of their attention on pad keys "
+                         f"(padding mask on the query axis, or missing)")
+            m.fix = NOTE["pad_mask_query_axis"]
+
+
+def _affine_residual(x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """min over input normalisations (raw, LayerNorm, RMSNorm) of the affine-fit residual of y
+    on x, over finite rows; None when rows do not outnumber features 3 to 1."""
+    x, y = x.detach().double().cpu(), y.detach().double().cpu()
+    ok = x.isfinite().all(1) & y.isfinite().all(1)
+    x, y = x[ok], y[ok]
+    if len(x) < 3 * (x.shape[1] + 1):
+        return None
+    mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    spread = (y - y.mean(0)).norm().clamp_min(1e-300)
+    best = math.inf
+    for f in (x, (x - mu) / (var + 1e-5).sqrt(), x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()):
+        X = torch.cat([f, torch.ones(len(f), 1, dtype=f.dtype)], 1)
+        sol = torch.linalg.lstsq(X, y, rcond=1e-9, driver="gelsd").solution
+        best = min(best, float((y - X @ sol).norm() / spread))
+    return best
+
+
+def head_split_fits(trace: Trace) -> dict[str, float]:
+    """site -> residual of q (and of a cross-attention's k on the encoder output) as an affine
+    function of the module's input row: exact (~1e-7) when heads are split per position.
+
+    The input is the last stream point before the module in execution order; rows must
+    outnumber features 3 to 1, else the module is not fitted."""
+    streams = {id(p.x): p for p in trace.streams}
+    role_of = roles(trace)
+    last = last_enc = None
+    out: dict[str, float] = {}
+    for _, x in trace.order:
+        p = streams.get(id(x))
+        if p is not None:
+            last = p
+            last_enc = p if p.stack == "encoder" else last_enc
+            continue
+        site, role = role_of.get(id(x), ("", ""))
+        rec = trace.attention.get(site)
+        if rec is None or x.dim() != 4 or role not in ("q", "k"):
+            continue
+        src = last if role == "q" else (last_enc if rec.kind == "cross" else None)
+        if src is None or src.x.shape[:2] != (x.shape[0], x.shape[2]):
+            continue
+        B, h, T, dk = x.shape
+        r = _affine_residual(src.x.reshape(B * T, -1), x.transpose(1, 2).reshape(B * T, h * dk))
+        if r is not None:
+            out[site] = max(out.get(site, 0.0), r)
+    return out
+
+
+class MaskBroadcast(Probe):
+    """Masks on the wrong axis, inverted, missing or applied at the wrong time.
+
+    Failure: a padding mask shaped [B,1,S,1] (query axis), `masked_fill(mask == 1, ...)`
+    (inverted), no causal mask or a triu one, no memory mask in cross-attention, masking after
+    the softmax, softmax over dim=-2, heads split with `.view(B, h, T, d_k)` and no transpose.
+    Symptom: none in the loss on easy tasks (a copy task trains); the decoder reads the future,
+    pads change real outputs, an example's output depends on its batch companions.
+    Fix: boolean keep-masks [B,1,1,S] for padding and [B,1,T,T] (pad & tril) for the decoder,
+    masked_fill(~keep, finfo.min) before softmax(dim=-1) (notes 000-003).
+
+    Exact tests at setup (eval, fp32, Subject calls only): causality (resample targets after t,
+    2 batches x 4 values of t), pad length and target pad content, batch independence; then a
+    trace: per attention module, the probability real queries put on pad/future keys and the
+    row sums, and whether q is an affine function of its own input row (the head split).
+    The failing attention is named: encoder self (encoder output changes), decoder self
+    (causality), cross (logits change while the encoder output does not). The Subject marks
+    pads by id, so the source's pad *content* cannot vary: its length does.
+    """
+
+    name = "mask-broadcast"
+    summary = "exact step-0 tests of causal and padding masks; names the attention that leaks"
+    reads = ("attn.q", "attn.k", "attn.scores", "attn.masked_scores", "attn.probs", "stream")
+    fix = FAULT_NOTES["pad_mask_query_axis"][2]
+    default_schedule = staticmethod(never)
+
+    def setup(self, run: RunContext) -> None:
+        s = run.subject
+        with s.evaluating():
+            checks = behaviour(s)
+            modules = self._modules(s) if s.capture is not None else []
+        self.checked = True
+        odd = [k for k, c in checks.items() if not c.finite]
+        if odd:
+            self.skip(f"non-finite outputs made these tests inconclusive: {', '.join(odd)}")
+        self._verdict(checks, modules)
+
+    def _modules(self, s: Subject) -> list[Module]:
+        src, tgt = probe_batch(s, 8, 12, 11, seed=3)
+        trace = s.trace(src, tgt, reads=self.reads)
+        d = max((p.x.shape[-1] for p in trace.streams), default=0)
+        if trace.streams and 8 * 11 < 3 * (d + 1):        # enough rows for the head-split fit
+            src, tgt = probe_batch(s, -(-3 * (d + 1) // 11), 12, 11, seed=3)
+            trace = s.trace(src, tgt, reads=self.reads)
+        fits = head_split_fits(trace)
+        out = []
+        for rec in trace.records():
+            m = Module(rec.site, rec.kind, fit=fits.get(rec.site))
+            if rec.probs is not None:
+                probs_check(m, rec.probs, src, tgt, s.pad_id)
+            out.append(m)
+        return out
+
+    def _verdict(self, checks: dict[str, Check], modules: list[Module]) -> None:
+        failed = {k for k, c in checks.items() if c.failed}
+        enc_ok = "enc_pad_length" in checks and not checks["enc_pad_length"].failed \
+            and checks["enc_pad_length"].finite
+        tests = {"enc_self": [t for t in ("enc_pad_length", "enc_batch") if t in failed],
+                 "dec_self": [t for t in ("causality", "tgt_pad_length", "tgt_pad_content") if t in failed],
+                 "cross": ["src_pad_length"] if "src_pad_length" in failed and enc_ok else []}
+        for kind in KINDS:
+            mods = [m for m in modules if m.kind == kind and m.problem]
+            if not mods and failed:
+                mods = [m for m in modules if m.kind == kind and m.fit is not None and m.fit > FIT_TOL]
+                for m in mods:
+                    m.problem = (f"q is not a per-position function of the input (fit residual "
+                                 f"{m.fit:.2f}): heads split with view/reshape and no transpose")
+                    m.fix = NOTE["view_without_transpose"]
+            if not mods and not tests[kind]:
+                continue
+            self._report_kind(kind, mods, tests[kind], checks)
+        if "batch" in failed and not any(tests.values()) and not self.findings:
+            c = checks["batch"]
+            self.report("error", f"an example's logits change by {c.delta:.3g} with its batch "
+                        f"companions (something mixes the batch axis)", where="batch axis", step=0,
+                        evidence={"batch": vars(c), "threshold": f"max|change| > {REL_TOL:g}*(1+max|logit|)"})
+        if "src_pad_length" in failed and "enc_pad_length" not in checks and not self.findings:
+            c = checks["src_pad_length"]
+            self.report("error", f"logits at real positions change by {c.delta:.3g} when pad columns "
+                        f"are appended to the source", where="encoder or decoder (cross-attention)",
+                        step=0, evidence={"src_pad_length": vars(c)})
+
+    def _report_kind(self, kind: str, mods: list[Module], tests: list[str], checks) -> None:
+        beh = {t: vars(checks[t]) for t in tests}
+        ev = {"behaviour": beh, "modules": {m.site: {**m.stats, **({"fit_residual": m.fit} if m.fit is not None else {})}
+                                            for m in mods},
+              "thresholds": {"behaviour": f"max|change| > {REL_TOL:g}*(1+max|ref|)",
+                             "forbidden_mass": MASS_TOL, "row_sum": SUM_TOL, "head_split_fit": FIT_TOL}}
+        if mods:
+            first = mods[0]
+            tail = f" (+{len(mods) - 1} more {KIND_WORDS[kind]} modules)" if len(mods) > 1 else ""
+            self.report("error", f"{first.site}: {first.problem}{tail}", where=first.site, step=0,
+                        evidence=ev, fix=first.fix)
+            return
+        t = tests[0]
+        c = checks[t]
+        what = {"causality": ("logits at positions <= t change by {d} when later target tokens are "
+                              "resampled (the decoder sees the future)", NOTE["no_causal_mask"]),
+                "tgt_pad_length": ("logits at real positions change by {d} when pads are appended to "
+                                   "the target", NOTE["no_causal_mask"]),
+                "tgt_pad_content": ("logits at real positions change by {d} when target pads become "
+                                    "tokens", NOTE["no_causal_mask"]),
+                "enc_pad_length": ("encoder output at real positions changes by {d} when pad columns "
+                                   "are appended (real queries attend to pads)", NOTE["pad_mask_query_axis"]),
+                "enc_batch": ("encoder output changes by {d} with the batch companions", self.fix),
+                "src_pad_length": ("logits at real positions change by {d} when source pads are "
+                                   "appended, the encoder output does not (cross-attention sees pads)",
+                                   NOTE["no_memory_mask"])}[t]
+        self.report("error", f"{KIND_WORDS[kind]}: " + what[0].format(d=f"{c.delta:.3g}"),
+                    where=KIND_WORDS[kind], step=0, evidence=ev, fix=what[1])

@@ -1,0 +1,174 @@
+"""missing-scale: fit the scale actually applied to QK^T and compare it with 1/sqrt(d_k)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tndebug.notes import FAULT_NOTES
+from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation
+from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.schedule import at, every
+from tndebug.trace import AttentionRecord, Trace
+
+TOL = {False: 1e-3, True: 1e-2}      # |c*sqrt(d_k) - 1|; True: 16-bit compute
+FIT_RESIDUAL = 1e-2                  # above this the scores are not c*QK^T (bias, QK-norm): no verdict
+P_FLOOR = 1e-30                      # probabilities below this are underflow, not a signal
+HALF = (torch.float16, torch.bfloat16)
+
+
+def fit_scale(rec: AttentionRecord):
+    """(c, relative residual, source) with S = c * QK^T, as device tensors; None if unfit.
+
+    From the pre-mask scores: c = <S, QK^T> / ||QK^T||^2. From the probabilities only:
+    row-centred ln P regressed on row-centred QK^T over kept entries (the row constant
+    ln Z cancels).  # q [B, h, T, d_k], k [B, h, S, d_k]
+    """
+    q, k = rec.q, rec.k
+    if q is None or k is None or q.dim() != 4 or k.dim() != 4:
+        return None
+    qk = (q.float() @ k.float().transpose(-2, -1)).double()              # [B, h, T, S]
+    if rec.scores is not None and rec.scores.shape == qk.shape:
+        s = rec.scores.double()
+        ok = s.isfinite() & qk.isfinite()
+        s, x = s.where(ok, 0.0), qk.where(ok, 0.0)
+        c = (s * x).sum() / (x * x).sum().clamp_min(1e-300)
+        resid = (s - c * x).norm() / s.norm().clamp_min(1e-300)
+        return c, resid, "scores"
+    p = rec.probs
+    if p is None or rec.head_averaged or p.shape != qk.shape:
+        return None
+    p = p.double()
+    use = p.isfinite() & (p > P_FLOOR)
+    masked = masked_entries(rec)
+    if masked is not None:
+        use &= ~masked
+    n = use.sum(-1, keepdim=True)                                          # [B, h, T, 1]
+    use &= n >= 2
+    n = n.clamp_min(1)
+    y = p.clamp_min(P_FLOOR).log()
+    xc = (qk - (qk * use).sum(-1, keepdim=True) / n).where(use, 0.0)
+    yc = (y - (y.where(use, 0.0)).sum(-1, keepdim=True) / n).where(use, 0.0)
+    c = (xc * yc).sum() / (xc * xc).sum().clamp_min(1e-300)
+    resid = (yc - c * xc).norm() / yc.norm().clamp_min(1e-300)
+    return c, resid, "log-probs"
+
+
+def diagnose(c: float, d_k: int, d_model: int, tol: float) -> str:
+    if abs(c - 1.0) <= tol:
+        return "no 1/sqrt(d_k)"
+    if abs(c * math.sqrt(d_model) - 1.0) <= tol:
+        return "1/sqrt(d_model)"
+    if abs(c * d_k - 1.0) <= tol:
+        return "1/d_k, not 1/sqrt(d_k)"
+    return "not 1/sqrt(d_k)"
+
+
+class MissingScale(Probe):
+    """Scores not divided by sqrt(d_k), or divided by the wrong number.
+
+    Failure: `scores = q @ k.transpose(-2, -1)` with no `/ math.sqrt(d_k)`, or divided by
+    sqrt(d_model) (d_k taken before the head split).
+    Symptom: without the scale q.k has variance d_k, the softmax saturates (max-prob near 1,
+    entropy near 0) and its gradient vanishes; with sqrt(d_model) attention starts too flat.
+    The loss still falls on easy tasks, so nothing looks wrong.
+    Fix: divide by math.sqrt(q.size(-1)) after the head split (notes 000, 001, 002).
+
+    Test: the scale applied is fitted from the captured tensors, c = <S, QK^T>/||QK^T||^2 with
+    S the pre-mask scores (or, with probabilities only, row-centred ln P on row-centred QK^T).
+    |c*sqrt(d_k) - 1| > 1e-3 (1e-2 in 16-bit) is an error. At setup (eval, a random batch)
+    and on a sparse schedule during training. A learned temperature or additive position
+    bias breaks the fit (residual > 1e-2): those modules get no verdict.
+    """
+
+    name = "missing-scale"
+    summary = "fitted QK^T scale vs 1/sqrt(d_k), with softmax saturation"
+    reads = ("attn.q", "attn.k", "attn.scores", "attn.masked_scores", "attn.probs")
+    fix = FAULT_NOTES["no_scale"][2]
+    default_schedule = staticmethod(lambda: at(1, 10, 100) | every(500, start=500))
+
+    def __init__(self, schedule=None) -> None:
+        super().__init__(schedule)
+        self._half_run = False
+        self._reported: set[str] = set()     # modules already named in a finding
+
+    def setup(self, run: RunContext) -> None:
+        self._half_run = run.compute_dtype in HALF
+        subject = run.subject
+        if subject.capture is None:
+            self.skip("no capture: q, k and scores are needed")
+            return
+        src, tgt = probe_batch(subject)
+        with subject.evaluating():
+            trace = subject.trace(src, tgt, reads=self.reads)
+        rows = self._fit(trace)
+        self._judge([(site, meta, [float(v) for v in vals]) for site, meta, vals in rows], step=0)
+
+    def observe(self, trace: Trace, info: StepInfo) -> dict:
+        rows = self._fit(trace)
+        if not rows:
+            return {}
+        return {"meta": [(site, meta) for site, meta, _ in rows],
+                "vals": torch.stack([torch.stack([v.double() for v in vals]) for _, _, vals in rows])}
+
+    def update(self, stats: dict, info: StepInfo) -> None:
+        if "vals" in stats:
+            self._judge([(site, meta, vals.tolist()) for (site, meta), vals in
+                         zip(stats["meta"], stats["vals"])], step=info.step)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _fit(self, trace: Trace):
+        """[(site, meta, [c, resid, max_p, entropy] device tensors)]."""
+        rows, skipped = [], []
+        for rec in trace.records():
+            fit = fit_scale(rec)
+            if fit is None:
+                skipped.append(rec.site)
+                continue
+            c, resid, source = fit
+            masked = masked_entries(rec)
+            keep = None if masked is None else ~masked
+            if rec.probs is not None:
+                max_p, ent = saturation(rec.probs, keep)
+            else:
+                max_p = ent = torch.full((), float("nan"), device=c.device)
+            meta = dict(kind=rec.kind, layer=rec.layer, d_k=rec.q.shape[-1],
+                        d_model=rec.q.shape[1] * rec.q.shape[-1], source=source,
+                        half=rec.q.dtype in HALF)
+            rows.append((rec.site, meta, [c, resid, max_p, ent]))
+        if skipped and not rows:
+            self.skip(f"no q/k with scores or per-head probabilities in {', '.join(skipped)}")
+        return rows
+
+    def _judge(self, rows, step: int) -> None:
+        groups: dict[str, list] = {}
+        for site, meta, (c, resid, max_p, ent) in rows:
+            self.checked = True
+            d_k = meta["d_k"]
+            ratio = c * math.sqrt(d_k)
+            tag = f"scale/{meta['kind']}/layer{meta['layer']}"
+            self.metric(step, f"{tag}/scale_x_sqrt_dk", ratio)
+            if math.isfinite(max_p):
+                self.metric(step, f"{tag}/mean_max_prob", max_p)
+                self.metric(step, f"{tag}/norm_entropy", ent)
+            tol = TOL[self._half_run or meta["half"]]
+            if not (math.isfinite(ratio) and resid <= FIT_RESIDUAL) or abs(ratio - 1) <= tol:
+                continue
+            if site in self._reported:
+                continue
+            label = diagnose(c, d_k, meta["d_model"], tol)
+            groups.setdefault(label, []).append((site, meta, c, resid, max_p, ent, tol))
+        for label, items in groups.items():
+            self._reported.update(it[0] for it in items)
+            site, meta, c, resid, max_p, ent, tol = items[0]
+            d_k = meta["d_k"]
+            tail = f" (+{len(items) - 1} more attention modules)" if len(items) > 1 else ""
+            msg = (f"{site}: scale {c:.3f}, expected 1/sqrt({d_k})={1 / math.sqrt(d_k):.3f} "
+                   f"({label}){tail}")
+            fix = FAULT_NOTES["scale_by_d_model"][2] if label == "1/sqrt(d_model)" else self.fix
+            self.report("error", msg, where=site, step=step, layer=meta["layer"], fix=fix, evidence={
+                "fitted_scale": c, "expected_scale": 1 / math.sqrt(d_k), "scale_x_sqrt_dk": c * math.sqrt(d_k),
+                "d_k": d_k, "d_model": meta["d_model"], "fit": meta["source"], "fit_residual": resid,
+                "mean_max_prob": max_p, "normalised_entropy": ent,
+                "modules": {s: round(cc * math.sqrt(m["d_k"]), 6) for s, m, cc, *_ in items},
+                "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}"})

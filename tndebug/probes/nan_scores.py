@@ -1,0 +1,303 @@
+"""nan-scores: the first NaN/Inf of a pass, named by module and op, and what breeds one."""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from tndebug.notes import FAULT_NOTES
+from tndebug.probes._attn_stats import fully_masked_rows, masked_entries, probe_batch, roles
+from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.schedule import every
+from tndebug.trace import Trace
+
+FP16_MAX = 65504.0                      # torch.finfo(torch.float16).max
+FP16_TINY = 2.0 ** -24                  # smallest positive float16 (subnormal), 6.0e-08
+SAFE_FILLS = (torch.finfo(torch.float32).min, torch.finfo(torch.float64).min)  # finfo(dtype).min
+
+OPS = {"q": "query projection", "k": "key projection", "v": "value projection",
+       "scores": "QK^T scores", "masked_scores": "masking", "probs": "softmax",
+       "z": "attention-weighted sum", "out": "attention output projection",
+       "stream": "sublayer (residual/norm)", "ffn.hidden": "feed-forward ReLU",
+       "logits": "generator", "embed.tok": "token embedding", "embed.pe": "positional encoding",
+       "embed.out": "embedding + PE"}
+
+FIX_NAN = ("Replay the batch under torch.autograd.detect_anomaly() and look at the op named; "
+           "keep scores in range (eps 1e-5, clamp scores, lower lr) [notes 000, 002]")
+
+
+def _bad(x: torch.Tensor, role: str) -> torch.Tensor:
+    """Non-finite entries; -inf in masked scores is the mask itself, not a fault."""
+    if role == "masked_scores":
+        return x.isnan() | (x == math.inf)
+    return ~x.isfinite()
+
+
+def _finite(x: torch.Tensor, role: str) -> torch.Tensor:
+    """One device bool: no bad entry."""
+    if role == "masked_scores":
+        return (x.isfinite() | (x == -math.inf)).all()
+    return x.isfinite().all()
+
+
+def first_nonfinite(trace: Trace) -> dict | None:
+    """The first captured tensor, in execution order, holding NaN or Inf (host sync)."""
+    role_of = roles(trace)
+    for name, x in trace.order:
+        if not x.is_floating_point():
+            continue
+        site, role = role_of.get(id(x), (name, ""))
+        bad = _bad(x, role)
+        if not bool(bad.any()):
+            continue
+        rows = int(bad.reshape(-1, x.shape[-1]).any(-1).sum()) if x.dim() else 1
+        nan, inf = bool(x.isnan().any()), bool(bad.logical_and(~x.isnan()).any())
+        what = "NaN and Inf" if nan and inf else "NaN" if nan else "Inf"
+        out = dict(tensor=name, where=site,
+                   op=OPS.get(role, "op"), what=what, rows=rows)
+        rec = trace.attention.get(site)
+        if rec is not None:
+            out.update(_fully_masked(rec))
+        return out
+    return None
+
+
+def _fill(rec) -> float | None:
+    """The value written into masked scores (the most negative one), or None."""
+    masked = masked_entries(rec)
+    if masked is None or not bool(masked.any()):
+        return None
+    return float(rec.masked_scores[masked].min())
+
+
+def _fully_masked(rec) -> dict:
+    fm = fully_masked_rows(rec)
+    if fm is None:
+        return {}
+    after = rec.probs if rec.probs is not None else rec.z
+    out = {"fully_masked_rows": int(fm.sum())}
+    if after is not None and after.dim() == 4 and after.shape[:3] == fm.shape:
+        out["fully_masked_nonfinite_rows"] = int((fm & ~after.isfinite().all(-1)).sum())
+    fill = _fill(rec)
+    if fill is not None:
+        out["fill"] = fill
+    return out
+
+
+def _half_nonfinite(module: nn.Module) -> bool | None:
+    """Run a float16 copy of a norm module on constant rows; True if any output is NaN/Inf."""
+    shape = getattr(module, "normalized_shape", None)
+    if shape is None:
+        w = next((p for p in module.parameters(recurse=False) if p.dim() == 1), None)
+        shape = None if w is None else tuple(w.shape)
+    if not shape:
+        return None
+    shape = tuple(shape)
+    try:
+        dev = next(iter(module.parameters()), torch.empty(0)).device
+        half = copy.deepcopy(module).to(device=dev, dtype=torch.float16)
+        x = torch.tensor([0.0, 1.0, -3.0], device=dev).view(3, *[1] * len(shape)).expand(3, *shape)
+        with torch.no_grad():
+            y = half(x.to(torch.float16).contiguous())
+        return not bool(y.isfinite().all())
+    except Exception:  # noqa: BLE001 - a norm that cannot run in half is simply not tested
+        return None
+
+
+class NanScores(Probe):
+    """NaN/Inf in scores, probabilities or activations, and the settings that produce them.
+
+    Failure: a query row whose every key is masked with -inf gives softmax 0/0 = NaN (an all-pad
+    sequence, or a square padding mask that also hides pad queries); a literal mask fill of
+    -1e9 overflows float16 (max 65504); LayerNorm eps=1e-12 rounds to 0 in float16, so a
+    constant row gives 0/0.
+    Symptom: the loss turns NaN, at once or when fp16 autocast is switched on; 0*NaN = NaN
+    carries the NaN of a discarded pad row into every real row and into the gradients.
+    Fix: fill with torch.finfo(scores.dtype).min and mask only the key axis; LayerNorm
+    eps=1e-5 (notes 000, 002).
+
+    Setup (eval, one padded random batch, every tap): the first non-finite tensor in execution
+    order, with the fully-masked rows of its attention module; the mask fill actually used
+    (masked_scores where they differ from scores) against float16; the `eps` of every norm
+    module, and a float16 copy of it run on constant rows; an all-pad source. Every step:
+    one isfinite flag per captured tensor and stream gradient, synced once with the other
+    probes; on the first flag the batch is replayed with every tap to name the op.
+    """
+
+    name = "nan-scores"
+    summary = "first NaN/Inf in execution order; fully-masked rows; fp16-unsafe mask fill and LayerNorm eps"
+    reads = ("attn.out", "stream", "logits", "grad.stream")
+    fix = FIX_NAN
+    default_schedule = staticmethod(lambda: every(1))
+
+    def __init__(self, schedule=None) -> None:
+        super().__init__(schedule)
+        self._run: RunContext | None = None
+        self._trace: Trace | None = None
+        self._forward_done = False     # the first non-finite forward was reported
+        self._grad_done = False
+
+    # -- setup -------------------------------------------------------------------------------
+    def setup(self, run: RunContext) -> None:
+        self._run = run
+        subject = run.subject
+        self._check_norms(subject.model)
+        if subject.capture is None:
+            self.skip("no capture: setup needs attention internals; steps are checked from outputs")
+            return
+        src, tgt = probe_batch(subject)
+        with subject.evaluating():
+            trace = subject.trace(src, tgt, reads=("all",))
+        self.checked = True
+        found = first_nonfinite(trace)
+        if found:
+            self._report_nonfinite(found, step=0, context="setup batch, eval mode")
+        self._check_fill(trace)
+        if not found:
+            self._check_all_pad(src, tgt)
+
+    @property
+    def _half(self) -> bool:
+        return self._run is not None and self._run.compute_dtype == torch.float16
+
+    def _check_norms(self, model: nn.Module) -> None:
+        eps_of, static, behaviour = {}, [], []
+        for name, mod in model.named_modules():
+            if not (isinstance(mod, nn.LayerNorm) or "Norm" in type(mod).__name__):
+                continue
+            eps = getattr(mod, "eps", None)
+            if isinstance(eps, (int, float)) and not isinstance(eps, bool):
+                eps_of[name] = float(eps)
+                if float(torch.tensor(float(eps), dtype=torch.float16)) == 0.0:
+                    static.append(name)
+            if _half_nonfinite(mod):
+                behaviour.append(name)
+        flagged = list(dict.fromkeys(static + behaviour))
+        if not flagged:
+            return
+        self.checked = True
+        first, more = flagged[0], len(flagged) - 1
+        tail = f" (+{more} more norm modules)" if more else ""
+        if first in static:
+            msg = (f"{first}: eps={eps_of[first]:g} rounds to 0 in float16{tail}; "
+                   f"a constant row gives 0/0 under fp16")
+        else:
+            msg = f"{first}: a float16 copy gives NaN/Inf on constant rows{tail}"
+        if not self._half:
+            msg += " (this run is not fp16: breaks when autocast is switched on)"
+        self.report("error" if self._half else "warning", msg, where=first, step=0,
+                    evidence={"eps": {n: eps_of.get(n) for n in flagged},
+                              "eps_rounds_to_0_in_float16": static,
+                              "fp16_constant_row_nonfinite": behaviour,
+                              "compute_dtype": str(self._run.compute_dtype),
+                              "threshold": f"eps must not round to 0 in float16 (< {FP16_TINY / 2:.1e})"},
+                    fix=FAULT_NOTES["tiny_ln_eps"][2])
+
+    def _check_fill(self, trace: Trace) -> None:
+        by_fill: dict[float, list[str]] = {}
+        for rec in trace.records():
+            fill = _fill(rec)
+            if fill is not None:
+                by_fill.setdefault(fill, []).append(rec.site)
+        dtype = self._run.compute_dtype
+        for fill, sites in by_fill.items():
+            if not math.isfinite(fill) or abs(fill) <= FP16_MAX or fill in SAFE_FILLS:
+                continue      # finfo(dtype).min follows the dtype under autocast: safe
+            tail = f" (+{len(sites) - 1} more attention modules)" if len(sites) > 1 else ""
+            ev = {"fill": fill, "float16_max": FP16_MAX, "modules": sites, "compute_dtype": str(dtype),
+                  "threshold": "|fill| <= 65504, or finfo(dtype).min / -inf"}
+            if dtype == torch.float16:
+                self.report("error", f"{sites[0]}: mask fill {fill:g} overflows float16 (max 65504){tail}",
+                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2])
+            elif dtype in (torch.float32, torch.float64):
+                self.report("warning", f"{sites[0]}: mask fill {fill:g} will overflow under fp16 "
+                            f"autocast (float16 max 65504){tail}",
+                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2])
+
+    def _check_all_pad(self, src: torch.Tensor, tgt: torch.Tensor) -> None:
+        """A source made only of pads: its rows have no key at all in every source attention."""
+        subject = self._run.subject
+        src = src.clone()
+        src[1] = subject.pad_id                      # an unpadded row becomes all pad
+        with subject.evaluating():
+            logits = subject.logits(src, tgt)
+            if bool(logits.isfinite().all()):
+                return
+            found = first_nonfinite(subject.trace(src, tgt, reads=("all",)))
+        where = found["where"] if found else "logits"
+        msg = (f"{where}: a source made only of pads gives {found['what'] if found else 'NaN/Inf'}"
+               f" ({found['op'] if found else 'logits'}, rows with every key masked)")
+        self.report("warning", msg, where=where, step=0,
+                    evidence={**(found or {}), "threshold": "any non-finite output"},
+                    fix=FAULT_NOTES["neg_inf_fill_all_masked"][2])
+
+    def _report_nonfinite(self, found: dict, step: int, context: str) -> None:
+        self._forward_done = True
+        msg = f"{found['tensor']}: {found['op']} produced {found['what']} in {found['rows']} rows"
+        fix = self.fix
+        n_fm = found.get("fully_masked_nonfinite_rows", 0)
+        if n_fm:
+            fill = found.get("fill")
+            msg += (f"; {n_fm} of them are rows with every key masked"
+                    + (f" (fill {fill:g})" if fill is not None else ""))
+            fix = FAULT_NOTES["neg_inf_fill_all_masked"][2]
+        self.report("error", msg, where=found["where"], step=step,
+                    evidence={**found, "context": context, "threshold": "any NaN/Inf (-inf allowed in masked scores)"},
+                    fix=fix)
+
+    # -- every step --------------------------------------------------------------------------
+    def observe(self, trace: Trace, info: StepInfo) -> dict:
+        role_of = roles(trace)
+        names, flags = [], []
+        for name, x in trace.order:
+            if x.is_floating_point():
+                names.append(name)
+                flags.append(_finite(x, role_of.get(id(x), (name, ""))[1]))
+        gnames = list(trace.grads)
+        gflags = [g.isfinite().all() for g in trace.grads.values()]
+        self._trace = trace
+        out: dict = {"names": names, "gnames": gnames}
+        if flags:
+            out["ok"] = torch.stack(flags)                  # [n_tensors] bool, on device
+        if gflags:
+            out["gok"] = torch.stack(gflags)                # [n_grads]
+        if info.loss is not None:
+            out["loss_ok"] = info.loss.detach().isfinite().all()
+        return out
+
+    def update(self, stats: dict, info: StepInfo) -> None:
+        trace, self._trace = self._trace, None
+        bad = [n for n, ok in zip(stats["names"], stats["ok"].tolist()) if not ok] if "ok" in stats else []
+        loss_bad = "loss_ok" in stats and not bool(stats["loss_ok"])
+        if (bad or loss_bad) and not self._forward_done:
+            found = self._replay(info)
+            context = "replayed in eval mode with every tap"
+            if found is None and trace is not None:
+                found, context = first_nonfinite(trace), "training step"
+            if found is not None:
+                self._report_nonfinite(found, info.step, context)
+            elif loss_bad:
+                self._forward_done = True
+                self.report("error", "loss is NaN/Inf while every captured activation is finite "
+                            "(the criterion)", where="loss", step=info.step,
+                            evidence={"threshold": "finite loss"})
+            return
+        gbad = [n for n, ok in zip(stats["gnames"], stats["gok"].tolist()) if not ok] if "gok" in stats else []
+        if gbad and not bad and not self._grad_done and not self._forward_done:
+            self._grad_done = True
+            self.report("error", f"{gbad[0]}: gradient is NaN/Inf in backward while the forward "
+                        f"is finite ({len(gbad)} stream points)", where=gbad[0], step=info.step,
+                        evidence={"grads_nonfinite": gbad, "threshold": "any non-finite gradient"})
+
+    def _replay(self, info: StepInfo) -> dict | None:
+        """Re-run the step's batch with every tap (eval, no grad) to name the op."""
+        subject = self._run.subject if self._run is not None else None
+        if subject is None or subject.capture is None or info.src is None or info.tgt_in is None:
+            return None
+        try:
+            with subject.evaluating():
+                return first_nonfinite(subject.trace(info.src, info.tgt_in, reads=("all",)))
+        except Exception:  # noqa: BLE001 - the step's own trace still names a tensor
+            return None
