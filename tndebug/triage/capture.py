@@ -1,0 +1,646 @@
+"""A generic capture: fill a `Trace` from any PyTorch model, in the model's own naming.
+
+    capture = GenericCapture(model)
+    with capture.recording(("all",), trace):      # hooks and patches live only inside
+        logits = forward(model, src, tgt, pad_id)
+
+How each part of the trace is found:
+
+* attention: inside the forward of every module whose class name contains "Attention"/"Attn"
+  (and nn.MultiheadAttention), `torch.matmul`/`@`/`bmm`/`einsum`, `masked_fill` and
+  `softmax` are intercepted: the first product before the softmax gives q, k and the raw
+  scores, `masked_fill` gives scores and masked scores, the softmax the probabilities, the
+  product after it v and the per-head outputs z. `F.scaled_dot_product_attention` never
+  materialises the probabilities, so its q, k, v and mask are recorded and the scores and
+  probabilities recomputed here (cheap at probe sizes). nn.MultiheadAttention goes through one
+  of these two paths (its fast path is switched off while recording); if only its returned
+  weights are seen they are recorded with `head_averaged=True`.
+* kind: "cross" when the module's query and key inputs differ (or its name says so);
+  otherwise "dec_self"/"enc_self" from the path, else from the query length.
+* residual stream: outputs of `<enc|dec>*.layers.N` (layer), their Sublayer/Residual children
+  (sublayer) and the stacks (`encoder`, `decoder`, `transformer.encoder`, ...).
+* embeddings: `tok` is the output of the outermost module around an nn.Embedding that is fed
+  the source or target ids (without a positional part inside); `out` is what enters the
+  encoder or decoder stack; the PE part is `out - tok`.
+* FFN hidden: the input of the second Linear of a feed-forward module (`w_2`, `linear2`, ...).
+
+Sequence-first models (nn.Transformer's default) are detected from the ids fed to the
+embedding and every [T, B, d] activation is transposed to [B, T, d].
+
+`scaling(alpha)` multiplies every attention's pre-softmax scores by alpha (the temperature
+sweep) through the same interception.
+"""
+from __future__ import annotations
+
+import math
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tndebug.trace import AttentionRecord, StreamPoint, Trace
+
+_ATTN_CLASS = re.compile(r"attention|attn", re.I)
+_CROSS_NAME = re.compile(r"cross|src_attn|enc_dec|encdec|multihead_attn|memory|inter_attn", re.I)
+_LAYER = re.compile(r"(?:^|\.)(?P<stack>enc\w*|dec\w*)(?:[._](?:layers|layer|blocks|block|h))?\.(?P<i>\d+)$",
+                    re.I)
+_STACK = re.compile(r"(?:^|\.)(?P<stack>enc\w*|dec\w*)$", re.I)
+_POS = re.compile(r"position|pos_?enc|pos_?emb|^w?pe$|^pos$", re.I)
+_FFN = re.compile(r"feed_?forward|ffn|mlp|positionwise", re.I)
+_FFN_OUT = ("w_2", "linear2", "fc2", "lin2", "w2", "out_proj", "dense_2", "c_proj")
+_LAYER_INDEX = re.compile(r"(?:layers|layer|blocks|block|h)\.(\d+)")
+
+
+def is_attention(module: nn.Module) -> bool:
+    return isinstance(module, nn.MultiheadAttention) or bool(_ATTN_CLASS.search(type(module).__name__))
+
+
+def _stack_of(path: str) -> str | None:
+    for part in reversed(path.split(".")):
+        low = part.lower()
+        if low.startswith("dec"):
+            return "decoder"
+        if low.startswith("enc"):
+            return "encoder"
+    return None
+
+
+def _layer_index(path: str) -> int | None:
+    m = _LAYER_INDEX.search(path)
+    if m:
+        return int(m.group(1))
+    nums = re.findall(r"\.(\d+)(?=\.|$)", path)
+    return int(nums[0]) if nums else None
+
+
+@dataclass
+class _AttnCall:
+    path: str
+    query: torch.Tensor | None
+    key: torch.Tensor | None
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    raw: torch.Tensor | None = None           # q k^T before any scale
+    scores: torch.Tensor | None = None
+    masked_scores: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    z: torch.Tensor | None = None
+    softmaxed: bool = False
+    scaled: bool = False                      # the temperature was applied in this call
+    extra: dict = field(default_factory=dict)
+
+
+class GenericCapture:
+    """Fills a Trace from any nn.Module; module paths are the model's own.
+
+    Args:
+        model: the user's module.
+        seq_first: True for [T, B, ...] activations; None detects it from the ids the
+            embeddings receive (then from nn.MultiheadAttention.batch_first).
+    """
+
+    def __init__(self, model: nn.Module, *, seq_first: bool | None = None) -> None:
+        self.model = model
+        self.seq_first_hint = seq_first
+        self.paths = {id(m): n for n, m in model.named_modules()}
+        modules = dict(model.named_modules())
+        self.attention = {n for n, m in modules.items() if n and is_attention(m)}
+        self.layers = {n: (_stack_of(n) or "encoder", int(m.group("i")))
+                       for n in modules for m in [_LAYER.search(n)] if m}
+        self.stacks = {n: _stack_of(n) for n in modules if n and _STACK.search(n)
+                       and any(c.startswith(n + ".") for c in self.layers)}
+        self.sublayers = {n for n, m in modules.items()
+                          if re.search(r"sublayer|residual", type(m).__name__, re.I)
+                          and _owner_layer(n, self.layers) is not None}
+        self.positional = {n for n, m in modules.items() if n and _is_positional(n, m)}
+        self.tok_wrappers = self._token_embedding_modules(modules)
+        self.ffn_out = self._ffn_outputs(modules)
+        mhas = [m for m in modules.values() if isinstance(m, nn.MultiheadAttention)]
+        self.mha_seq_first = bool(mhas) and not any(m.batch_first for m in mhas)
+        self.alpha: float | None = None
+        self._active = False
+
+    # -- static structure ------------------------------------------------------------------
+    def _token_embedding_modules(self, modules: dict) -> dict[str, bool]:
+        """Token-embedding wrappers: the outermost module around an nn.Embedding that holds no
+        positional part -> whether its output is the token part alone (False when the PE is
+        added inside the same module, so the two cannot be told apart)."""
+        out = {}
+        for name, m in modules.items():
+            if not isinstance(m, nn.Embedding) or name in self.positional:
+                continue
+            best, parent = name, name.rpartition(".")[0]
+            clean = True
+            while parent:
+                subtree = list(modules[parent].named_modules(prefix=parent))
+                if any(n in self.positional for n, _ in subtree):
+                    if parent in self.positional:    # the PE is added in the same module
+                        best, clean = parent, False
+                    break
+                if (any(is_attention(x) for _, x in subtree)
+                        or sum(isinstance(x, nn.Embedding) for _, x in subtree) > 1
+                        or parent in self.layers or parent in self.stacks):
+                    break
+                best, parent = parent, parent.rpartition(".")[0]
+            out[best] = clean
+        return out
+
+    def _ffn_outputs(self, modules: dict) -> dict[str, str]:
+        """Second-Linear path -> the key its input (the FFN hidden) is stored under."""
+        out = {}
+        for name, m in modules.items():
+            if not isinstance(m, nn.Linear):
+                continue
+            owner, _, leaf = name.rpartition(".")
+            in_attn = any(owner == a or owner.startswith(a + ".") for a in self.attention)
+            if in_attn:
+                continue
+            if leaf in _FFN_OUT and (owner in self.layers or _FFN.search(owner.rpartition(".")[2])
+                                     or _FFN.search(type(modules.get(owner, m)).__name__)):
+                out[name] = owner if _FFN.search(owner.rpartition(".")[2] or "") else name
+        return out
+
+    # -- recording ---------------------------------------------------------------------------
+    @contextmanager
+    def recording(self, reads=("all",), trace: Trace | None = None):
+        trace = trace if trace is not None else Trace()
+        state = _State(self, trace, frozenset(reads))
+        handles = []
+        for name, module in self.model.named_modules():
+            handles.append(module.register_forward_pre_hook(state.pre_hook(name), with_kwargs=True))
+            handles.append(module.register_forward_hook(state.post_hook(name), with_kwargs=True))
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            with _patched(state):
+                yield trace
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
+            for h in handles:
+                h.remove()
+            state.finalise()
+
+    @contextmanager
+    def scaling(self, alpha: float):
+        """Scale every attention's pre-softmax scores by `alpha` (no recording)."""
+        state = _State(self, None, frozenset())
+        state.alpha = alpha
+        handles = [m.register_forward_pre_hook(state.pre_hook(n), with_kwargs=True)
+                   for n, m in self.model.named_modules() if n in self.attention]
+        handles += [m.register_forward_hook(state.post_hook(n), with_kwargs=True)
+                    for n, m in self.model.named_modules() if n in self.attention]
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            with _patched(state):
+                yield
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
+            for h in handles:
+                h.remove()
+
+
+class _State:
+    """What one recording has seen so far."""
+
+    def __init__(self, cap: GenericCapture, trace: Trace | None, reads: frozenset) -> None:
+        self.cap, self.trace, self.reads = cap, trace, reads
+        self.alpha: float | None = None
+        self.calls: list[_AttnCall] = []       # attention modules currently running
+        self.busy = False                      # inside our own tensor work: no interception
+        self.seq_first: bool | None = cap.seq_first_hint
+        self.tok: dict[str, torch.Tensor] = {}        # "src"/"tgt" -> token part (raw layout)
+        self.tok_site: dict[str, str] = {}
+        self.pos_calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []   # (path, in, out)
+        self.stack_in: dict[str, torch.Tensor] = {}   # "encoder"/"decoder" -> input (raw layout)
+        self.streams: list[tuple[str, str, int | None, str, torch.Tensor]] = []
+        self.records: list[tuple[_AttnCall, AttentionRecord]] = []
+        self.seen_sites: dict[str, int] = {}
+
+    # -- module hooks ------------------------------------------------------------------------
+    def pre_hook(self, name: str):
+        cap = self.cap
+
+        def hook(module, args, kwargs):
+            if name in cap.attention:
+                query = args[0] if args else kwargs.get("query", kwargs.get("x"))
+                key = args[1] if len(args) > 1 else kwargs.get("key")
+                self.calls.append(_AttnCall(name, _t(query), _t(key)))
+            if self.trace is None:
+                return None
+            stack = cap.stacks.get(name) or (cap.layers[name][0] if cap.layers.get(name, (0, 1))[1] == 0 else None)
+            if stack is not None and stack not in self.stack_in:     # what enters the stack
+                x = args[0] if args else next(iter(kwargs.values()), None)
+                if isinstance(x, torch.Tensor) and x.is_floating_point():
+                    self.stack_in[stack] = x.detach()
+            if name in cap.ffn_out and args and isinstance(args[0], torch.Tensor):
+                self.trace.ffn_hidden[cap.ffn_out[name]] = args[0].detach()
+            return None
+        return hook
+
+    def post_hook(self, name: str):
+        cap = self.cap
+
+        def hook(module, args, kwargs, output):
+            if name in cap.attention and self.calls and self.calls[-1].path == name:
+                call = self.calls.pop()
+                if self.trace is not None:
+                    self.busy = True
+                    try:
+                        self._finish_attention(call, module, output)
+                    finally:
+                        self.busy = False
+            if self.trace is None:
+                return None
+            out = output[0] if isinstance(output, (tuple, list)) and output else output
+            if not isinstance(out, torch.Tensor):
+                return None
+            x = out.detach()
+            self.trace.order.append((name, x))
+            if name in cap.tok_wrappers:
+                self._token_embedding(name, args, kwargs, x)
+            if name in cap.positional and args and isinstance(args[0], torch.Tensor) \
+                    and args[0].is_floating_point() and args[0].shape == x.shape:
+                self.pos_calls.append((name, args[0].detach(), x))
+            if name in cap.layers:
+                stack, i = cap.layers[name]
+                self._stream(name, stack, i, "layer", out)
+            elif name in cap.sublayers:
+                parent = name.rpartition(".")[0]
+                while parent and parent not in cap.layers:
+                    parent = parent.rpartition(".")[0]
+                stack, i = cap.layers.get(parent, ("encoder", None))
+                self._stream(name, stack, i, "sublayer", out)
+            elif name in cap.stacks:
+                self._stream(name, cap.stacks[name], None, "stack", out)
+            return None
+        return hook
+
+    def _token_embedding(self, name, args, kwargs, x) -> None:
+        ids = args[0] if args else next(iter(kwargs.values()), None)
+        if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
+            return
+        t = self.trace
+        for role, ref in (("src", t.src), ("tgt", t.tgt)):
+            if ref is None or role in self.tok:
+                continue
+            if ids.shape == ref.shape and torch.equal(ids, ref):
+                first = False
+            elif ids.dim() == 2 and ids.shape == ref.T.shape and torch.equal(ids, ref.T):
+                first = True
+            else:
+                continue
+            if self.seq_first is None and ids.shape[0] != ids.shape[1]:
+                self.seq_first = first
+            elif self.seq_first is None:
+                self.seq_first = first and not torch.equal(ids, ref)
+            self.tok[role], self.tok_site[role] = x, name
+            return
+
+    def _stream(self, name, stack, layer, kind, out: torch.Tensor) -> None:
+        if out.dim() != 3 or not out.is_floating_point():
+            return
+        self.streams.append((name, stack, layer, kind, out.detach()))
+        if "grad.stream" in self.reads and out.requires_grad:
+            trace = self.trace
+            out.register_hook(lambda g, name=name: trace.grads.__setitem__(name, self._bt(g.detach())))
+
+    # -- attention events ----------------------------------------------------------------------
+    def current(self) -> _AttnCall | None:
+        return self.calls[-1] if self.calls and not self.busy else None
+
+    def on_product(self, a, b, out, b_is_kT: bool = True) -> None:
+        call = self.current()
+        if call is None or not isinstance(out, torch.Tensor) or out.dim() < 3:
+            return
+        if not call.softmaxed and call.raw is None:
+            call.q, call.k, call.raw = a, (b.transpose(-2, -1) if b_is_kT else b), out
+            call.extra["product"] = True
+        elif call.softmaxed and call.z is None:
+            call.v, call.z = b, out
+
+    def on_masked_fill(self, x, mask, out) -> None:
+        call = self.current()
+        if call is None:
+            return
+        if not call.softmaxed:
+            if call.raw is not None and call.masked_scores is None and x.is_floating_point():
+                call.scores, call.masked_scores = x, out
+        elif call.z is None:                  # a mask applied to the probabilities
+            call.probs = out
+
+    def softmax_input(self, x):
+        call = self.current()
+        if call is None or call.softmaxed:
+            return x
+        if self.alpha is not None and not call.scaled:
+            call.scaled = True
+            return x * self.alpha
+        return x
+
+    def on_softmax(self, x, out) -> None:
+        call = self.current()
+        if call is None or call.softmaxed:
+            return
+        call.softmaxed = True
+        call.probs = out
+        if call.masked_scores is None:
+            call.scores = call.masked_scores = x
+        elif x is not call.masked_scores and x.shape == call.masked_scores.shape:
+            # scaled (or otherwise changed) after the mask: keep what the softmax saw
+            self.busy = True
+            try:
+                keep = (call.masked_scores == call.scores) & (call.masked_scores != 0)
+                ratio = (x.detach() / call.masked_scores.detach())[keep]
+                r = ratio.median() if ratio.numel() else 1.0
+                call.scores, call.masked_scores = call.scores * r, x
+            finally:
+                self.busy = False
+
+    def on_sdpa(self, q, k, v, attn_mask, is_causal, scale, out) -> None:
+        call = self.current() if self.calls else None
+        if self.trace is None:
+            return
+        if call is None or call.raw is not None:
+            return
+        self.busy = True
+        try:
+            s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+            qd, kd = q.detach(), k.detach()
+            if kd.shape[-3] != qd.shape[-3] and qd.dim() == 4:       # grouped-query attention
+                kd = kd.repeat_interleave(qd.shape[-3] // kd.shape[-3], dim=-3)
+            raw = qd @ kd.transpose(-2, -1)                            # [B, h, T, S]
+            scores = raw * s
+            masked = scores
+            if is_causal:
+                T, S = scores.shape[-2:]
+                keep = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()
+                masked = masked.masked_fill(~keep, float("-inf"))
+            if attn_mask is not None:
+                m = attn_mask.detach()
+                masked = (masked.masked_fill(~m, float("-inf")) if m.dtype == torch.bool
+                          else masked + m)
+            call.q, call.k, call.v, call.raw = qd, kd, v.detach(), raw
+            call.scores, call.masked_scores = scores, masked
+            call.probs, call.z, call.softmaxed = masked.softmax(-1), out.detach(), True
+        finally:
+            self.busy = False
+
+    def _finish_attention(self, call: _AttnCall, module, output) -> None:
+        t = self.trace
+        kind, layer = self._classify(call)
+        site = call.path
+        n = self.seen_sites.get(site, 0)
+        self.seen_sites[site] = n + 1
+        if n:
+            site = f"{site}#{n}"
+        rec = AttentionRecord(site, kind, layer)
+        for f in ("q", "k", "v", "scores", "masked_scores", "probs", "z"):
+            val = getattr(call, f)
+            setattr(rec, f, val.detach() if isinstance(val, torch.Tensor) else None)
+        if isinstance(module, nn.MultiheadAttention) and rec.q is not None \
+                and call.extra.get("product"):
+            # its bmm path multiplies q by 1/sqrt(d_k) before q k^T: record q as projected
+            rec.q = rec.q * math.sqrt(module.head_dim)
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        rec.out = out.detach() if isinstance(out, torch.Tensor) else None
+        if rec.probs is None and isinstance(output, (tuple, list)) and len(output) > 1 \
+                and isinstance(output[1], torch.Tensor):
+            w = output[1].detach()
+            rec.probs, rec.head_averaged = (w, True) if w.dim() == 3 else (w, False)
+        self.records.append((call, rec))
+        t.attention[site] = rec
+
+    def _classify(self, call: _AttnCall) -> tuple[str, int | None]:
+        layer = _layer_index(call.path)
+        q, k = call.query, call.key
+        comparable = (q is not None and k is not None and q.is_floating_point()
+                      and k.is_floating_point() and k.dim() == q.dim() and k.shape[-1] == q.shape[-1])
+        differ = comparable and k is not q and (k.shape != q.shape or not torch.equal(k, q))
+        if differ or _CROSS_NAME.search(call.path.rpartition(".")[2]):
+            return "cross", layer
+        stack = _stack_of(call.path)
+        if stack == "decoder":
+            return "dec_self", layer
+        if stack == "encoder":
+            return "enc_self", layer
+        t = self.trace
+        if call.q is not None and t.tgt is not None and t.src is not None \
+                and t.tgt.shape[1] != t.src.shape[1] and call.q.shape[-2] == t.tgt.shape[1]:
+            return "dec_self", layer
+        return "enc_self", layer
+
+    # -- the end ----------------------------------------------------------------------------------
+    def _bt(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, B, d] -> [B, T, d] for sequence-first models."""
+        seq_first = self.seq_first if self.seq_first is not None else self.cap.mha_seq_first
+        return x.transpose(0, 1) if seq_first and x.dim() == 3 else x
+
+    def _heads(self, x: torch.Tensor | None, B: int | None) -> torch.Tensor | None:
+        """[B*h, T, S] -> [B, h, T, S] (nn.MultiheadAttention's bmm path)."""
+        if x is None or B is None or x.dim() != 3 or x.shape[0] == B or x.shape[0] % B:
+            return x
+        return x.reshape(B, x.shape[0] // B, *x.shape[1:])
+
+    def finalise(self) -> None:
+        t = self.trace
+        if t is None:
+            return
+        B = t.src.shape[0] if t.src is not None else None
+        for call, rec in self.records:
+            for f in ("q", "k", "v", "scores", "masked_scores", "probs", "z"):
+                setattr(rec, f, self._heads(getattr(rec, f), B))
+            if rec.out is not None:
+                rec.out = self._bt(rec.out)
+            if rec.head_averaged and rec.probs is not None and rec.probs.dim() == 3:
+                rec.probs = rec.probs
+        t.order = [(n, self._bt(x) if x.dim() == 3 and x.is_floating_point() else x) for n, x in t.order]
+        for name, stack, layer, kind, x in self.streams:
+            t.streams.append(StreamPoint(name, stack, layer, kind, self._bt(x)))
+        for name, x in list(t.ffn_hidden.items()):
+            t.ffn_hidden[name] = self._bt(x)
+        for role, stack in (("src", "encoder"), ("tgt", "decoder")):
+            self._embedding_parts(role, stack)
+
+    def _embedding_parts(self, role: str, stack: str) -> None:
+        """tok: the input of the positional module whose output enters the stack, else a clean
+        token-embedding wrapper's output; out: what enters the stack."""
+        t = self.trace
+        out = self.stack_in.get(stack)
+        site = self.tok_site.get(role)
+        tok = None
+        if out is not None:
+            for path, x_in, x_out in self.pos_calls:
+                if x_out.shape == out.shape and (x_out is out or torch.equal(x_out, out)):
+                    tok, site = x_in, site or path
+                    break
+        if tok is None and site is not None and self.cap.tok_wrappers.get(site):
+            tok = self.tok.get(role)
+        if site is None:
+            if out is None:
+                return
+            site = next((n for n, s in self.cap.stacks.items() if s == stack), stack) + ".input"
+        parts = {}
+        if tok is not None:
+            parts["tok"] = self._bt(tok)
+        if out is not None and (tok is None or out.shape == tok.shape):
+            parts["out"] = self._bt(out)
+            if tok is not None:
+                parts["pe"] = parts["out"] - parts["tok"]
+            first_dec = next((i for i, sp in enumerate(t.streams) if sp.stack == "decoder"), len(t.streams))
+            t.streams.insert(0 if role == "src" else first_dec,
+                             StreamPoint(site, "embed", None, "embed", parts["out"]))
+        if parts:
+            t.embed[site] = parts
+
+
+def _t(x):
+    return x if isinstance(x, torch.Tensor) else None
+
+
+def _owner_layer(path: str, layers: dict) -> str | None:
+    parent = path.rpartition(".")[0]
+    while parent:
+        if parent in layers:
+            return parent
+        parent = parent.rpartition(".")[0]
+    return None
+
+
+def _is_positional(name: str, m: nn.Module) -> bool:
+    """A positional-encoding module: by its name, its class, or a `pe`/`pos_*` tensor it owns."""
+    own = [b for b, _ in m.named_buffers(recurse=False)] + [p for p, _ in m.named_parameters(recurse=False)]
+    return bool(_POS.search(name.rpartition(".")[2]) or _POS.search(type(m).__name__)
+                or any(_POS.search(b) for b in own))
+
+
+# -- patching ------------------------------------------------------------------------------------
+@contextmanager
+def _patched(state: _State):
+    """Swap torch's attention primitives for recording wrappers; always restored."""
+    originals = []
+
+    def patch(owner, name, make):
+        orig = getattr(owner, name)
+        originals.append((owner, name, orig))
+        setattr(owner, name, make(orig))
+
+    def product(orig, kT=True):
+        def wrapper(a, b, *args, **kwargs):
+            if state.current() is None:
+                return orig(a, b, *args, **kwargs)
+            state.busy = True
+            try:
+                out = orig(a, b, *args, **kwargs)
+            finally:
+                state.busy = False
+            state.on_product(a, b, out, kT)
+            return out
+        return wrapper
+
+    def baddbmm(orig):
+        def wrapper(inp, b1, b2, *args, **kwargs):
+            if state.current() is None:
+                return orig(inp, b1, b2, *args, **kwargs)
+            state.busy = True
+            try:
+                out = orig(inp, b1, b2, *args, **kwargs)
+                raw = torch.bmm(b1, b2)
+            finally:
+                state.busy = False
+            state.on_product(b1, b2, raw)
+            call = state.current()
+            if call is not None and call.masked_scores is None:
+                call.scores, call.masked_scores = raw, out
+            return out
+        return wrapper
+
+    def einsum(orig):
+        def wrapper(eq, *operands, **kwargs):
+            ops = operands[0] if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
+            if state.current() is None or len(ops) != 2:
+                return orig(eq, *operands, **kwargs)
+            state.busy = True
+            try:
+                out = orig(eq, *operands, **kwargs)
+            finally:
+                state.busy = False
+            a, b = ops
+            call = state.current()
+            if call is not None and out.dim() >= 3:
+                if not call.softmaxed and call.raw is None and a.shape[-1] == b.shape[-1]:
+                    call.q, call.k, call.raw = a, b, out            # "...qd,...kd->...qk"
+                elif call.softmaxed and call.z is None:
+                    call.v, call.z = b, out
+            return out
+        return wrapper
+
+    def masked_fill(orig, inplace=False):
+        def wrapper(x, mask, value, *args, **kwargs):
+            if state.current() is None:
+                return orig(x, mask, value, *args, **kwargs)
+            before = x.clone() if inplace else x
+            state.busy = True
+            try:
+                out = orig(x, mask, value, *args, **kwargs)
+            finally:
+                state.busy = False
+            state.on_masked_fill(before, mask, out)
+            return out
+        return wrapper
+
+    def softmax(orig):
+        def wrapper(x, *args, **kwargs):
+            if state.current() is None:
+                return orig(x, *args, **kwargs)
+            x_in = state.softmax_input(x)
+            state.busy = True
+            try:
+                out = orig(x_in, *args, **kwargs)
+            finally:
+                state.busy = False
+            state.on_softmax(x_in, out)
+            return out
+        return wrapper
+
+    def sdpa(orig):
+        def wrapper(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, **kwargs):
+            call = state.current()
+            if call is None:
+                return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, **kwargs)
+            use_scale = scale
+            if state.alpha is not None and not call.scaled:
+                call.scaled = True
+                use_scale = (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])) * state.alpha
+            state.busy = True
+            try:
+                out = orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                           is_causal=is_causal, scale=use_scale, **kwargs)
+            finally:
+                state.busy = False
+            state.on_sdpa(query, key, value, attn_mask, is_causal, use_scale, out)
+            return out
+        return wrapper
+
+    try:
+        for owner in (torch, torch.Tensor):
+            patch(owner, "matmul", product)
+            patch(owner, "bmm", product)
+            patch(owner, "masked_fill", masked_fill)
+            patch(owner, "softmax", softmax)
+        patch(torch.Tensor, "__matmul__", product)
+        patch(torch.Tensor, "masked_fill_", lambda o: masked_fill(o, inplace=True))
+        patch(torch, "baddbmm", baddbmm)
+        patch(torch, "einsum", einsum)
+        patch(F, "softmax", softmax)
+        patch(F, "scaled_dot_product_attention", sdpa)
+        yield
+    finally:
+        for owner, name, orig in reversed(originals):
+            setattr(owner, name, orig)

@@ -1,0 +1,385 @@
+"""`triage()`: a checkpoint (and optionally the user's model code) in, a `Report` out.
+
+    report = triage(TriageOptions("model.pt", task="copy"))
+
+1. load the file safely; hygiene of the file (non-finite weights, resume state, config);
+2. without --model: recognise the layout, convert it into tndebug's instrumented model, settle
+   what the weights cannot say (heads, Pre/Post-LN, embedding scale) from flags, the
+   checkpoint's config, or held-out loss on --task; with --model: build the user's module,
+   load the weights and wrap it with an adapter and the generic capture;
+3. run the probes that make sense for weights (RunContext(mode="triage")) on one held-out
+   batch, forward and backward, no optimizer step;
+4. hygiene of the weights and behaviour (duplicate heads, temperature sweep);
+5. findings in the checkpoint's own module naming, one Report.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tndebug.config import ModelConfig
+from tndebug.data import get_task, eval_set
+from tndebug.errors import UsageError
+from tndebug.findings import Finding
+from tndebug.probes import PROBE_NAMES, make_probes, parse_probe_spec
+from tndebug.probes.base import ProbeError, RunContext, StepInfo
+from tndebug.probes.engine import ProbeEngine
+from tndebug.report import Report
+from tndebug.subject import Subject, tndebug_subject
+from tndebug.triage import hygiene, layouts
+from tndebug.triage.adapters import (build_user_model, load_weights, parse_config,
+                                     resolve_adapter)
+from tndebug.triage.capture import GenericCapture, is_attention
+from tndebug.triage.loading import Checkpoint, load_checkpoint
+
+# Probes that judge weights and code from one forward/backward; the others need a training run
+# (an optimizer, a declared schedule, the user's criterion, a loss curve).
+TRAINING_ONLY = ("lr-schedule", "label-smoothing", "loss-health")
+TRIAGE_PROBES = tuple(n for n in PROBE_NAMES if n not in TRAINING_ONLY)
+HELD_OUT = 32           # held-out sequences for the loss comparisons (heads, norm, sweep)
+
+
+@dataclass
+class TriageOptions:
+    checkpoint: str
+    model: str | None = None            # FILE.py:FACTORY
+    config: str | None = None           # JSON or a .json file
+    adapter: str | None = None          # annotated | tndebug | FILE.py:FUNCTION
+    task: str = "copy"
+    pad_id: int = 0
+    bos_id: int = 1
+    heads: int | None = None
+    norm: str | None = None
+    probes: str | None = None           # None: TRIAGE_PROBES
+    trust: bool = False
+
+
+@dataclass
+class _Target:
+    """What triage examines: a Subject, how to scale its scores, how to name its modules."""
+    subject: Subject
+    scaled: object                           # alpha -> context manager
+    run: dict = field(default_factory=dict)
+    user_path: object = staticmethod(lambda p: p)
+    findings: list[Finding] = field(default_factory=list)
+    attention_weights: list = field(default_factory=list)   # (where, W_Q, W_K, W_V, h)
+
+
+def triage(opts: TriageOptions) -> Report:
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        timings[name] = round(time.perf_counter() - t0 - sum(timings.values()), 3)
+
+    probe_names = _probe_names(opts.probes)
+    task = _task(opts.task)
+    ckpt = load_checkpoint(opts.checkpoint, trust=opts.trust)
+    findings = hygiene.non_finite(ckpt.state_dict) + hygiene.resume_state(ckpt)
+    lap("load")
+    batch = eval_set(task, n=HELD_OUT, seed=0)
+    target = (_user_target(ckpt, opts, batch) if opts.model
+              else _layout_target(ckpt, opts, batch, task.tgt_vocab))
+    findings += target.findings
+    subject = target.subject
+    _check_vocab(subject, task)
+    lap("model")
+
+    engine_findings, statuses = _run_probes(subject, probe_names, batch, opts.pad_id)
+    findings += engine_findings
+    lap("probes")
+    findings += hygiene.duplicate_heads(target.attention_weights)
+    sweep, sweep_evidence = hygiene.temperature_sweep(
+        lambda s, t: subject.logits(s, t), target.scaled, batch, opts.pad_id, subject.tgt_vocab)
+    findings += sweep
+    lap("hygiene")
+
+    findings = _dedupe([_rename(f, target.user_path) for f in findings])
+    statuses.update(_hygiene_statuses(findings, statuses))
+    run = {"mode": "triage", "checkpoint": str(ckpt.path), "format": ckpt.fmt,
+           "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
+           "task": task.name, "pad_id": opts.pad_id, "bos_id": opts.bos_id,
+           "step": ckpt.step, "has_optimizer_state": ckpt.has_optimizer_state,
+           "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
+           "temperature_sweep": sweep_evidence, **target.run,
+           "timings_s": timings, "wall_s": round(time.perf_counter() - t0, 3)}
+    run["status"] = "completed"
+    report = Report(run=run, findings=findings, probes=statuses)
+    report.first_sign = next((f for f in findings if f.severity == "error"), None) or \
+        next((f for f in findings if f.severity == "warning"), None)
+    return report
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def _probe_names(spec: str | None) -> list[str]:
+    if spec is None:
+        return list(TRIAGE_PROBES)
+    try:
+        return parse_probe_spec(spec)
+    except ProbeError as e:
+        raise UsageError(str(e)) from None
+
+
+def _task(name: str):
+    try:
+        return get_task(name)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _check_vocab(subject: Subject, task) -> None:
+    if subject.src_vocab < task.src_vocab or subject.tgt_vocab < task.tgt_vocab:
+        raise UsageError(
+            f"--task {task.name} uses token ids up to {max(task.src_vocab, task.tgt_vocab) - 1}, "
+            f"but the model's vocabularies are {subject.src_vocab}/{subject.tgt_vocab}: pass the "
+            f"task it was trained on (copy, reverse and sort use 11 ids)")
+
+
+# -- without --model: tndebug's model --------------------------------------------------------------
+def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task_vocab: int) -> _Target:
+    sd = ckpt.state_dict
+    layout = layouts.detect_layout(sd)
+    if layout is None:
+        raise UsageError(f"unknown layout ({layouts.describe_keys(sd)}); tndebug knows its own, "
+                         f"The Annotated Transformer's and torch.nn.Transformer's: pass "
+                         f"--model FILE.py:FACTORY to triage your code")
+    conv = layouts.convert(sd, layout)
+    saved = layouts.normalise_config(ckpt.config)
+    given = layouts.normalise_config(parse_config(opts.config))
+    findings = hygiene.config_vs_weights(saved, conv.sizes, ckpt.config_key)
+    findings += hygiene.stored_pe(conv.pe, conv.pe_key, conv.sizes["d_model"])
+
+    fixed = dict(conv.sizes)
+    for src in (saved, given):               # flags and --config beat the checkpoint's config
+        for k in ("n_heads", "norm", "max_len"):
+            if k in src:
+                fixed[k] = src[k]
+    if opts.heads:
+        fixed["n_heads"] = opts.heads
+    if opts.norm:
+        fixed["norm"] = opts.norm
+    if fixed.get("n_heads") and conv.sizes["d_model"] % fixed["n_heads"]:
+        raise UsageError(f"--heads {fixed['n_heads']} does not divide d_model={conv.sizes['d_model']}")
+    if "emb_scale" in given:
+        fixed["emb_scale"] = given["emb_scale"]
+    fixed["pad_id"] = opts.pad_id
+    unknown = {k: v for k, v in conv.unknown.items() if k not in fixed}
+    model, chosen, tried = _settle(conv, fixed, unknown, batch, opts.pad_id)
+    cfg = model.cfg
+    if tried:
+        findings.append(Finding("checkpoint", "info",
+                                "inferred " + ", ".join(f"{k}={v}" for k, v in chosen.items())
+                                + f" from held-out loss on --task (tried {tried['n']} variants)",
+                                evidence=tried, step=0))
+    subject = tndebug_subject(model)
+    subject.pad_id, subject.bos_id = opts.pad_id, opts.bos_id
+    weights = [(f"{stack}.layers.{i}.{name}", a.w_q.weight.detach(), a.w_k.weight.detach(),
+                a.w_v.weight.detach(), cfg.n_heads)
+               for stack in ("encoder", "decoder") for i, layer in enumerate(getattr(model, stack).layers)
+               for name in ("self_attn", "cross_attn") if (a := getattr(layer, name, None)) is not None]
+    run = {"layout": layout, "model": "tndebug (converted)", "adapter": "tndebug",
+           "inferred_config": {k: v for k, v in cfg.to_dict().items() if k != "faults"},
+           "emb_scale": "no_emb_scale" not in cfg.faults,
+           "final_norm": conv.final_norm, "layout_notes": conv.notes}
+    return _Target(subject, lambda a: hygiene.hook_scores_scaled(model, a), run,
+                   conv.user_path, findings, weights)
+
+
+def _settle(conv, fixed: dict, unknown: dict, batch, pad_id: int):
+    """Build the model; try every combination of what is unknown, keep the lowest loss."""
+    names = list(unknown)
+    combos = [{}]
+    for n in names:
+        combos = [{**c, n: v} for c in combos for v in unknown[n]]
+    reference, results = None, []
+    for combo in combos:
+        cfg = _config(conv, {**fixed, **combo})
+        model = layouts.build_model(conv, cfg, reference)
+        reference = reference or model
+        if len(combos) == 1:
+            return model, {}, {}
+        with torch.no_grad():
+            loss = min(_loss(model, batch, pad_id, alpha) for alpha in _alphas(cfg))
+        results.append((loss, combo, model))
+    results.sort(key=lambda r: r[0] if math.isfinite(r[0]) else float("inf"))
+    best_loss, best, model = results[0]
+    ln_v = math.log(conv.sizes["tgt_vocab"])
+    second = results[1][0] if len(results) > 1 else float("inf")
+    tried = {"n": len(results), "losses": [{**r[1], "loss": round(r[0], 4)} for r in results[:12]],
+             "ln_V": ln_v}
+    if not math.isfinite(best_loss) or best_loss > hygiene.SOLVED * ln_v or second < best_loss * 1.02:
+        flags = {"n_heads": "--heads N", "norm": "--norm pre|post",
+                 "emb_scale": "--config '{\"emb_scale\": false}'"}
+        ask = ", ".join(flags[n] for n in names)
+        raise UsageError(f"cannot tell {', '.join(names)} from the weights, and held-out loss on "
+                         f"--task does not decide (best {best_loss:.2f}, next {second:.2f}, ln V "
+                         f"{ln_v:.2f}): pass {ask}")
+    return model, best, tried
+
+
+def _alphas(cfg: ModelConfig) -> tuple[float, ...]:
+    """Loss is compared with and without the scores rescaled by sqrt(d_k), so that a checkpoint
+    trained without the scale still tells its head count apart."""
+    return (1.0, math.sqrt(cfg.d_k))
+
+
+def _loss(model, batch, pad_id: int, alpha: float) -> float:
+    src, tgt_in, tgt_out = batch
+    with hygiene.hook_scores_scaled(model, alpha) if alpha != 1.0 else _nullctx():
+        return hygiene.held_out_loss(lambda s, t: model(s, t), src, tgt_in, tgt_out, pad_id)
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _config(conv, values: dict) -> ModelConfig:
+    kw = {k: v for k, v in values.items() if k in {f for f in ModelConfig.__dataclass_fields__}}
+    faults = []
+    if values.get("emb_scale") is False:
+        faults.append("no_emb_scale")
+    if values.get("norm", "pre") == "pre" and not conv.final_norm:
+        faults.append("pre_ln_no_final_norm")
+    return ModelConfig(dropout=0.0, faults=tuple(faults), **kw)
+
+
+# -- with --model: the user's code -----------------------------------------------------------------
+def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch) -> _Target:
+    given = parse_config(opts.config)
+    kwargs = given if given is not None else (ckpt.config or {})
+    model, used = build_user_model(opts.model, kwargs)
+    load_weights(model, ckpt.state_dict, opts.model)
+    model.eval()
+    adapter = resolve_adapter(opts.adapter, model)
+    capture = GenericCapture(model)
+    src_v, tgt_v = _user_vocab(model, adapter, batch, opts.pad_id)
+    subject = Subject(model, adapter.forward, pad_id=opts.pad_id, bos_id=opts.bos_id,
+                      src_vocab=src_v, tgt_vocab=tgt_v, encode=adapter.encode, capture=capture)
+    run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
+           "model_kwargs": {k: v for k, v in used.items() if isinstance(v, (int, float, str, bool))},
+           "config_source": "--config" if given is not None else (ckpt.config_key or None),
+           "attention_modules": sorted(capture.attention)}
+    return _Target(subject, capture.scaling, run, lambda p: p, [], _user_attention_weights(model))
+
+
+def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int]:
+    src, tgt_in, _ = batch
+    try:
+        with torch.no_grad():
+            logits = adapter.forward(model, src[:2], tgt_in[:2], pad_id)
+    except Exception as e:  # noqa: BLE001 - the user's adapter may raise anything
+        raise UsageError(f"the adapter {adapter.name} raised {type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''} "
+                         f"(it is called as forward(model, src [B,S], tgt [B,T], pad_id))") from None
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != tgt_in[:2].shape:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise UsageError(f"the adapter {adapter.name} returned {shape}; expected logits "
+                         f"[B, T, V] = [2, {tgt_in.shape[1]}, V] (batch first)")
+    tgt_v = logits.shape[-1]
+    embs = [(n, m.num_embeddings) for n, m in model.named_modules() if isinstance(m, nn.Embedding)
+            and not any(w in n.lower() for w in ("pos", "wpe"))]
+    src_v = next((v for n, v in embs if any(w in n.lower() for w in ("src", "enc", "source"))), None)
+    return src_v or (embs[0][1] if embs else tgt_v), tgt_v
+
+
+def _user_attention_weights(model: nn.Module) -> list:
+    """(path, W_Q, W_K, W_V, heads) for attention modules whose projections are recognisable."""
+    out = []
+    for name, m in model.named_modules():
+        if not is_attention(m):
+            continue
+        h = next((getattr(m, a) for a in ("num_heads", "h", "n_heads", "nhead", "n_head")
+                  if isinstance(getattr(m, a, None), int)), None)
+        if h is None:
+            continue
+        if isinstance(m, nn.MultiheadAttention) and m.in_proj_weight is not None:
+            wq, wk, wv = m.in_proj_weight.detach().chunk(3)
+        elif isinstance(getattr(m, "linears", None), nn.ModuleList) and len(m.linears) >= 3:
+            wq, wk, wv = (m.linears[i].weight.detach() for i in range(3))
+        elif all(isinstance(getattr(m, a, None), nn.Linear) for a in ("w_q", "w_k", "w_v")):
+            wq, wk, wv = m.w_q.weight.detach(), m.w_k.weight.detach(), m.w_v.weight.detach()
+        elif isinstance(getattr(m, "qkv", None), nn.Linear):
+            wq, wk, wv = m.qkv.weight.detach().chunk(3)
+        else:
+            continue
+        out.append((name, wq, wk, wv, h))
+    return out
+
+
+# -- probes -------------------------------------------------------------------------------------------
+def _run_probes(subject: Subject, names: list[str], batch, pad_id: int):
+    probes = make_probes(list(names))
+    run = RunContext(subject=subject, optimizer=None, mode="triage",
+                     criterion=lambda lg, t: F.cross_entropy(lg.float(), t, ignore_index=pad_id),
+                     device=str(subject.device))
+    src, tgt_in, tgt_out = (t[:8].to(subject.device) for t in batch)
+    model = subject.model
+    was = model.training
+    model.eval()
+    try:
+        with ProbeEngine(probes, run) as engine:
+            engine.setup()
+            engine.begin_step(0, src, tgt_in)
+            logits = subject.logits(src, tgt_in)
+            loss = run.criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
+            model.zero_grad(set_to_none=True)
+            if loss.requires_grad:
+                loss.backward()
+            engine.end_step(StepInfo(0, loss=loss.detach(), logits=logits.detach(), src=src,
+                                     tgt_in=tgt_in, tgt_out=tgt_out))
+            findings = engine.finish()
+            statuses = engine.statuses()
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train(was)
+    return findings, statuses
+
+
+# -- findings -------------------------------------------------------------------------------------------
+def _rename(f: Finding, user_path) -> Finding:
+    if not f.where:
+        return f
+    new = user_path(f.where)
+    if new == f.where:
+        return f
+    from dataclasses import replace
+    return replace(f, where=new, evidence={**f.evidence, "tndebug_where": f.where})
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per (probe, where, severity); a probe's own beats hygiene's copy."""
+    seen, out = set(), []
+    for f in findings:
+        key = (f.probe, f.where, f.severity)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(f)
+    return out
+
+
+def _hygiene_statuses(findings: list[Finding], statuses: dict) -> dict:
+    out = {}
+    for name in {f.probe for f in findings} | {"checkpoint"}:
+        mine = [f for f in findings if f.probe == name]
+        st = ("fail" if any(f.severity == "error" for f in mine) else
+              "warn" if any(f.severity == "warning" for f in mine) else "pass")
+        prev = statuses.get(name, {}).get("status")
+        order = ["skipped", "pass", "warn", "fail"]
+        if prev is None or order.index(st) > order.index(prev):
+            out[name] = {**statuses.get(name, {}), "status": st}
+    return out
+
+
+def output_name(checkpoint: str) -> str:
+    return f"triage-{Path(checkpoint).stem}"
