@@ -108,3 +108,12 @@ def test_nan_during_training_is_replayed_and_named():
     findings = run_probe(hand_subject(model), NanScores(), steps=3, before_step=poison)
     assert [(f.severity, f.where, f.step) for f in findings] == [("error", "dec.0.src_attn", 1)]
     assert findings[0].message.startswith("dec.0.src_attn.q: query projection produced")
+
+
+def test_nonfinite_gradient_with_finite_forward_is_named():
+    model = make_model(ModelConfig.tiny())
+    # a hand-written op whose forward is exact and whose backward is 0 * inf: sqrt at 0
+    model.generator.register_forward_pre_hook(lambda m, args: (args[0] + 0 * torch.sqrt(args[0] - args[0]),))
+    findings = run_probe(tndebug_subject(model), NanScores(), steps=1)
+    assert [(f.severity, f.where, f.step) for f in findings] == [("error", "decoder.hook_out", 0)]
+    assert "gradient is NaN/Inf in backward while the forward is finite" in findings[0].message

@@ -4,6 +4,8 @@ Everything here reads tensors of a `Trace` or calls a `Subject`; nothing reads a
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tndebug.subject import Subject
@@ -41,10 +43,11 @@ def as_heads(p: torch.Tensor) -> torch.Tensor:
     return p.unsqueeze(1) if p.dim() == 3 else p
 
 
-def saturation(probs: torch.Tensor, keep: torch.Tensor | None = None):
-    """(mean max-probability, mean normalised entropy H/ln n) over rows with n >= 2 keys.
+def saturation_sums(probs: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """[sum of max-probabilities, sum of normalised entropies H/ln n, rows] over finite rows
+    with n >= 2 keys, as one device tensor (divide on the host; sums add across processes).
 
-    Device scalars; `keep` [.., T, S] marks the keys each row may attend to (default: p > 0).
+    `keep` [.., T, S] marks the keys each row may attend to (default: p > 0).
     """
     p = as_heads(probs).float()
     keep = (p > 0) if keep is None else as_heads(keep).expand_as(p)
@@ -52,10 +55,9 @@ def saturation(probs: torch.Tensor, keep: torch.Tensor | None = None):
     rows = (n >= 2) & p.isfinite().all(-1)
     plogp = torch.where(keep & (p > 0), p * p.clamp_min(1e-30).log(), torch.zeros_like(p))
     h_norm = -plogp.sum(-1) / n.clamp_min(2).float().log()                 # [B, h, T]
-    count = rows.sum().clamp_min(1)
-    max_p = torch.where(rows, p.amax(-1), torch.zeros_like(h_norm)).sum() / count
-    entropy = torch.where(rows, h_norm, torch.zeros_like(h_norm)).sum() / count
-    return max_p, entropy
+    zero = torch.zeros_like(h_norm)
+    return torch.stack([torch.where(rows, p.amax(-1), zero).sum(),
+                        torch.where(rows, h_norm, zero).sum(), rows.sum().float()])
 
 
 def probe_batch(subject: Subject, batch: int = 8, src_len: int = 12, tgt_len: int = 11,
@@ -98,4 +100,52 @@ def roles(trace: Trace) -> dict[int, tuple[str, str]]:
         out[id(x)] = (owner, "ffn.hidden")
     if trace.logits is not None:
         out.setdefault(id(trace.logits), ("logits", "logits"))
+    return out
+
+
+def _affine_residual(x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """min over input normalisations (raw, LayerNorm, RMSNorm) of the affine-fit residual of y
+    on x, over finite rows; None when rows do not outnumber features 3 to 1."""
+    x, y = x.detach().double().cpu(), y.detach().double().cpu()
+    ok = x.isfinite().all(1) & y.isfinite().all(1)
+    x, y = x[ok], y[ok]
+    if len(x) < 3 * (x.shape[1] + 1):
+        return None
+    mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    spread = (y - y.mean(0)).norm().clamp_min(1e-300)
+    best = math.inf
+    for f in (x, (x - mu) / (var + 1e-5).sqrt(), x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()):
+        X = torch.cat([f, torch.ones(len(f), 1, dtype=f.dtype)], 1)
+        sol = torch.linalg.lstsq(X, y, rcond=1e-9, driver="gelsd").solution
+        best = min(best, float((y - X @ sol).norm() / spread))
+    return best
+
+
+def head_split_fits(trace: Trace) -> dict[str, float]:
+    """site -> residual of q (and of a cross-attention's k on the encoder output) as an affine
+    function of the module's input row: exact (~1e-7) when heads are split per position.
+
+    The input is the last stream point before the module in execution order; rows must
+    outnumber features 3 to 1, else the module is not fitted."""
+    streams = {id(p.x): p for p in trace.streams}
+    role_of = roles(trace)
+    last = last_enc = None
+    out: dict[str, float] = {}
+    for _, x in trace.order:
+        p = streams.get(id(x))
+        if p is not None:
+            last = p
+            last_enc = p if p.stack == "encoder" else last_enc
+            continue
+        site, role = role_of.get(id(x), ("", ""))
+        rec = trace.attention.get(site)
+        if rec is None or x.dim() != 4 or role not in ("q", "k"):
+            continue
+        src = last if role == "q" else (last_enc if rec.kind == "cross" else None)
+        if src is None or src.x.shape[:2] != (x.shape[0], x.shape[2]):
+            continue
+        B, h, T, dk = x.shape
+        r = _affine_residual(src.x.reshape(B * T, -1), x.transpose(1, 2).reshape(B * T, h * dk))
+        if r is not None:
+            out[site] = max(out.get(site, 0.0), r)
     return out

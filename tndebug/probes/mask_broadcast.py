@@ -1,17 +1,15 @@
 """mask-broadcast: exact step-0 tests of the masks, and which attention breaks them."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from tndebug.notes import FAULT_NOTES
-from tndebug.probes._attn_stats import KIND_WORDS, as_heads, probe_batch, roles
+from tndebug.probes._attn_stats import KIND_WORDS, as_heads, head_split_fits, probe_batch
 from tndebug.probes.base import Probe, RunContext
 from tndebug.probes.schedule import never
 from tndebug.subject import Subject
-from tndebug.trace import Trace
 
 REL_TOL = 1e-5     # behaviour: max|change| > REL_TOL * (1 + max|reference|)
 MASS_TOL = 1e-6    # probability a real query puts on keys it must not see
@@ -83,7 +81,9 @@ def behaviour(s: Subject) -> dict[str, Check]:
     out = {k: Check() for k in ("causality", "tgt_pad_length", "tgt_pad_content", "enc_pad_length",
                                  "src_pad_length", "enc_batch", "batch")}
     has_encode = True
-    for src, tgt in (probe_batch(s, 6, 10, 9, seed=1), probe_batch(s, 5, 7, 12, seed=2)):
+    cap = (s.max_len - EXTRA_PADS) if s.max_len else 12        # room for the appended pads
+    for src, tgt in (probe_batch(s, 6, min(10, cap), min(9, cap), seed=1),
+                     probe_batch(s, 5, min(7, cap), min(12, cap), seed=2)):
         pad, T = s.pad_id, tgt.shape[1]
         real_s, real_t = src != pad, tgt != pad
         full = tgt.where(real_t, _content(s, tgt, g, s.tgt_vocab))          # no target pads
@@ -175,54 +175,6 @@ def probs_check(m: Module, p: torch.Tensor, src, tgt, pad) -> None:
             m.fix = NOTE["pad_mask_query_axis"]
 
 
-def _affine_residual(x: torch.Tensor, y: torch.Tensor) -> float | None:
-    """min over input normalisations (raw, LayerNorm, RMSNorm) of the affine-fit residual of y
-    on x, over finite rows; None when rows do not outnumber features 3 to 1."""
-    x, y = x.detach().double().cpu(), y.detach().double().cpu()
-    ok = x.isfinite().all(1) & y.isfinite().all(1)
-    x, y = x[ok], y[ok]
-    if len(x) < 3 * (x.shape[1] + 1):
-        return None
-    mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
-    spread = (y - y.mean(0)).norm().clamp_min(1e-300)
-    best = math.inf
-    for f in (x, (x - mu) / (var + 1e-5).sqrt(), x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()):
-        X = torch.cat([f, torch.ones(len(f), 1, dtype=f.dtype)], 1)
-        sol = torch.linalg.lstsq(X, y, rcond=1e-9, driver="gelsd").solution
-        best = min(best, float((y - X @ sol).norm() / spread))
-    return best
-
-
-def head_split_fits(trace: Trace) -> dict[str, float]:
-    """site -> residual of q (and of a cross-attention's k on the encoder output) as an affine
-    function of the module's input row: exact (~1e-7) when heads are split per position.
-
-    The input is the last stream point before the module in execution order; rows must
-    outnumber features 3 to 1, else the module is not fitted."""
-    streams = {id(p.x): p for p in trace.streams}
-    role_of = roles(trace)
-    last = last_enc = None
-    out: dict[str, float] = {}
-    for _, x in trace.order:
-        p = streams.get(id(x))
-        if p is not None:
-            last = p
-            last_enc = p if p.stack == "encoder" else last_enc
-            continue
-        site, role = role_of.get(id(x), ("", ""))
-        rec = trace.attention.get(site)
-        if rec is None or x.dim() != 4 or role not in ("q", "k"):
-            continue
-        src = last if role == "q" else (last_enc if rec.kind == "cross" else None)
-        if src is None or src.x.shape[:2] != (x.shape[0], x.shape[2]):
-            continue
-        B, h, T, dk = x.shape
-        r = _affine_residual(src.x.reshape(B * T, -1), x.transpose(1, 2).reshape(B * T, h * dk))
-        if r is not None:
-            out[site] = max(out.get(site, 0.0), r)
-    return out
-
-
 class MaskBroadcast(Probe):
     """Masks on the wrong axis, inverted, missing or applied at the wrong time.
 
@@ -261,11 +213,12 @@ class MaskBroadcast(Probe):
         self._verdict(checks, modules)
 
     def _modules(self, s: Subject) -> list[Module]:
-        src, tgt = probe_batch(s, 8, 12, 11, seed=3)
+        S, T = (min(12, s.max_len), min(11, s.max_len)) if s.max_len else (12, 11)
+        src, tgt = probe_batch(s, 8, S, T, seed=3)
         trace = s.trace(src, tgt, reads=self.reads)
         d = max((p.x.shape[-1] for p in trace.streams), default=0)
-        if trace.streams and 8 * 11 < 3 * (d + 1):        # enough rows for the head-split fit
-            src, tgt = probe_batch(s, -(-3 * (d + 1) // 11), 12, 11, seed=3)
+        if trace.streams and 8 * T < 3 * (d + 1):         # enough rows for the head-split fit
+            src, tgt = probe_batch(s, -(-3 * (d + 1) // T), S, T, seed=3)
             trace = s.trace(src, tgt, reads=self.reads)
         fits = head_split_fits(trace)
         out = []

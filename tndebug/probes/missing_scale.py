@@ -6,7 +6,7 @@ import math
 import torch
 
 from tndebug.notes import FAULT_NOTES
-from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation
+from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation_sums
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import at, every
 from tndebug.trace import AttentionRecord, Trace
@@ -17,41 +17,48 @@ P_FLOOR = 1e-30                      # probabilities below this are underflow, n
 HALF = (torch.float16, torch.bfloat16)
 
 
-def fit_scale(rec: AttentionRecord):
-    """(c, relative residual, source) with S = c * QK^T, as device tensors; None if unfit.
+def fit_sums(rec: AttentionRecord):
+    """(sums [<x,y>, <x,x>, <y,y>] as a device tensor, source) for the fit y = c * x; or None.
 
-    From the pre-mask scores: c = <S, QK^T> / ||QK^T||^2. From the probabilities only:
-    row-centred ln P regressed on row-centred QK^T over kept entries (the row constant
-    ln Z cancels).  # q [B, h, T, d_k], k [B, h, S, d_k]
+    From the pre-mask scores: y = S, x = QK^T, so c = <S, QK^T> / ||QK^T||^2. From the
+    probabilities only: y = row-centred ln P, x = row-centred QK^T over kept entries (the row
+    constant ln Z cancels). Sums, not ratios, so that statistics add across processes.
+    # q [B, h, T, d_k], k [B, h, S, d_k]
     """
     q, k = rec.q, rec.k
     if q is None or k is None or q.dim() != 4 or k.dim() != 4:
         return None
     qk = (q.float() @ k.float().transpose(-2, -1)).double()              # [B, h, T, S]
     if rec.scores is not None and rec.scores.shape == qk.shape:
-        s = rec.scores.double()
-        ok = s.isfinite() & qk.isfinite()
-        s, x = s.where(ok, 0.0), qk.where(ok, 0.0)
-        c = (s * x).sum() / (x * x).sum().clamp_min(1e-300)
-        resid = (s - c * x).norm() / s.norm().clamp_min(1e-300)
-        return c, resid, "scores"
-    p = rec.probs
-    if p is None or rec.head_averaged or p.shape != qk.shape:
-        return None
-    p = p.double()
-    use = p.isfinite() & (p > P_FLOOR)
-    masked = masked_entries(rec)
-    if masked is not None:
-        use &= ~masked
-    n = use.sum(-1, keepdim=True)                                          # [B, h, T, 1]
-    use &= n >= 2
-    n = n.clamp_min(1)
-    y = p.clamp_min(P_FLOOR).log()
-    xc = (qk - (qk * use).sum(-1, keepdim=True) / n).where(use, 0.0)
-    yc = (y - (y.where(use, 0.0)).sum(-1, keepdim=True) / n).where(use, 0.0)
-    c = (xc * yc).sum() / (xc * xc).sum().clamp_min(1e-300)
-    resid = (yc - c * xc).norm() / yc.norm().clamp_min(1e-300)
-    return c, resid, "log-probs"
+        y = rec.scores.double()
+        use = y.isfinite() & qk.isfinite()
+        x, y = qk.where(use, 0.0), y.where(use, 0.0)
+        source = "scores"
+    else:
+        p = rec.probs
+        if p is None or rec.head_averaged or p.shape != qk.shape:
+            return None
+        p = p.double()
+        use = p.isfinite() & (p > P_FLOOR) & qk.isfinite()
+        masked = masked_entries(rec)
+        if masked is not None:
+            use &= ~masked
+        n = use.sum(-1, keepdim=True)                                      # [B, h, T, 1]
+        use &= n >= 2
+        n = n.clamp_min(1)
+        x, y = qk.where(use, 0.0), p.clamp_min(P_FLOOR).log().where(use, 0.0)
+        x = (x - x.sum(-1, keepdim=True) / n).where(use, 0.0)
+        y = (y - y.sum(-1, keepdim=True) / n).where(use, 0.0)
+        source = "log-probs"
+    return torch.stack([(x * y).sum(), (x * x).sum(), (y * y).sum()]), source
+
+
+def fit_from_sums(sxy: float, sxx: float, syy: float) -> tuple[float, float]:
+    """(c, relative residual ||y - c x|| / ||y||); NaN when nothing was finite."""
+    if not sxx > 0 or not syy > 0:
+        return math.nan, math.nan
+    c = sxy / sxx
+    return c, math.sqrt(max(syy - sxy * c, 0.0) / syy)
 
 
 def diagnose(c: float, d_k: int, d_model: int, tol: float) -> str:
@@ -101,15 +108,14 @@ class MissingScale(Probe):
         src, tgt = probe_batch(subject)
         with subject.evaluating():
             trace = subject.trace(src, tgt, reads=self.reads)
-        rows = self._fit(trace)
-        self._judge([(site, meta, [float(v) for v in vals]) for site, meta, vals in rows], step=0)
+        self._judge([(site, meta, vals.tolist()) for site, meta, vals in self._fit(trace)], step=0)
 
     def observe(self, trace: Trace, info: StepInfo) -> dict:
         rows = self._fit(trace)
         if not rows:
             return {}
         return {"meta": [(site, meta) for site, meta, _ in rows],
-                "vals": torch.stack([torch.stack([v.double() for v in vals]) for _, _, vals in rows])}
+                "vals": torch.stack([vals for _, _, vals in rows])}             # [n_modules, 6]
 
     def update(self, stats: dict, info: StepInfo) -> None:
         if "vals" in stats:
@@ -118,32 +124,31 @@ class MissingScale(Probe):
 
     # -- internals ---------------------------------------------------------------------------
     def _fit(self, trace: Trace):
-        """[(site, meta, [c, resid, max_p, entropy] device tensors)]."""
+        """[(site, meta, [sxy, sxx, syy, max_p sum, entropy sum, rows] device tensor)]."""
         rows, skipped = [], []
         for rec in trace.records():
-            fit = fit_scale(rec)
+            fit = fit_sums(rec)
             if fit is None:
                 skipped.append(rec.site)
                 continue
-            c, resid, source = fit
+            sums, source = fit
             masked = masked_entries(rec)
-            keep = None if masked is None else ~masked
-            if rec.probs is not None:
-                max_p, ent = saturation(rec.probs, keep)
-            else:
-                max_p = ent = torch.full((), float("nan"), device=c.device)
+            sat = (saturation_sums(rec.probs, None if masked is None else ~masked)
+                   if rec.probs is not None else sums.new_zeros(3))
             meta = dict(kind=rec.kind, layer=rec.layer, d_k=rec.q.shape[-1],
                         d_model=rec.q.shape[1] * rec.q.shape[-1], source=source,
                         half=rec.q.dtype in HALF)
-            rows.append((rec.site, meta, [c, resid, max_p, ent]))
+            rows.append((rec.site, meta, torch.cat([sums, sat.to(sums.dtype)])))
         if skipped and not rows:
             self.skip(f"no q/k with scores or per-head probabilities in {', '.join(skipped)}")
         return rows
 
     def _judge(self, rows, step: int) -> None:
         groups: dict[str, list] = {}
-        for site, meta, (c, resid, max_p, ent) in rows:
+        for site, meta, (sxy, sxx, syy, max_p, ent, n) in rows:
             self.checked = True
+            c, resid = fit_from_sums(sxy, sxx, syy)
+            max_p, ent = (max_p / n, ent / n) if n else (math.nan, math.nan)
             d_k = meta["d_k"]
             ratio = c * math.sqrt(d_k)
             tag = f"scale/{meta['kind']}/layer{meta['layer']}"
@@ -152,6 +157,9 @@ class MissingScale(Probe):
                 self.metric(step, f"{tag}/mean_max_prob", max_p)
                 self.metric(step, f"{tag}/norm_entropy", ent)
             tol = TOL[self._half_run or meta["half"]]
+            if math.isfinite(ratio) and resid > FIT_RESIDUAL:
+                self.skip(f"{site}: scores are not c*QK^T (fit residual {resid:.2g} > {FIT_RESIDUAL:g}; "
+                          f"a bias or learned temperature?): no verdict")
             if not (math.isfinite(ratio) and resid <= FIT_RESIDUAL) or abs(ratio - 1) <= tol:
                 continue
             if site in self._reported:

@@ -35,11 +35,11 @@ def _bad(x: torch.Tensor, role: str) -> torch.Tensor:
     return ~x.isfinite()
 
 
-def _finite(x: torch.Tensor, role: str) -> torch.Tensor:
-    """One device bool: no bad entry."""
+def _any_bad(x: torch.Tensor, role: str) -> torch.Tensor:
+    """One device flag, 1.0 when x holds a bad entry (a float, so that flags add across processes)."""
     if role == "masked_scores":
-        return (x.isfinite() | (x == -math.inf)).all()
-    return x.isfinite().all()
+        return (~(x.isfinite() | (x == -math.inf))).any().float()
+    return (~x.isfinite()).any().float()
 
 
 def first_nonfinite(trace: Trace) -> dict | None:
@@ -254,23 +254,23 @@ class NanScores(Probe):
         for name, x in trace.order:
             if x.is_floating_point():
                 names.append(name)
-                flags.append(_finite(x, role_of.get(id(x), (name, ""))[1]))
+                flags.append(_any_bad(x, role_of.get(id(x), (name, ""))[1]))
         gnames = list(trace.grads)
-        gflags = [g.isfinite().all() for g in trace.grads.values()]
+        gflags = [_any_bad(g, "") for g in trace.grads.values()]
         self._trace = trace
         out: dict = {"names": names, "gnames": gnames}
         if flags:
-            out["ok"] = torch.stack(flags)                  # [n_tensors] bool, on device
+            out["bad"] = torch.stack(flags)                 # [n_tensors], on device
         if gflags:
-            out["gok"] = torch.stack(gflags)                # [n_grads]
+            out["gbad"] = torch.stack(gflags)               # [n_grads]
         if info.loss is not None:
-            out["loss_ok"] = info.loss.detach().isfinite().all()
+            out["loss_bad"] = _any_bad(info.loss.detach(), "")
         return out
 
     def update(self, stats: dict, info: StepInfo) -> None:
         trace, self._trace = self._trace, None
-        bad = [n for n, ok in zip(stats["names"], stats["ok"].tolist()) if not ok] if "ok" in stats else []
-        loss_bad = "loss_ok" in stats and not bool(stats["loss_ok"])
+        bad = [n for n, b in zip(stats["names"], stats["bad"].tolist()) if b > 0] if "bad" in stats else []
+        loss_bad = "loss_bad" in stats and float(stats["loss_bad"]) > 0
         if (bad or loss_bad) and not self._forward_done:
             found = self._replay(info)
             context = "replayed in eval mode with every tap"
@@ -284,7 +284,7 @@ class NanScores(Probe):
                             "(the criterion)", where="loss", step=info.step,
                             evidence={"threshold": "finite loss"})
             return
-        gbad = [n for n, ok in zip(stats["gnames"], stats["gok"].tolist()) if not ok] if "gok" in stats else []
+        gbad = [n for n, b in zip(stats["gnames"], stats["gbad"].tolist()) if b > 0] if "gbad" in stats else []
         if gbad and not bad and not self._grad_done and not self._forward_done:
             self._grad_done = True
             self.report("error", f"{gbad[0]}: gradient is NaN/Inf in backward while the forward "
