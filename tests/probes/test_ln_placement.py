@@ -1,0 +1,206 @@
+"""ln-placement: placement found from activations; pre-LN without final norm; post-LN without warmup."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tndebug.config import ModelConfig
+from tndebug.harness import train_with_probes
+from tndebug.probes import probe_class
+from tndebug.probes.base import RunContext, StepInfo
+from tndebug.probes.engine import ProbeEngine
+from tndebug.probes.ln_placement import LnPlacement
+from tndebug.subject import Subject
+from tndebug.trace import StreamPoint
+
+
+def alarms(findings):
+    return [f for f in findings if f.probe == "ln-placement" and f.severity != "info"]
+
+
+def placement_of(findings):
+    (info,) = [f for f in findings if f.probe == "ln-placement" and f.severity == "info"]
+    return info
+
+
+def test_registered():
+    assert probe_class("ln-placement") is LnPlacement
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_healthy_tiny_with_warmup_is_clean(norm):
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm=norm), [LnPlacement()], steps=18)
+    assert alarms(findings) == []
+    info = placement_of(findings)
+    assert info.message.startswith(f"norm placement {norm}-LN") and info.step == 0
+
+
+def test_pre_ln_without_final_norm_is_an_error_per_stack():
+    cfg = ModelConfig.tiny(norm="pre").with_faults("pre_ln_no_final_norm")
+    _, findings, _ = train_with_probes(cfg, [LnPlacement()], steps=1)
+    found = {f.where: f for f in alarms(findings)}
+    assert set(found) == {"encoder", "decoder"}
+    for f in found.values():
+        assert f.severity == "error" and f.step == 0
+        assert f.evidence["null_ratio"] > f.evidence["threshold_null_ratio"]
+        assert "final LayerNorm" in f.fix
+
+
+def test_post_ln_without_warmup_at_high_lr_warns():
+    # the trainer's fault: lr ~1e-3 from step 0, no ramp (Noam with warmup=1)
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm="post"), [LnPlacement()], steps=18,
+                                       warmup=1, lr_factor=8e-3)
+    (f,) = alarms(findings)
+    assert f.severity == "warning" and f.where == "" and f.step == 16
+    assert f.evidence["lr_step0"] == pytest.approx(1e-3) and f.evidence["threshold_lr"] == 1e-4
+    assert "warmup" in f.fix
+
+
+def test_pre_ln_without_warmup_is_fine():
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm="pre"), [LnPlacement()], steps=18,
+                                       warmup=1, lr_factor=8e-3)
+    assert alarms(findings) == []
+
+
+def test_gradient_profile_is_evidence():
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm="post"), [LnPlacement()], steps=1)
+    ev = placement_of(findings).evidence
+    assert len(ev["grad_decoder"]) == 2 and ev["grad_growth_decoder"] > 1.0   # post-LN: grows toward the output
+
+
+# -- the same bugs written by hand ---------------------------------------------------------
+class Block(nn.Module):
+    def __init__(self, d: int, h: int, cross: bool, pre: bool) -> None:
+        super().__init__()
+        self.pre = pre
+        self.n1, self.n2, self.n3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.sa = nn.MultiheadAttention(d, h, batch_first=True)
+        self.ca = nn.MultiheadAttention(d, h, batch_first=True) if cross else None
+        self.ff = nn.Sequential(nn.Linear(d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d))
+
+    def sub(self, x, norm, f):
+        return x + f(norm(x)) if self.pre else norm(x + f(x))
+
+    def forward(self, x, pad, mem=None, mem_pad=None, causal=None):
+        x = self.sub(x, self.n1, lambda y: self.sa(y, y, y, key_padding_mask=pad, attn_mask=causal,
+                                                   need_weights=False)[0])
+        if self.ca is not None:
+            x = self.sub(x, self.n2, lambda y: self.ca(y, mem, mem, key_padding_mask=mem_pad,
+                                                       need_weights=False)[0])
+        return self.sub(x, self.n3, self.ff)
+
+
+class Stack(nn.Module):
+    def __init__(self, blocks, norm) -> None:
+        super().__init__()
+        self.blocks, self.norm = nn.ModuleList(blocks), norm
+
+    def forward(self, x, *args):
+        for b in self.blocks:
+            x = b(x, *args)
+        return self.norm(x) if self.norm is not None else x
+
+
+class HandSeq2Seq(nn.Module):
+    """A user's seq2seq; `final_norm=False` with `pre=True` is the hand-written bug."""
+
+    def __init__(self, pre=True, final_norm=True, vocab=11, d=32, h=4, n=2) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.randn(64, d))
+        final = (lambda: nn.LayerNorm(d)) if final_norm else (lambda: None)
+        self.encoder = Stack([Block(d, h, False, pre) for _ in range(n)], final())
+        self.decoder = Stack([Block(d, h, True, pre) for _ in range(n)], final())
+        self.out = nn.Linear(d, vocab)
+
+    def encode(self, src):
+        return self.encoder(self.tok(src) + self.pos[: src.shape[1]], src == 0)
+
+    def forward(self, src, tgt):
+        T = tgt.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+        y = self.tok(tgt) + self.pos[:T]
+        return self.out(self.decoder(y, tgt == 0, self.encode(src), src == 0, causal))
+
+
+class HookCapture:
+    """Forward hooks on the user's blocks and stacks; names are the user's module paths."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.points = []
+        for stack_name, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+            for i, b in enumerate(stack.blocks):
+                self.points.append((f"{stack_name}.blocks.{i}", b, stack_name, i, "layer"))
+            self.points.append((stack_name, stack, stack_name, None, "stack"))
+
+    @contextmanager
+    def recording(self, reads, trace):
+        handles = []
+        for name, mod, stack, layer, kind in self.points:
+            def hook(m, i, o, name=name, stack=stack, layer=layer, kind=kind):
+                trace.streams.append(StreamPoint(name, stack, layer, kind, o))
+            handles.append(mod.register_forward_hook(hook))
+        try:
+            yield trace
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def hand_subject(model):
+    return Subject(model, lambda m, s, t, pad: m(s, t), pad_id=0, bos_id=1, src_vocab=11,
+                   tgt_vocab=11, encode=lambda m, s, pad: m.encode(s), capture=HookCapture(model))
+
+
+def test_hand_written_pre_ln_without_final_norm():
+    probe = LnPlacement()
+    probe.setup(RunContext(subject=hand_subject(HandSeq2Seq(pre=True, final_norm=False))))
+    assert probe.placement == "pre"
+    assert {(f.severity, f.where) for f in alarms(probe.findings)} == {("error", "encoder"),
+                                                                        ("error", "decoder")}
+
+
+@pytest.mark.parametrize("pre", [True, False])
+def test_hand_written_healthy_placement(pre):
+    probe = LnPlacement()
+    probe.setup(RunContext(subject=hand_subject(HandSeq2Seq(pre=pre, final_norm=pre))))
+    assert probe.placement == ("pre" if pre else "post") and alarms(probe.findings) == []
+
+
+def hand_train(model, lr_at, steps=17):
+    """A user's loop: Adam, lr from `lr_at(step)`, probes attached through the engine."""
+    subject = hand_subject(model)
+    opt = torch.optim.Adam(model.parameters(), lr=lr_at(0))
+    probe = LnPlacement()
+    engine = ProbeEngine([probe], RunContext(subject=subject, optimizer=opt))
+    g = torch.Generator().manual_seed(0)
+    with engine:
+        engine.setup()
+        for step in range(steps):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            src = torch.randint(2, 11, (8, 8), generator=g)
+            tgt = torch.cat([torch.ones(8, 1, dtype=torch.long), src], 1)
+            engine.begin_step(step, src, tgt[:, :-1])
+            logits = model(src, tgt[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, 11), tgt[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            engine.end_step(StepInfo(step, lr=opt.param_groups[0]["lr"], loss=loss.detach()))
+            opt.step()
+        engine.finish()
+    return probe
+
+
+def test_hand_written_post_ln_constant_lr_warns():
+    probe = hand_train(HandSeq2Seq(pre=False, final_norm=False), lambda s: 1e-3)
+    (f,) = alarms(probe.findings)
+    assert f.severity == "warning" and f.evidence["lr_peak"] == pytest.approx(1e-3)
+
+
+def test_hand_written_post_ln_with_linear_warmup_is_clean():
+    probe = hand_train(HandSeq2Seq(pre=False, final_norm=False), lambda s: 1e-3 * min(1.0, (s + 1) / 100))
+    assert probe.placement == "post" and alarms(probe.findings) == []

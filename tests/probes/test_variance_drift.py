@@ -1,0 +1,183 @@
+"""variance-drift: healthy tiny runs are clean; a missing residual is a rank collapse at step 0."""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch import nn
+
+from tndebug.config import ModelConfig
+from tndebug.harness import train_with_probes
+from tndebug.probes import probe_class
+from tndebug.probes.base import RunContext, StepInfo
+from tndebug.probes.variance_drift import VarianceDrift
+from tndebug.subject import Subject
+from tndebug.trace import StreamPoint, Trace
+
+
+def alarms(findings):
+    return [f for f in findings if f.probe == "variance-drift" and f.severity != "info"]
+
+
+def test_registered():
+    assert probe_class("variance-drift") is VarianceDrift
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_healthy_tiny_is_clean(norm):
+    probe = VarianceDrift()
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm=norm), [probe], steps=3)
+    assert alarms(findings) == []
+    assert probe.placement == norm          # found from the activations
+    assert probe.checked
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_no_residual_is_a_rank_collapse_at_step0(norm):
+    probe = VarianceDrift()
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm=norm).with_faults("no_residual"),
+                                       [probe], steps=2)
+    found = {f.where: f for f in alarms(findings)}
+    # the cross-attention sublayer averages the memory into one vector for every query
+    assert set(found) == {"decoder.layers.0.sublayer.1", "encoder.layers.1.sublayer.0"}
+    dec = found["decoder.layers.0.sublayer.1"]
+    assert dec.severity == "error" and dec.step == 0 and dec.layer == 0
+    assert dec.evidence["r"] < 0.002 and dec.evidence["threshold_r_error"] == 0.02
+    enc = found["encoder.layers.1.sublayer.0"]
+    assert enc.step == 0 and enc.evidence["kept"] < 0.2
+    assert "x + dropout(sublayer(x))" in dec.fix
+
+
+def test_metrics_use_the_reporters_tags():
+    probe = VarianceDrift()
+    seen = []
+
+    class Sink:
+        def on_metric(self, step, tag, value):
+            seen.append(tag)
+
+    train_with_probes(ModelConfig.tiny(), [probe], steps=1, sinks=[Sink()])
+    assert "depth/encoder/layer1/resid_rms" in seen and "depth/decoder/layer0/rank" in seen
+
+
+def test_growth_beyond_envelope_warns():
+    """A stream whose RMS grows 100x across depth (synthetic trace) is a warning."""
+    probe = VarianceDrift()
+    probe.placement = "pre"
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(4, 6, 16, generator=g)
+    trace = Trace(src=torch.full((4, 6), 3), tgt=torch.full((4, 6), 3))
+    trace.streams = [StreamPoint("src_embed.hook_out", "embed", None, "embed", x0),
+                     StreamPoint("enc.0", "encoder", 0, "layer", x0 * 10 + torch.randn(4, 6, 16, generator=g)),
+                     StreamPoint("enc.1", "encoder", 1, "layer", x0 * 100 + torch.randn(4, 6, 16, generator=g))]
+    stats = probe.observe(trace, StepInfo(5))
+    probe.update(stats, StepInfo(5))
+    (f,) = probe.findings
+    assert f.severity == "warning" and f.where == "encoder" and f.evidence["growth"] > 24
+
+
+# -- the same bug written by hand ----------------------------------------------------------
+class HandBlock(nn.Module):
+    """A user's pre-LN block that forgot the residual adds: x = f(norm(x))."""
+
+    def __init__(self, d: int, h: int, cross: bool) -> None:
+        super().__init__()
+        self.ln1, self.ln2, self.ln3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, h, batch_first=True)
+        self.src_attn = nn.MultiheadAttention(d, h, batch_first=True) if cross else None
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, d))
+
+    def forward(self, x, pad, mem=None, mem_pad=None, causal=None):
+        y = self.ln1(x)
+        x = self.attn(y, y, y, key_padding_mask=pad, attn_mask=causal, need_weights=False)[0]  # bug
+        if self.src_attn is not None:
+            y = self.ln2(x)
+            x = self.src_attn(y, mem, mem, key_padding_mask=mem_pad, need_weights=False)[0]      # bug
+        return self.mlp(self.ln3(x))                                                            # bug
+
+
+class HandSeq2Seq(nn.Module):
+    def __init__(self, vocab=11, d=32, h=4, n=2) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(64, d))
+        self.enc = nn.ModuleList([HandBlock(d, h, False) for _ in range(n)])
+        self.dec = nn.ModuleList([HandBlock(d, h, True) for _ in range(n)])
+        self.enc_norm, self.dec_norm = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.out = nn.Linear(d, vocab)
+
+    def embed(self, ids):
+        return self.tok(ids) + self.pos[: ids.shape[1]]   # [B, T, d]
+
+    def forward(self, src, tgt):
+        src_pad, tgt_pad = src == 0, tgt == 0
+        T = tgt.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool).triu(1)   # True = blocked (nn.MultiheadAttention)
+        x = self.embed(src)
+        for blk in self.enc:
+            x = blk(x, src_pad)
+        mem = self.enc_norm(x)
+        y = self.embed(tgt)
+        for blk in self.dec:
+            y = blk(y, tgt_pad, mem, src_pad, causal)
+        return self.out(self.dec_norm(y))
+
+
+class HookCapture:
+    """A user-side capture: forward hooks on the blocks, nothing of tndebug's naming."""
+
+    def __init__(self, model: HandSeq2Seq) -> None:
+        self.points = [(f"enc.{i}", b, "encoder", i, "layer") for i, b in enumerate(model.enc)]
+        self.points += [(f"dec.{i}", b, "decoder", i, "layer") for i, b in enumerate(model.dec)]
+        self.points += [("enc_norm", model.enc_norm, "encoder", None, "stack"),
+                        ("dec_norm", model.dec_norm, "decoder", None, "stack")]
+
+    @contextmanager
+    def recording(self, reads, trace):
+        handles = []
+        for name, mod, stack, layer, kind in self.points:
+            def hook(m, i, o, name=name, stack=stack, layer=layer, kind=kind):
+                trace.streams.append(StreamPoint(name, stack, layer, kind, o.detach()))
+            handles.append(mod.register_forward_hook(hook))
+        try:
+            yield trace
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def hand_subject(model):
+    return Subject(model, lambda m, s, t, pad: m(s, t), pad_id=0, bos_id=1, src_vocab=11,
+                   tgt_vocab=11, capture=HookCapture(model))
+
+
+def test_hand_written_missing_residual_is_caught():
+    probe = VarianceDrift()
+    probe.setup(RunContext(subject=hand_subject(HandSeq2Seq())))
+    found = {f.where: f for f in alarms(probe.findings)}
+    assert found["dec.0"].severity == "error" and found["dec.0"].step == 0
+    assert found["dec.0"].evidence["r"] < 0.002
+    assert set(found) <= {"dec.0", "enc.0", "enc.1"}
+
+
+def test_hand_written_healthy_is_clean():
+    model = HandSeq2Seq()
+
+    def fixed(blk):
+        def forward(x, pad, mem=None, mem_pad=None, causal=None):
+            y = blk.ln1(x)
+            x = x + blk.attn(y, y, y, key_padding_mask=pad, attn_mask=causal, need_weights=False)[0]
+            if blk.src_attn is not None:
+                y = blk.ln2(x)
+                x = x + blk.src_attn(y, mem, mem, key_padding_mask=mem_pad, need_weights=False)[0]
+            return x + blk.mlp(blk.ln3(x))
+        return forward
+
+    for blk in [*model.enc, *model.dec]:
+        blk.forward = fixed(blk)
+    probe = VarianceDrift()
+    probe.setup(RunContext(subject=hand_subject(model)))
+    assert alarms(probe.findings) == [] and probe.checked
+    assert not math.isnan(probe.max_growth.get("decoder", float("nan")))

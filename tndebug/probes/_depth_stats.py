@@ -1,0 +1,211 @@
+"""Residual-stream statistics along depth, shared by `variance-drift` and `ln-placement`.
+
+Everything here reads `Trace.streams` only, so it works on any model whose capture fills
+the stream points. Shapes: x [B, T, d] at one stream point, keep [B, T] its non-pad tokens.
+
+* `centred_ratio`: r = ‖X − 1x̄ᵀ‖_F / ‖X‖_F per sequence (Dong et al. 2021; FAILURE_MODES 5a).
+* `norm_signature` / `is_normalised`: is x the output of a LayerNorm (or RMSNorm), whatever
+  its learned gain and bias? (FAILURE_MODES 2.6, generalised to a trained affine.)
+* `detect_placement`: pre-LN vs post-LN from the block outputs.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from tndebug.trace import StreamPoint, Trace
+
+# A LayerNorm output x = γ ⊙ z + β with Σ_i z_i = 0 satisfies Σ_i x_i/γ_i = const for every
+# token: the token-centred matrix has a null vector, so its smallest singular value is ~0
+# (~1e-7 of the typical one in float32). Measured (tiny/small/base, init and 300 steps):
+# post-LN block outputs ≤ 4e-6, pre-LN block outputs ≥ 1.2e-2 unless rank-deficient.
+NULL_RATIO = 1e-4
+# ...but a rank-deficient stream (few distinct tokens, rank collapse) has null vectors for
+# another reason; then the second smallest singular value is ~0 too and we cannot tell.
+SECOND_RATIO = 1e-3
+# Unit-affine LayerNorm (any model at init): per-token mean ~0 and std constant.
+DIRECT_TOL = 1e-3
+SPHERE_TOL = 1e-3
+MAX_SVD_TOKENS = 4096
+
+
+def module_path(name: str) -> str:
+    """`encoder.layers.0.sublayer.1.hook_resid` -> `encoder.layers.0.sublayer.1`."""
+    head, _, leaf = name.rpartition(".")
+    return head if head and leaf.startswith("hook_") else name
+
+
+def stack_groups(trace: Trace) -> list[tuple[str, list[StreamPoint]]]:
+    """Stream points grouped by stack, in order; an embedding point joins the stack after it."""
+    groups: list[tuple[str, list[StreamPoint]]] = []
+    pending: list[StreamPoint] = []
+    for sp in trace.streams:
+        if sp.kind == "embed" or sp.stack == "embed":
+            pending.append(sp)
+            continue
+        if not groups or groups[-1][0] != sp.stack or pending:
+            groups.append((sp.stack, pending + [sp]))
+            pending = []
+        else:
+            groups[-1][1].append(sp)
+    return groups
+
+
+def token_keep(trace: Trace, stack: str, x: torch.Tensor) -> torch.Tensor:
+    """Non-pad tokens of `x` [B, T, d]: the source for the encoder, the target for the decoder."""
+    ids = trace.src if stack == "encoder" else trace.tgt if stack == "decoder" else None
+    if ids is not None and ids.shape == x.shape[:2]:
+        return (ids != trace.pad_id).to(x.device)
+    return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+
+
+def centred_ratio(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """r per sequence over its non-pad tokens; NaN for sequences with < 2 tokens.  # [B]"""
+    x = x.float()
+    w = keep.unsqueeze(-1).float()                           # [B, T, 1]
+    n = w.sum(1)                                             # [B, 1]
+    mean = (x * w).sum(1) / n.clamp(min=1)                   # [B, d]
+    num = ((x - mean.unsqueeze(1)) * w).pow(2).sum((1, 2))   # [B]
+    den = (x * w).pow(2).sum((1, 2)).clamp(min=1e-30)
+    r = (num / den).sqrt()
+    return torch.where(n.squeeze(1) >= 2, r, torch.full_like(r, float("nan")))
+
+
+def mean_ratio(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Mean r over sequences (a 0-d device tensor)."""
+    return centred_ratio(x, keep).nanmean()
+
+
+def token_rms(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """RMS of the stream over non-pad tokens (0-d)."""
+    return x.float()[keep].pow(2).mean().sqrt()
+
+
+@dataclass
+class NormSignature:
+    mean_ratio: float      # mean over tokens of |mean_i x_i| / rms(x)
+    std_cv: float          # coefficient of variation of the per-token std
+    null_ratio: float      # σ_min / σ_rms of the token-centred matrix (NaN: too few tokens)
+    second_ratio: float    # σ_{d-1} / σ_rms
+    sphere_residual: float  # tokens rescaled by the null vector lie on one sphere (LayerNorm: ~0)
+    rms_residual: float    # relative residual of the RMSNorm identity Σ_i w_i x_i² = 1 (NaN: n/a)
+    tokens: int
+    width: int
+
+    def as_evidence(self) -> dict:
+        return {k: (round(v, 8) if isinstance(v, float) else v) for k, v in vars(self).items()}
+
+
+@contextmanager
+def _one_thread():
+    """Small LAPACK calls run 100x slower when their threads fight other work for the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def norm_signature(x: torch.Tensor, keep: torch.Tensor) -> NormSignature:
+    """The numbers `is_normalised` decides on (syncs to the host; setup time only)."""
+    with _one_thread():
+        return _signature(x, keep)
+
+
+def _signature(x: torch.Tensor, keep: torch.Tensor) -> NormSignature:
+    X = x.detach()[keep].to("cpu", torch.float64)           # [N, d]
+    if X.shape[0] > MAX_SVD_TOKENS:
+        X = X[torch.linspace(0, X.shape[0] - 1, MAX_SVD_TOKENS).long()]
+    N, d = X.shape
+    mu, sd = X.mean(-1), X.std(-1, unbiased=False)
+    rms = X.pow(2).mean(-1).sqrt().clamp(min=1e-30)
+    mean_r = float((mu.abs() / rms).mean()) if N else float("nan")
+    cv = float(sd.std(unbiased=False) / sd.mean().clamp(min=1e-30)) if N else float("nan")
+    null = second = sphere = rres = float("nan")
+    if N >= d + 2:
+        _, s, Vh = torch.linalg.svd(X - X.mean(0), full_matrices=False)   # s [d], descending
+        s_rms = s.pow(2).mean().sqrt().clamp(min=1e-30)
+        null, second = float(s[-1] / s_rms), float(s[-2] / s_rms)
+        # With v ∝ 1/γ (the null vector), y_t = v ⊙ x_t = s·z_t + c lies on one sphere
+        # ‖y_t − c‖ = const: fit 2 y·c + k = ‖y‖² and keep the relative residual.
+        y = X * Vh[-1]                                       # [N, d]
+        A = torch.cat([2 * y, torch.ones(N, 1, dtype=y.dtype)], dim=1)   # [N, d + 1]
+        rhs = y.pow(2).sum(-1, keepdim=True)                 # [N, 1]
+        fit = torch.linalg.lstsq(A, rhs).solution
+        sphere = float((A @ fit - rhs).norm() / rhs.norm().clamp(min=1e-30))
+        A = X.pow(2)                                         # [N, d]
+        ones = torch.ones(N, 1, dtype=A.dtype)
+        w = torch.linalg.lstsq(A, ones).solution
+        rres = float((A @ w - ones).norm() / N ** 0.5)
+    return NormSignature(mean_r, cv, null, second, sphere, rres, N, d)
+
+
+def is_normalised(sig: NormSignature) -> bool | None:
+    """True: x is a LayerNorm/RMSNorm output; False: it is not; None: cannot tell."""
+    if sig.mean_ratio < DIRECT_TOL and sig.std_cv < DIRECT_TOL:
+        return True                      # unit-gain LayerNorm, e.g. any model at init
+    if sig.null_ratio != sig.null_ratio:  # NaN: fewer tokens than features
+        return None
+    if sig.second_ratio < SECOND_RATIO:
+        return None                      # rank-deficient (few distinct tokens, collapse): cannot tell
+    if sig.null_ratio < NULL_RATIO:
+        return sig.sphere_residual < SPHERE_TOL
+    if sig.rms_residual < NULL_RATIO:
+        return True                      # RMSNorm with a learned gain
+    return False
+
+
+def signature_at(trace: Trace, sp: StreamPoint, stack: str | None = None) -> NormSignature:
+    return norm_signature(sp.x, token_keep(trace, stack or sp.stack, sp.x))
+
+
+def block_points(trace: Trace) -> list[StreamPoint]:
+    """Block outputs: residual points after a sublayer or a layer (no embeddings, no stack outputs)."""
+    return [sp for sp in trace.streams if sp.kind in ("sublayer", "layer")]
+
+
+def stack_outputs(trace: Trace) -> list[StreamPoint]:
+    """The last stream point of kind "stack" for each stack (what the next part reads)."""
+    last: dict[str, StreamPoint] = {}
+    for sp in trace.streams:
+        if sp.kind == "stack":
+            last[sp.stack] = sp
+    return list(last.values())
+
+
+def detect_placement(trace: Trace) -> tuple[str, dict]:
+    """("post" | "pre" | "mixed" | "unknown", evidence) from the block outputs of one trace."""
+    verdicts = []
+    worst_null_post, least_null_pre = 0.0, float("inf")
+    for sp in block_points(trace):
+        sig = signature_at(trace, sp)
+        v = is_normalised(sig)
+        verdicts.append(v)
+        if v is True and sig.null_ratio == sig.null_ratio:
+            worst_null_post = max(worst_null_post, sig.null_ratio)
+        if v is False:
+            least_null_pre = min(least_null_pre, sig.null_ratio)
+    yes, no = verdicts.count(True), verdicts.count(False)
+    evidence = {"block_outputs": len(verdicts), "normalised": yes, "not_normalised": no,
+                "undecided": verdicts.count(None),
+                "threshold_null_ratio": NULL_RATIO, "threshold_direct": DIRECT_TOL}
+    if yes:
+        evidence["max_null_ratio_normalised"] = worst_null_post
+    if no:
+        evidence["min_null_ratio_not_normalised"] = least_null_pre
+    if yes and not no:
+        return "post", evidence
+    if no and not yes:
+        return "pre", evidence
+    if yes and no:
+        return "mixed", evidence
+    return "unknown", evidence
+
+
+def probe_batch(subject, width: int | None = None, length: int = 12):
+    """A random batch with enough non-pad tokens (> 2·width) for the null-vector test."""
+    batch = 16 if width is None else min(256, max(16, -(-3 * width // length)))
+    return subject.random_batch(batch, length, length, pad_share=0.3)

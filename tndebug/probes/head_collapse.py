@@ -1,0 +1,372 @@
+"""head-collapse: heads that are copies of each other, shared Q/K/V, and entropy collapse.
+
+Failure: (1) one projection serves as Q and K (and V): `self.w_k = self.w_q`, or one Linear
+    reused; (2) every head initialised from one copy, so the heads stay the same head;
+    (3) attention entropy collapse during training (Zhai et al. 2023).
+Symptom: (1) q == k in self-attention, the same module or parameter produces q and k, scores
+    symmetric (‖S−Sᵀ‖/‖S‖ < 0.05) with each token attending to itself (> 90% of rows);
+    (2) per-head slices of W_Q/W_K/W_V with cosine > 0.99, or identical attention maps;
+    (3) > 50% of a layer's heads with normalised entropy < 0.05 while the loss is unstable,
+    3 probes in a row.
+Fix: separate Linear layers for Q, K, V (and W_O), each head its own random draw; for (3)
+    lower the lr / add warmup. The notes blame dropout=0 for collapse (note 000): measured on
+    the copy task, heads agree on the alignment with or without dropout and the loss is fine,
+    so low entropy alone is not reported.
+
+(1) and (2) are checked at setup (step 0) on a random batch; (3) on the training traces.
+Sharp heads alone are normal (confident single-token heads, copy alignments).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from tndebug.notes import FAULT_NOTES
+from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.schedule import every
+from tndebug.trace import AttentionRecord, Trace
+
+ENT_LOW = 0.05        # normalised entropy of a collapsed head (FAILURE_MODES 4a)
+COLLAPSED_SHARE = 0.5  # share of a layer's heads below ENT_LOW
+RUN = 3               # consecutive probes, collapsed and unstable
+SPIKE = 1.5           # loss above this multiple of its running minimum is unstable
+DUP_COS = 0.99        # per-head weight slices this close are copies (random slices: |cos| < 0.05)
+DUP_JS = 1e-4         # bits; maps this close are copies (independent heads at init: 0.05-0.3)
+DUP_MIN_ENT = 0.3     # ...only between heads that are not sharp (sharp heads may agree by design)
+ASYM = 0.05           # ‖S−Sᵀ‖/‖S‖ below this: symmetric scores (4b)
+# FAILURE_MODES 4b also asks for self-argmax > 0.9; with shared Q/K/V we measure 0.67-0.89 at
+# init on padded random batches (‖q_j‖ > ‖q_i‖ beats q_i·q_i), so it is evidence, not a condition.
+SAME = 1e-6           # relative difference for "the same tensor"
+REDUNDANT_JS = 0.01   # every pair below this: redundant layer (info only, 4c)
+JS_MAX_SEQ, JS_MAX_ROWS = 8, 64
+LN2 = math.log(2.0)
+
+_QKV = ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.masked_scores", "attn.probs")
+
+
+# -- statistics (device tensors) -------------------------------------------------------------
+def query_keep(trace: Trace, rec: AttentionRecord, B: int, T: int, device) -> torch.Tensor:
+    """Non-pad query rows [B, T]: source tokens for encoder self-attention, target otherwise."""
+    ids = trace.src if rec.kind == "enc_self" else trace.tgt
+    if ids is not None and tuple(ids.shape) == (B, T):
+        return (ids != trace.pad_id).to(device)
+    return torch.ones(B, T, dtype=torch.bool, device=device)
+
+
+def head_stats(P: torch.Tensor, keys: torch.Tensor | None, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head (entropy/ln n, max prob, similarity = 1 − mean JS to the others) and JS [h, h].
+
+    P [B, h, T, S] probabilities; keys [B, h|1, T, S] allowed keys (None: P > 0);
+    rows [B, T] valid queries. Returns stats [h, 3] and js [h, h] in bits.
+    """
+    P = P.float()
+    keys = (P > 0) if keys is None else keys.expand_as(P)
+    n = keys.sum(-1)                                                    # [B, h, T]
+    H = -(P * P.clamp_min(1e-30).log()).sum(-1)                         # [B, h, T]
+    valid = rows[:, None, :] & (n >= 2)                                 # [B, h, T]
+    w = valid.float()
+    cnt = w.sum((0, 2)).clamp(min=1)                                    # [h]
+    ent = (H / n.clamp(min=2).float().log() * w).sum((0, 2)) / cnt      # [h]
+    maxp = (P.amax(-1) * w).sum((0, 2)) / cnt                           # [h]
+    js = pairwise_js(P[:JS_MAX_SEQ, :, :JS_MAX_ROWS], valid[:JS_MAX_SEQ, 0, :JS_MAX_ROWS])
+    h = P.shape[1]
+    off = ~torch.eye(h, dtype=torch.bool, device=P.device)
+    sim = 1.0 - (js * off).sum(-1) / max(h - 1, 1)                      # [h]
+    return torch.stack([ent, maxp, sim], dim=-1), js
+
+
+def pairwise_js(P: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Mean Jensen-Shannon divergence in bits between heads' rows.  P [B, h, T, S] -> [h, h]"""
+    h = P.shape[1]
+    w = valid.float()                                                   # [B, T]
+    logP = P.clamp_min(1e-30).log()
+    out = torch.zeros(h, h, device=P.device)
+    for a in range(h):
+        m = (P[:, a:a + 1] + P) / 2                                     # [B, h, T, S]
+        logm = m.clamp_min(1e-30).log()
+        kl_a = (P[:, a:a + 1] * (logP[:, a:a + 1] - logm)).sum(-1)      # [B, h, T]
+        kl_b = (P * (logP - logm)).sum(-1)
+        js = (kl_a + kl_b) / (2 * LN2)
+        out[a] = (js * w[:, None]).sum((0, 2)) / w.sum().clamp(min=1)
+    return out
+
+
+# -- the probe ------------------------------------------------------------------------------
+class HeadCollapse(Probe):
+    """Per-layer head diversity; duplicated or shared projections at step 0; entropy collapse."""
+
+    name = "head-collapse"
+    summary = "duplicated heads, shared Q/K/V projections, and attention entropy collapse"
+    reads = ("attn.probs", "attn.scores", "attn.masked_scores")
+    fix = FAULT_NOTES["shared_qkv"][2]
+    default_schedule = staticmethod(lambda: every(50))
+
+    def __init__(self, schedule=None) -> None:
+        super().__init__(schedule)
+        self.losses: list[float] = []
+        self.streak: dict[str, int] = {}
+        self.sites: list[str] = []
+
+    # -- setup: exact tests at step 0 ------------------------------------------------------
+    def setup(self, run: RunContext) -> None:
+        subject = run.subject
+        if subject.capture is None:
+            self.skip("the model exposes no attention capture")
+            return
+        model = subject.model
+        modules = dict(model.named_modules())
+        calls: list[tuple[str, torch.Tensor]] = []
+        handles = [m.register_forward_hook(lambda mod, i, o, n=n: calls.append((n, o.detach())))
+                   for n, m in modules.items() if isinstance(m, nn.Linear)]
+        try:
+            src, tgt = subject.random_batch(16, 12, 12, pad_share=0.3)
+            with subject.evaluating():
+                trace = subject.trace(src, tgt, reads=_QKV)
+        except Exception as e:  # noqa: BLE001 - a model that cannot run a random batch
+            self.skip(f"setup forward failed: {type(e).__name__}: {e}")
+            return
+        finally:
+            for hd in handles:
+                hd.remove()
+        if not trace.attention:
+            self.skip("the capture gives no attention records")
+            return
+        self.checked = True
+        for site, rec in trace.attention.items():
+            module = modules.get(site)
+            roles = self._projections(site, rec, calls, modules)
+            self._shared(site, rec, roles, module, trace)
+            self._duplicates(site, rec, roles, module, trace)
+
+    def _projections(self, site: str, rec: AttentionRecord, calls, modules) -> dict[str, str]:
+        """Which Linear module (by path) produced q, k and v: matched on the outputs."""
+        roles: dict[str, str] = {}
+        for role in ("q", "k", "v"):
+            t = getattr(rec, role)
+            if t is None or t.dim() != 4:
+                continue
+            B, h, T, dk = t.shape
+            for name, y in calls:
+                if not name.startswith(site + ".") or y.dim() != 3 or tuple(y.shape) != (B, T, h * dk):
+                    continue
+                if (_close(y.view(B, T, h, dk).transpose(1, 2), t)
+                        or _close(y.reshape(B, h, T, dk), t)):
+                    roles[role] = name
+                    break
+        return roles
+
+    def _shared(self, site, rec, roles, module, trace) -> None:
+        ev: dict[str, Any] = {}
+        # the same module, or the same weight tensor, produced q and k
+        mods = {r: roles[r] for r in ("q", "k", "v") if r in roles}
+        if "q" in mods and "k" in mods:
+            wq, wk = _weight(module, mods["q"], site), _weight(module, mods["k"], site)
+            if mods["q"] == mods["k"] or (wq is not None and wq is wk):
+                ev["same_projection"] = sorted(set(mods.values()))
+        packed = _packed_slices(module)
+        if packed is not None and torch.equal(packed[0], packed[1]):
+            ev["in_proj_q_equals_k"] = True
+        self_attn = rec.kind != "cross"
+        if self_attn and rec.q is not None and rec.k is not None and rec.q.shape == rec.k.shape:
+            diff = float((rec.q - rec.k).norm() / rec.k.norm().clamp(min=1e-30))
+            ev["q_minus_k_rel"] = round(diff, 8)
+            if diff < SAME:
+                ev["q_equals_k"] = True
+        sym = self._symmetry(rec, trace) if self_attn else None
+        if sym is not None:
+            ev.update(sym)
+        decisive = ev.get("same_projection") or ev.get("in_proj_q_equals_k") or ev.get("q_equals_k")
+        symmetric = sym is not None and sym["asymmetry"] < ASYM
+        if not (decisive or symmetric):
+            return
+        if sym is not None and sym.get("self_masked"):
+            self.report("info", f"{site}: Q and K are shared, with each token masked from itself "
+                                "(Reformer-style shared-QK; by design)", where=site, step=0,
+                        layer=rec.layer, evidence=ev, fix="")
+            return
+        shared_v = "v" in mods and mods.get("v") == mods.get("q")
+        what = "Q, K and V come" if shared_v else "Q and K come"
+        how = []
+        if ev.get("same_projection"):
+            how.append(f"one module computes both ({', '.join(ev['same_projection'])})")
+        elif ev.get("in_proj_q_equals_k"):
+            how.append("the packed in_proj slices for Q and K are equal")
+        elif ev.get("q_equals_k"):
+            how.append("q equals k")
+        if symmetric:
+            how.append(f"scores symmetric (asymmetry {sym['asymmetry']:.3g}), "
+                       f"{sym['self_argmax']:.0%} of tokens attend most to themselves")
+        self.report("error", f"{what} from one projection in {site}: {'; '.join(how)}",
+                    where=site, step=0, layer=rec.layer,
+                    evidence={**ev, "threshold_asymmetry": ASYM, "threshold_same": SAME})
+
+    def _symmetry(self, rec: AttentionRecord, trace: Trace) -> dict | None:
+        S = rec.scores
+        if S is None or S.dim() != 4 or S.shape[-1] != S.shape[-2]:
+            return None
+        B, h, T, _ = S.shape
+        rows = query_keep(trace, rec, B, T, S.device)                        # [B, T]
+        pair = (rows[:, :, None] & rows[:, None, :])[:, None].expand_as(S)    # [B, h, T, T]
+        S0 = torch.where(pair, S.float(), torch.zeros((), device=S.device))
+        asym = float((S0 - S0.transpose(-1, -2)).norm() / S0.norm().clamp(min=1e-30))
+        keys = rec.key_keep()
+        allowed = pair if keys is None else pair & keys.expand_as(S)
+        diag = torch.eye(T, dtype=torch.bool, device=S.device)
+        self_masked = bool((~allowed[..., diag] | ~rows[:, None, :]).all()) and bool(rows.any())
+        top = S.float().masked_fill(~allowed, float("-inf")).argmax(-1)        # [B, h, T]
+        ok = rows[:, None, :].expand(B, h, T) & allowed.any(-1)
+        hits = (top == torch.arange(T, device=S.device)) & ok
+        frac = float(hits.sum() / ok.sum().clamp(min=1))
+        return {"asymmetry": round(asym, 5), "self_argmax": round(frac, 4), "self_masked": self_masked}
+
+    def _duplicates(self, site, rec, roles, module, trace) -> None:
+        h = _heads(rec, module)
+        if h is None or h < 2:
+            return
+        groups: dict[str, list] = {}
+        max_cos: dict[str, float] = {}
+        weights = {r: _weight(module, roles[r], site) for r in ("q", "k", "v") if r in roles}
+        packed = _packed_slices(module)
+        if packed is not None and not weights:
+            weights = dict(zip(("q", "k", "v"), packed))
+        for role, W in weights.items():
+            if W is None or W.dim() != 2 or W.shape[0] % h:
+                continue
+            flat = W.detach().float().reshape(h, -1)                          # [h, d_k * d]
+            unit = flat / flat.norm(dim=-1, keepdim=True).clamp(min=1e-30)
+            cos = unit @ unit.T                                               # [h, h]
+            off = cos.masked_fill(torch.eye(h, dtype=torch.bool, device=cos.device), -1.0)
+            max_cos[role] = round(float(off.max()), 5)
+            pairs = (off > DUP_COS).nonzero().tolist()
+            if pairs:
+                groups[f"W_{role.upper()}"] = sorted({tuple(sorted(p)) for p in pairs})
+        ev: dict[str, Any] = {"max_head_cosine": max_cos, "threshold_cosine": DUP_COS}
+        if not groups and not weights and rec.probs is not None and not rec.head_averaged:
+            B, _, T, _ = rec.probs.shape
+            stats, js = head_stats(rec.probs, rec.key_keep(), query_keep(trace, rec, B, T, rec.probs.device))
+            ent = stats[:, 0]
+            off = js + torch.eye(h, device=js.device) * 1e9
+            pairs = [(a, b) for a, b in (off < DUP_JS).nonzero().tolist()
+                     if a < b and ent[a] > DUP_MIN_ENT and ent[b] > DUP_MIN_ENT]
+            ev = {"min_js_bits": round(float(off.min()), 8), "threshold_js_bits": DUP_JS,
+                  "entropy": [round(float(e), 4) for e in ent]}
+            if pairs:
+                groups["attention maps"] = pairs
+        if not groups:
+            return
+        heads = sorted({i for pairs in groups.values() for p in pairs for i in p})
+        where_ = ", ".join(f"{k} heads {_fmt_pairs(v)}" for k, v in groups.items())
+        self.report("error", f"duplicated heads in {site}: {where_} are copies of each other",
+                    where=site, step=0, layer=rec.layer, head=heads[0],
+                    evidence={**ev, "duplicates": {k: [list(p) for p in v] for k, v in groups.items()},
+                              "heads": heads},
+                    fix=FAULT_NOTES["identical_head_init"][2])
+
+    # -- training: diversity and collapse --------------------------------------------------
+    def observe(self, trace: Trace, info: StepInfo) -> dict[str, Any]:
+        meta, vals, jss = [], [], []
+        for site, rec in trace.attention.items():
+            if rec.probs is None or rec.head_averaged or rec.probs.dim() != 4:
+                continue
+            B, h, T, _ = rec.probs.shape
+            stats, js = head_stats(rec.probs, rec.key_keep(), query_keep(trace, rec, B, T, rec.probs.device))
+            meta.append((site, rec.kind, rec.layer, h))
+            vals.append(stats.reshape(-1))
+            jss.append(js.reshape(-1))
+        if not vals:
+            return {}
+        out: dict[str, Any] = {"heads": torch.cat(vals), "js": torch.cat(jss), "meta": meta}
+        if info.loss is not None:
+            out["loss"] = info.loss.detach().float().reshape(1)
+        return out
+
+    def update(self, stats: dict[str, Any], info: StepInfo) -> None:
+        if "heads" not in stats:
+            return
+        loss = float(stats["loss"][0]) if "loss" in stats else None
+        unstable = loss is not None and (not math.isfinite(loss) or
+                                         (len(self.losses) >= 2 and loss > SPIKE * min(self.losses)))
+        if loss is not None and math.isfinite(loss):
+            self.losses.append(loss)
+        heads, jsv = stats["heads"], stats["js"]
+        o = oj = 0
+        for site, kind, layer, h in stats["meta"]:
+            st = heads[o:o + 3 * h].reshape(h, 3)
+            js = jsv[oj:oj + h * h].reshape(h, h)
+            o, oj = o + 3 * h, oj + h * h
+            tag = f"attn/{kind}/layer{layer if layer is not None else '?'}"
+            for m in range(h):
+                self.metric(info.step, f"{tag}/head{m}/entropy", st[m, 0])
+                self.metric(info.step, f"{tag}/head{m}/max_prob", st[m, 1])
+                self.metric(info.step, f"{tag}/head{m}/similarity", st[m, 2])
+            pairs = js[~torch.eye(h, dtype=torch.bool)] if h > 1 else torch.zeros(1)
+            self.metric(info.step, f"{tag}/diversity", pairs.mean())
+            self._collapse(site, layer, st, unstable, loss, info.step)
+            if (h > 1 and float(pairs.max()) < REDUNDANT_JS and not self.already(site, "info")
+                    and not self.already(site, "error")):
+                self.report("info", f"all heads of {site} attend alike (every pair JS < "
+                                    f"{REDUNDANT_JS} bits): redundant, which is normal for a simple task",
+                            where=site, step=info.step, layer=layer,
+                            evidence={"max_pair_js_bits": round(float(pairs.max()), 5),
+                                      "threshold_js_bits": REDUNDANT_JS}, fix="")
+
+    def _collapse(self, site, layer, st, unstable, loss, step) -> None:
+        ent = st[:, 0]
+        share = float((ent < ENT_LOW).float().mean())
+        if share > COLLAPSED_SHARE and unstable:
+            self.streak[site] = self.streak.get(site, 0) + 1
+        else:
+            self.streak[site] = 0
+        if self.streak[site] >= RUN and not self.already(site, "warning"):
+            low = [i for i, e in enumerate(ent.tolist()) if e < ENT_LOW]
+            self.report("warning", f"attention entropy collapse in {site}: {len(low)} of {len(ent)} heads "
+                                   f"below {ENT_LOW} normalised entropy while the loss is unstable, "
+                                   f"{RUN} probes in a row",
+                        where=site, step=step, layer=layer, head=low[0],
+                        evidence={"entropy": [round(float(e), 4) for e in ent], "collapsed_share": share,
+                                  "loss": loss, "loss_min": min(self.losses) if self.losses else None,
+                                  "threshold_entropy": ENT_LOW, "threshold_share": COLLAPSED_SHARE,
+                                  "threshold_spike": SPIKE, "probes_in_a_row": RUN},
+                        fix="Lower the learning rate or add warmup; bound the attention logits "
+                            "(QK-norm, or check the 1/sqrt(d_k) scale). " + FAULT_NOTES["no_warmup_high_lr"][2])
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape:
+        return False
+    return bool((a - b).norm() <= 1e-4 * b.norm().clamp(min=1e-30) + 1e-6)
+
+
+def _weight(module: nn.Module | None, path: str, site: str) -> torch.Tensor | None:
+    if module is None:
+        return None
+    try:
+        sub = module.get_submodule(path[len(site) + 1:])
+    except AttributeError:
+        return None
+    return getattr(sub, "weight", None)
+
+
+def _packed_slices(module: nn.Module | None):
+    """(W_q, W_k, W_v) from a packed in_proj weight [3E, E] (nn.MultiheadAttention), else None."""
+    W = getattr(module, "in_proj_weight", None) if module is not None else None
+    if isinstance(W, torch.Tensor) and W.dim() == 2 and W.shape[0] % 3 == 0:
+        return W.detach().chunk(3, dim=0)
+    return None
+
+
+def _heads(rec: AttentionRecord, module: nn.Module | None) -> int | None:
+    for t in (rec.q, rec.scores, rec.probs):
+        if t is not None and t.dim() == 4 and not (t is rec.probs and rec.head_averaged):
+            return t.shape[1]
+    h = getattr(module, "num_heads", None)     # nn.MultiheadAttention
+    return h if isinstance(h, int) else None
+
+
+def _fmt_pairs(pairs) -> str:
+    heads = sorted({i for p in pairs for i in p})
+    return ",".join(map(str, heads))

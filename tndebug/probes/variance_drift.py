@@ -1,0 +1,189 @@
+"""variance-drift: rank collapse and runaway growth of the residual stream along depth.
+
+Failure: a sublayer replaces the stream instead of adding to it (`x = f(x)`, no residual),
+    so attention averages tokens into one vector (rank collapse, Dong et al. 2021); or the
+    stream's scale runs away with depth.
+Symptom: the centred ratio r = ‖X − 1x̄ᵀ‖_F / ‖X‖_F of a sequence's tokens drops to ~0 at one
+    sublayer (no_residual: 0.3-0.5 -> 0.000-0.04 at init); the RMS profile grows far beyond
+    what healthy runs with the same norm placement show.
+Fix: keep `x + dropout(sublayer(x))` around every sublayer (the notes' fix for no_residual).
+
+How it decides (tensors only; FAILURE_MODES 5a-5b):
+* r per stream point, per sequence over non-pad tokens, averaged over sequences. A sublayer
+  whose output keeps < DROP of its input's r is an abrupt collapse: error if r < R_ERROR,
+  warning if r < R_WARN. r < R_FLOOR anywhere is an error however it got there. A slow
+  decline (deep post-LN decoders reach r ≈ 0.02 at init) is not flagged.
+* growth G = max RMS of the block outputs / RMS of the stack's input, against the healthy
+  envelope of the placement (pre/post, detected from the activations): > 3x -> warning.
+Runs once at setup on a random batch (step 0) and then on the training traces.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from tndebug.notes import FAULT_NOTES
+from tndebug.probes import _depth_stats as ds
+from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.schedule import log_spaced
+from tndebug.trace import Trace
+
+# Calibrated on healthy runs (see the module's test and the calibration note in the report):
+# tiny/small/base x pre/post x dropout 0/0.1/0.3, seeds 0-2, init and up to 400 steps.
+R_FLOOR = 0.002   # complete collapse wherever it happens (healthy minimum: 0.023, base post-LN decoder at init)
+R_ERROR = 0.02    # after an abrupt drop
+R_WARN = 0.2      # after an abrupt drop
+DROP = 0.2        # r_out / r_in of one sublayer (healthy minimum: 0.68 at init; no_residual: 0.00-0.10)
+GROWTH_ENVELOPE = {"pre": 8.0, "post": 2.0}   # max healthy G per placement
+GROWTH_FACTOR = 3.0
+
+
+class VarianceDrift(Probe):
+    """Residual-stream RMS and rank ratio along depth; catches a missing residual at step 0."""
+
+    name = "variance-drift"
+    summary = "residual-stream rank collapse (missing residual) and RMS growth along depth"
+    reads = ("stream",)
+    fix = FAULT_NOTES["no_residual"][2]
+    default_schedule = staticmethod(lambda: log_spaced(100))
+
+    def __init__(self, schedule=None) -> None:
+        super().__init__(schedule)
+        self.placement: str | None = None
+        self.placement_evidence: dict = {}
+        self.max_growth: dict[str, float] = {}
+
+    # -- moments ---------------------------------------------------------------------------
+    def setup(self, run: RunContext) -> None:
+        subject = run.subject
+        if subject.capture is None:
+            self.skip("the model exposes no residual-stream capture")
+            return
+        try:
+            src, tgt = ds.probe_batch(subject)
+            with subject.evaluating():
+                trace = subject.trace(src, tgt, reads=("stream",))
+            if not trace.streams:
+                self.skip("the capture gives no residual-stream points")
+                return
+            width = trace.streams[-1].x.shape[-1]
+            src, tgt = ds.probe_batch(subject, width)
+            with subject.evaluating():
+                trace = subject.trace(src, tgt, reads=("stream",))
+        except Exception as e:  # noqa: BLE001 - a model that cannot run a random batch
+            self.skip(f"setup forward failed: {type(e).__name__}: {e}")
+            return
+        self._detect_placement(trace)
+        stats = self.observe(trace, None)
+        self._check({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in stats.items()},
+                    step=0, emit=False)
+        self.checked = True
+
+    def observe(self, trace: Trace, info: StepInfo | None) -> dict[str, Any]:
+        names, meta, vals = [], [], []
+        for stack, points in ds.stack_groups(trace):
+            for sp in points:
+                keep = ds.token_keep(trace, stack, sp.x)
+                vals.append(torch.stack([ds.mean_ratio(sp.x, keep), ds.token_rms(sp.x, keep)]))
+                names.append(sp.name)
+                meta.append((stack, sp.layer, sp.kind))
+        if not vals:
+            return {}
+        return {"depth": torch.stack(vals), "names": names, "meta": meta}   # depth [n_points, 2]
+
+    def update(self, stats: dict[str, Any], info: StepInfo) -> None:
+        self._check(stats, info.step, emit=True)
+
+    # -- checks ----------------------------------------------------------------------------
+    def _check(self, stats: dict[str, Any], step: int, emit: bool) -> None:
+        if "depth" not in stats:
+            return
+        depth = stats["depth"].tolist()
+        rows = list(zip(stats["names"], stats["meta"], depth))
+        by_stack: dict[str, list] = {}
+        for name, (stack, layer, kind), (r, rms) in rows:
+            by_stack.setdefault(stack, []).append((name, layer, kind, r, rms))
+        for stack, pts in by_stack.items():
+            if emit:
+                self._metrics(step, stack, pts)
+            self._rank(step, stack, pts)
+            self._growth(step, stack, pts)
+
+    def _metrics(self, step: int, stack: str, pts) -> None:
+        last: dict[int, tuple[float, float]] = {}
+        for _, layer, kind, r, rms in pts:
+            if layer is not None and kind in ("sublayer", "layer"):
+                last[layer] = (r, rms)
+        for layer, (r, rms) in sorted(last.items()):
+            self.metric(step, f"depth/{stack}/layer{layer}/resid_rms", rms)
+            self.metric(step, f"depth/{stack}/layer{layer}/rank", r)
+
+    def _rank(self, step: int, stack: str, pts) -> None:
+        hit = None          # (severity, index)
+        for i, (name, _, kind, r, _) in enumerate(pts):
+            if kind == "embed" or math.isnan(r):
+                continue
+            r_in = pts[i - 1][3] if i > 0 else float("nan")
+            abrupt = not math.isnan(r_in) and r_in > 0 and r / r_in < DROP
+            sev = None
+            if r < R_FLOOR or (abrupt and r < R_ERROR):
+                sev = "error"
+            elif abrupt and r < R_WARN:
+                sev = "warning"
+            if sev == "error":
+                hit = (sev, i)
+                break
+            if sev == "warning" and hit is None:
+                hit = (sev, i)
+        if hit is None:
+            return
+        sev, i = hit
+        name, layer, _, r, _ = pts[i]
+        where = ds.module_path(name)
+        if self.already(where, sev) or (sev == "warning" and self.already(where, "error")):
+            return
+        r_in = pts[i - 1][3] if i > 0 else float("nan")
+        src = ds.module_path(pts[i - 1][0]) if i > 0 else ""
+        drop = r / r_in if r_in and not math.isnan(r_in) else float("nan")
+        self.report(
+            sev, f"rank collapse in the {stack}: tokens at {where} are nearly identical "
+                 f"(r={r:.4f}, from {r_in:.3f} at its input; {drop:.2f} of it kept)",
+            where=where, step=step, layer=layer,
+            evidence={"r": round(r, 5), "r_input": round(r_in, 5), "kept": round(drop, 4),
+                      "input": src, "threshold_r_error": R_ERROR, "threshold_r_warning": R_WARN,
+                      "threshold_kept": DROP, "threshold_r_floor": R_FLOOR,
+                      "placement": self.placement})
+
+    def _growth(self, step: int, stack: str, pts) -> None:
+        if not pts or self.placement not in GROWTH_ENVELOPE:
+            return
+        base = pts[0][4]
+        blocks = [(name, rms) for name, _, kind, _, rms in pts if kind in ("sublayer", "layer")]
+        if not blocks or not base > 0:
+            return
+        name, top = max(blocks, key=lambda b: b[1])
+        g = top / base
+        self.max_growth[stack] = max(self.max_growth.get(stack, 0.0), g)
+        limit = GROWTH_FACTOR * GROWTH_ENVELOPE[self.placement]
+        if g > limit and not self.already(stack, "warning"):
+            self.report(
+                "warning", f"residual stream RMS grows {g:.1f}x across the {stack} "
+                           f"(healthy {self.placement}-LN runs stay within "
+                           f"{GROWTH_ENVELOPE[self.placement]:.0f}x)",
+                where=stack, step=step,
+                evidence={"growth": round(g, 3), "rms_top": round(top, 4), "rms_input": round(base, 4),
+                          "at": ds.module_path(name), "placement": self.placement,
+                          "healthy_envelope": GROWTH_ENVELOPE[self.placement],
+                          "threshold": limit},
+                fix="Check the residual adds and the LayerNorm placement; with pre-LN keep a final "
+                    "LayerNorm and warmup. " + FAULT_NOTES["no_warmup_high_lr"][2])
+
+    def _detect_placement(self, trace: Trace) -> None:
+        try:
+            label, ev = ds.detect_placement(trace)
+        except Exception:  # noqa: BLE001 - the growth check is optional
+            return
+        if label in ("pre", "post"):
+            self.placement, self.placement_evidence = label, ev
