@@ -484,6 +484,8 @@ class _State:
             if out is None:
                 return
             site = next((n for n, s in self.cap.stacks.items() if s == stack), stack) + ".input"
+        if self.tok_site.get("src") == self.tok_site.get("tgt"):   # one embedding for both sides
+            site = f"{site}:{role}"
         parts = {}
         if tok is not None:
             parts["tok"] = self._bt(tok)

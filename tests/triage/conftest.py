@@ -1,0 +1,39 @@
+"""Fixtures for triage tests: the zoo models (user-style code, loaded by file path as a user's
+would be) and small checkpoints written to tmp."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tndebug.triage.adapters import import_file
+
+ZOO = Path(__file__).resolve().parents[1] / "zoo"
+TINY = dict(N=2, d_model=32, d_ff=64, h=4, dropout=0.0)
+
+
+def zoo(name: str):
+    """A zoo module (tests/zoo/<name>.py), imported from its path."""
+    return import_file(ZOO / f"{name}.py")
+
+
+def zoo_spec(name: str, fn: str) -> str:
+    return f"{ZOO / name}.py:{fn}"
+
+
+@pytest.fixture
+def annotated_ckpt(tmp_path):
+    """Factory: an untrained annotated-style model saved with its config, optimizer and step."""
+    def make(name="annotated.pt", **bugs):
+        torch.manual_seed(0)
+        m = zoo("annotated").make_model(11, 11, **TINY, **bugs)
+        opt = torch.optim.Adam(m.parameters())
+        m(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 2, dtype=torch.long),
+          None, None).sum().backward()
+        opt.step()
+        path = tmp_path / name
+        torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "step": 1,
+                    "config": {"src_vocab": 11, "tgt_vocab": 11, **TINY, **bugs}}, path)
+        return path, m
+    return make

@@ -1,0 +1,106 @@
+"""Checkpoint hygiene checks, each with a clean case and a faulty one."""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+from tndebug.config import ModelConfig
+from tndebug.model import make_model
+from tndebug.triage import hygiene
+from tndebug.triage.loading import Checkpoint
+
+
+def test_non_finite_weights_name_the_tensor():
+    sd = {"a.weight": torch.ones(3, 3), "b.weight": torch.tensor([1.0, float("nan"), float("inf")]),
+          "steps": torch.tensor(3)}
+    (f,) = hygiene.non_finite(sd)
+    assert (f.probe, f.severity, f.where) == ("checkpoint", "error", "b.weight")
+    assert f.evidence == {"non_finite": 2, "nan": 1, "numel": 3}
+    assert hygiene.non_finite({"a": torch.ones(2)}) == []
+
+
+@pytest.mark.parametrize("opt_state, step, missing", [
+    ({"state": {0: {"step": 1}}, "param_groups": []}, 10, None),
+    (None, 10, "optimizer state"),
+    ({"state": {}, "param_groups": []}, 10, "optimizer moments"),
+    ({"state": {0: {}}, "param_groups": []}, None, "step counter"),
+])
+def test_resume_state(opt_state, step, missing):
+    ck = Checkpoint(Path("x.pt"), {}, "model", optimizer=opt_state, step=step)
+    found = hygiene.resume_state(ck)
+    if missing is None:
+        assert found == []
+    else:
+        (f,) = found
+        assert f.probe == "lr-schedule" and f.severity == "warning" and missing in f.message
+
+
+def test_config_that_disagrees_with_the_weights():
+    (f,) = hygiene.config_vs_weights({"d_model": 512, "n_layers": 2}, {"d_model": 32, "n_layers": 2},
+                                     "config")
+    assert f.where == "config.d_model" and f.evidence == {"config": 512, "weights": 32}
+    assert hygiene.config_vs_weights({"d_model": 32}, {"d_model": 32}, "config") == []
+
+
+def attn_weights(cfg):
+    m = make_model(cfg)
+    a = m.encoder.layers[0].self_attn
+    return ("encoder.layers.0.self_attn", a.w_q.weight.detach(), a.w_k.weight.detach(),
+            a.w_v.weight.detach(), cfg.n_heads)
+
+
+def test_duplicate_heads_in_weights():
+    assert hygiene.duplicate_heads([attn_weights(ModelConfig.tiny())]) == []
+    (f,) = hygiene.duplicate_heads([attn_weights(ModelConfig.tiny().with_faults("identical_head_init"))])
+    assert f.probe == "head-collapse" and f.severity == "error" and f.evidence["duplicated"] == 4
+    (f,) = hygiene.duplicate_heads([attn_weights(ModelConfig.tiny().with_faults("shared_qkv"))])
+    assert f.evidence == {"shared": "qkv"}
+
+
+def test_stored_pe_table():
+    from tndebug.model.embedding import sinusoid_table
+    assert hygiene.stored_pe(sinusoid_table(16, 8)[None], "src_embed.1.pe", 8) == []
+    (f,) = hygiene.stored_pe(torch.zeros(1, 16, 8), "src_embed.1.pe", 8)
+    assert f.probe == "positional-encoding" and f.evidence["all_zero"] and f.where == "src_embed.1"
+
+
+class FakeModel:
+    """Loss as a function of the score scale: lowest at alpha = `best` (a toy checkpoint)."""
+
+    def __init__(self, best, solved=True):
+        self.best, self.alpha, self.solved = best, 1.0, solved
+
+    @contextmanager
+    def scaled(self, alpha):
+        self.alpha = alpha
+        yield
+        self.alpha = 1.0
+
+    def forward(self, src, tgt):
+        sharp = 6.0 * math.exp(-math.log(self.alpha / self.best) ** 2) if self.solved else 0.0
+        return torch.nn.functional.one_hot(src, 11).float() * sharp     # [B, T, V]
+
+
+def sweep(model):
+    src = torch.randint(3, 11, (4, 6))
+    return hygiene.temperature_sweep(model.forward, model.scaled, (src, src, src), 0, 11)
+
+
+def test_temperature_sweep_matched_checkpoint():
+    found, ev = sweep(FakeModel(1.0))
+    assert found == [] and ev["verdict"] == "matched" and ev["best_alpha"] == 1.0
+
+
+def test_temperature_sweep_checkpoint_trained_without_scale():
+    (f,), ev = sweep(FakeModel(2 ** 1.5))          # sqrt(d_k) for d_k = 8
+    assert (f.probe, f.severity) == ("missing-scale", "error")
+    assert ev["best_alpha"] == pytest.approx(2 ** 1.5) and "without the 1/sqrt(d_k)" in f.message
+
+
+def test_temperature_sweep_is_inconclusive_on_an_unsolved_task():
+    (f,), ev = sweep(FakeModel(1.0, solved=False))
+    assert f.severity == "info" and ev["verdict"] == "inconclusive"
