@@ -44,7 +44,8 @@ class HandSeq2Seq(nn.Module):
         return self.encoder(self.src_embed(src), src_key_padding_mask=src == PAD)   # [B, S, d]
 
     def forward(self, src, tgt):
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        T = tgt.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool).triu(1)                  # True = may not attend
         x = self.decoder(self.tgt_embed(tgt), self.encode(src), tgt_mask=causal,
                          tgt_key_padding_mask=tgt == PAD, memory_key_padding_mask=src == PAD)
         return self.out(x)                                                           # [B, T, V]

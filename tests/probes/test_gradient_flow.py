@@ -51,7 +51,8 @@ class HandMLP(nn.Module):
                 nn.init.constant_(block[1].bias, ffn_bias)
 
     def forward(self, src, tgt):
-        x = self.embed(tgt) + self.pos(torch.arange(tgt.shape[1])) + self.embed(src).mean(1, keepdim=True)
+        x = self.embed(tgt) + self.pos(torch.arange(tgt.shape[1]))
+        x = x + self.embed(src).mean(1, keepdim=True)
         for block in self.layers:
             x = x + block(x)
         return self.out(x)                                                  # [B, T, V]

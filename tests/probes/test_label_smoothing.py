@@ -94,3 +94,23 @@ def test_no_criterion_or_raw_logits_skip_with_a_reason():
     raw = lambda lg, t: F.kl_div(lg, F.one_hot(t, V).float(), reduction="sum")   # no log_softmax
     findings, probe = _unit(raw)
     assert "log_softmax" in probe.skipped
+
+
+@pytest.mark.parametrize("p_pad, warned", [(0.01, True), (0.0005, False)])
+def test_runtime_pad_mass_is_checked_when_the_unit_test_cannot_run(p_pad, warned):
+    from tndebug.probes.base import RunContext, StepInfo
+    from tndebug.trace import Trace
+    run = RunContext(subject=tndebug_subject(make_model(ModelConfig.tiny())), criterion=None)
+    probe = LabelSmoothingProbe(every(10))
+    probe.setup(run)
+    probs = torch.full((4, 6, V), (1 - p_pad) / (V - 1))
+    probs[..., PAD] = p_pad
+    tgt_out = torch.randint(2, V, (4, 6))
+    for step in (90, 100, 110, 120):
+        info = StepInfo(step, logits=probs.log(), tgt_out=tgt_out)
+        probe.update(probe.observe(Trace(step=step), info), info)
+    probe.finish(run)
+    assert kinds(probe.findings, NAME) == ({("warning", "criterion")} if warned else set())
+    if warned:
+        assert probe.findings[0].step == 120
+        assert probe.findings[0].evidence["pad_mass"] == pytest.approx(p_pad, rel=1e-4)

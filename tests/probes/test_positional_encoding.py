@@ -136,4 +136,5 @@ def test_hand_unscaled_embeddings_warn():
 def test_hand_wrapped_positions_are_the_same_error():
     findings = _hand(WrappedPE, max_len=40)
     assert kinds(findings, NAME) == {("error", "src_embed"), ("error", "tgt_embed")}
-    assert (findings[0].evidence["first_duplicate_position"], findings[0].evidence["same_row_as"]) == (8, 0)
+    ev = findings[0].evidence
+    assert (ev["first_duplicate_position"], ev["same_row_as"]) == (8, 0)

@@ -41,13 +41,11 @@ def group_parameters(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter
     return groups
 
 
-def metric_tag(group: str, family: str = "grad", leaf: str = "norm") -> str:
-    """`grad/encoder/layer0/norm` for a layer group, `grad/generator.proj/norm` otherwise."""
-    m = re.match(r"^(?:(.*)\.)?([A-Za-z_]\w*)\.(\d+)$", group)
-    if m:
-        stack = m.group(1) or m.group(2)
-        return f"{family}/{stack}/layer{m.group(3)}/{leaf}"
-    return f"{family}/{group}/{leaf}"
+def metric_tag(name: str, family: str = "grad", leaf: str = "norm") -> str:
+    """`grad/encoder/layer0/norm` for anything inside `encoder.layers.0`; `grad/generator.proj/norm`
+    for a module outside the indexed layers."""
+    _, stack, layer = layer_group(name + ".")
+    return f"{family}/{stack}/layer{layer}/{leaf}" if layer is not None else f"{family}/{name}/{leaf}"
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,5 @@
 """gradient-flow: do gradients reach every layer, finitely and without spikes; do the ReLUs fire?
 
-Failure: a bad FFN initialisation (a large negative bias) leaves most ReLU units never active,
-so their weights get no gradient; gradients explode (no warmup, a too-high lr, no clipping) or
-never reach a layer (a detached or unused block).
-Symptom: the loss falls slowly or not at all; NaN/inf loss after a spike; part of the model does
-not change.
-Fix: Xavier-initialise the FFN's first Linear with its default bias (no negative constant), keep
-residual + LayerNorm around every sublayer, and use warmup (and clipping) for a high lr.
-
 Decided from parameter gradients after backward (grouped by layer from parameter names, e.g.
 `encoder.layers.3`) and from the FFN hidden activations (`Trace.ffn_hidden`):
 
@@ -41,6 +33,15 @@ _NOTE = FAULT_NOTES["dead_relu_init"][2]
 
 
 class GradientFlowProbe(Probe):
+    """Failure: a bad FFN initialisation (a large negative bias) leaves most ReLU units never active,
+    so their weights get no gradient; gradients explode (no warmup, a too-high lr, no clipping) or
+    never reach a layer (a detached or unused block).
+    Symptom: the loss falls slowly or not at all; NaN/inf loss after a spike; part of the model does
+    not change.
+    Fix: Xavier-initialise the FFN's first Linear with its default bias (no negative constant), keep
+    residual + LayerNorm around every sublayer, and use warmup (and clipping) for a high lr.
+    """
+
     name = "gradient-flow"
     summary = "per-layer gradient norms (non-finite, spikes, no gradient) and dead ReLU units"
     reads = ("ffn.hidden",)
@@ -123,7 +124,8 @@ class GradientFlowProbe(Probe):
             mask, tokens = self._window.get(site, (torch.zeros_like(act, dtype=torch.bool), 0))
             mask, tokens = mask | act.bool(), tokens + stats[f"tokens/{site}"]
             if tokens >= MIN_TOKENS:
-                self._judge_dead(site, mask, tokens, info.step, when=f"of training up to step {info.step}")
+                self._judge_dead(site, mask, tokens, info.step,
+                                 when=f"of training up to step {info.step}")
                 mask, tokens = torch.zeros_like(mask), 0
             self._window[site] = (mask, tokens)
 

@@ -1,18 +1,12 @@
 """label-smoothing: does the criterion keep smoothing mass off <pad> and ignore pad targets?
 
-Failure: label smoothing spreads eps over every class, <pad> included (note 000's eps/(V-1)),
-and/or rows whose target is <pad> still contribute to the loss.
-Symptom: the model learns to give <pad> probability at real positions; decoding emits <pad>
-mid-sentence; the loss counts padding.
-Fix: spread eps over V-2 classes, zero the pad column of the smoothed target and the rows whose
-target is pad (the annotated LabelSmoothing; note 003).
-
 A unit test of `run.criterion(logits [N, V], target [N])` at setup. For a softmax criterion with
 target distribution q, the gradient is g = w (softmax(z) - q): at z = 0 it is w (1/V - q), so
 g_pad == g_other means <pad> gets the same mass as any other wrong class. A second point
 (z_k = 1 in every row) gives w, and with it q itself, so plain cross-entropy (q_other = q_pad = 0,
 also g_pad == g_other) is told apart from smoothing onto pad. Rows whose target is pad must have
-zero gradient. At runtime the probe reports the model's probability on <pad> at real targets.
+zero gradient. At runtime the probe reports the model's probability on <pad> at real targets,
+and warns when it stays high although the unit test passed (or could not run).
 """
 from __future__ import annotations
 
@@ -27,15 +21,32 @@ from tndebug.trace import Trace
 PAD_ROW_GRAD = 1e-6     # max |grad| on pad-target rows, relative to the largest gradient entry
 PAD_SHARE = 0.1         # q_pad above 10% of q_other (and q_other > Q_MIN): pad gets smoothing mass
 Q_MIN = 1e-5            # below this the criterion is taken as unsmoothed (one-hot targets)
+# Runtime, when the unit test did not flag the criterion: mean p(<pad>) at real targets over the
+# last 3 probed steps at or after step 100.  Healthy tiny pre/post runs are at <= 6e-4 from step
+# 50 on; eps/(V-1) smoothing onto pad holds it at eps/(V-1) = 0.01 (V = 11).  This scales as
+# 1/V, so for large vocabularies only the unit test can see the bug.
+PAD_MASS, RUNTIME_STEPS, RUNTIME_LAST = 3e-3, 100, 3
 _FIX = FAULT_NOTES["label_smoothing_on_pad"][2] + " [notes 003, 001]"
 
 
 class LabelSmoothingProbe(Probe):
+    """Failure: label smoothing spreads eps over every class, <pad> included (note 000's eps/(V-1)),
+    and/or rows whose target is <pad> still contribute to the loss.
+    Symptom: the model learns to give <pad> probability at real positions; decoding emits <pad>
+    mid-sentence; the loss counts padding.
+    Fix: spread eps over V-2 classes, zero the pad column of the smoothed target and the rows whose
+    target is pad (the annotated LabelSmoothing; note 003).
+    """
+
     name = "label-smoothing"
     summary = "criterion unit test: smoothing mass on <pad>, loss from pad-target rows"
     reads = ()
     fix = _FIX
     default_schedule = staticmethod(lambda: every(50))
+
+    def __init__(self, schedule=None) -> None:
+        super().__init__(schedule)
+        self._mass: list[tuple[int, float]] = []      # (step, p(<pad>) at real targets)
 
     def setup(self, run: RunContext) -> None:
         if run.criterion is None:
@@ -116,4 +127,19 @@ class LabelSmoothingProbe(Probe):
 
     def update(self, stats, info: StepInfo) -> None:
         if "pad_mass" in stats:
-            self.metric(info.step, "smoothing/pad_mass", float(stats["pad_mass"]))
+            mass = float(stats["pad_mass"])
+            self.metric(info.step, "smoothing/pad_mass", mass)
+            if info.step >= RUNTIME_STEPS:
+                self._mass.append((info.step, mass))
+
+    def finish(self, run: RunContext) -> None:
+        if self.already("criterion", "warning") or len(self._mass) < RUNTIME_LAST:
+            return
+        last = self._mass[-RUNTIME_LAST:]
+        mass = sum(m for _, m in last) / len(last)
+        if mass > PAD_MASS:
+            self.report("warning", f"the model gives <pad> {mass:.2g} of its probability at real "
+                        f"targets after {last[-1][0]} steps: it was trained to predict pad",
+                        where="criterion", step=last[-1][0],
+                        evidence={"pad_mass": mass, "threshold": PAD_MASS,
+                                  "steps": [s for s, _ in last]})

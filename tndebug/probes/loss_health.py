@@ -1,13 +1,5 @@
 """loss-health: does the loss start at ln V, stay finite, and leave the uniform level?
 
-Failure: an initialisation that makes the logits large (the model is confidently wrong before
-it has seen data), a training loop that does not learn (lr 0, optimizer not stepped, targets
-not aligned), or a loss that goes to NaN/inf.
-Symptom: the first loss is far above ln V; the loss sits near ln V for hundreds of steps
-(note 000's "stuck at about 3.5"); NaN/inf.
-Fix: small output logits at init; check the optimizer, the lr and the target shift; for NaN,
-lower the lr and use warmup (note 002), LayerNorm eps 1e-5 (note 000).
-
 The probe computes the token cross-entropy from the logits and the targets itself (ignoring pad
 targets), because the training criterion may be a KL to smoothed targets, whose floor is 0.
 """
@@ -34,6 +26,15 @@ PLATEAU_LAST = 3           # judged on the mean of the last 3 probed CEs
 
 
 class LossHealthProbe(Probe):
+    """Failure: an initialisation that makes the logits large (the model is confidently wrong before
+    it has seen data), a training loop that does not learn (lr 0, optimizer not stepped, targets
+    not aligned), or a loss that goes to NaN/inf.
+    Symptom: the first loss is far above ln V; the loss sits near ln V for hundreds of steps
+    (note 000's "stuck at about 3.5"); NaN/inf.
+    Fix: small output logits at init; check the optimizer, the lr and the target shift; for NaN,
+    lower the lr and use warmup (note 002), LayerNorm eps 1e-5 (note 000).
+    """
+
     name = "loss-health"
     summary = "initial loss vs ln V, plateau at the uniform level, non-finite loss"
     reads = ()
@@ -110,7 +111,8 @@ class LossHealthProbe(Probe):
             self.report("error", f"loss still at the uniform level after {step} steps: "
                         f"cross-entropy {mean:.3f} > {PLATEAU_SHARE} ln V = {limit:.3f}",
                         step=step, evidence={"ce": mean, "ln_V": self._ln_v, "threshold": limit,
-                                             "steps": step, "last_steps": [s for s, _ in self._ce[-PLATEAU_LAST:]]})
+                                             "steps": step,
+                                             "last_steps": [s for s, _ in self._ce[-PLATEAU_LAST:]]})
 
     def finish(self, run: RunContext) -> None:
         if not self._ce and self._bad_step is None:

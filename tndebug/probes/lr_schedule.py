@@ -1,13 +1,5 @@
 """lr-schedule: is the lr in the optimizer the lr the schedule declares, also after a resume?
 
-Failure: the checkpoint omits the step counter (and the optimizer state), so on resume the
-warmup starts again from step 0 and Adam from empty moments; or the scheduler is stepped at
-the wrong rate (twice per step, per epoch instead of per step).
-Symptom: the lr collapses (or jumps) at the resume step and the loss rises (note 000: +0.3);
-the lr curve does not match the Noam formula.
-Fix: save and restore {'model', 'optimizer', 'step_num'} so the schedule continues (note 000);
-step the scheduler once per optimizer step.
-
 Observed lr = StepInfo.lr (the lr actually in the optimizer at that step), else the first
 param group's. Declared lr = run.lr_schedule(step).
 """
@@ -24,6 +16,15 @@ _FIX = FAULT_NOTES["warmup_restart_on_resume"][2] + " [note 000]"
 
 
 class LrScheduleProbe(Probe):
+    """Failure: the checkpoint omits the step counter (and the optimizer state), so on resume the
+    warmup starts again from step 0 and Adam from empty moments; or the scheduler is stepped at
+    the wrong rate (twice per step, per epoch instead of per step).
+    Symptom: the lr collapses (or jumps) at the resume step and the loss rises (note 000: +0.3);
+    the lr curve does not match the Noam formula.
+    Fix: save and restore {'model', 'optimizer', 'step_num'} so the schedule continues (note 000);
+    step the scheduler once per optimizer step.
+    """
+
     name = "lr-schedule"
     summary = "observed lr follows the declared schedule; warmup and optimizer state survive resume"
     reads = ()

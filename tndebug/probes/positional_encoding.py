@@ -1,13 +1,4 @@
-"""positional-encoding: is token order visible to the encoder, at a sensible strength, at every length?
-
-Failure: the positional encoding is computed but never added (pytorch-lightning #19138); the
-token embeddings are not multiplied by sqrt(d_model), so the PE drowns them (or N(0, 1)
-embeddings times sqrt(d) drown the PE); the PE table is shorter than the sequences and later
-positions silently reuse its last row.
-Symptom: the loss plateaus (note 000's "stuck at about 3.5"), word order is ignored, long
-sentences degrade.
-Fix: add the PE (x = x + pe[:, :T]), scale the embeddings by sqrt(d_model) before adding it,
-and size the table well above the longest sequence (or raise on overflow).
+"""positional-encoding: does the encoder see token order, at a sane strength, at every length?
 
 Three tests at setup, all in eval mode and from behaviour only:
 
@@ -48,6 +39,16 @@ def _fix(fault: str) -> str:
 
 
 class PositionalEncodingProbe(Probe):
+    """Failure: the positional encoding is computed but never added (pytorch-lightning #19138); the
+    token embeddings are not multiplied by sqrt(d_model), so the PE drowns them (or N(0, 1)
+    embeddings times sqrt(d) drown the PE); the PE table is shorter than the sequences and later
+    positions silently reuse its last row.
+    Symptom: the loss plateaus (note 000's "stuck at about 3.5"), word order is ignored, long
+    sentences degrade.
+    Fix: add the PE (x = x + pe[:, :T]), scale the embeddings by sqrt(d_model) before adding it,
+    and size the table well above the longest sequence (or raise on overflow).
+    """
+
     name = "positional-encoding"
     summary = "PE added (encoder permutation test), embedding/PE scale ratio, PE rows past max_len"
     reads = ("embed",)
@@ -128,7 +129,8 @@ class PositionalEncodingProbe(Probe):
             tokens = ids.get(tok.shape[1])
             if tok.shape[1] == src.shape[1]:
                 self._src_sites.add(site)
-            keep = (tokens != subject.pad_id) if tokens is not None else torch.ones(tok.shape[:2], dtype=torch.bool)
+            keep = (tokens != subject.pad_id if tokens is not None          # [B, T]
+                    else torch.ones(tok.shape[:2], dtype=torch.bool, device=tok.device))
             pe = (out - tok).expand_as(tok)                           # [B, T, d]
             tok_rms, pe_rms = rms(tok[keep]).item(), rms(pe[keep]).item()
             self.checked = True
