@@ -18,7 +18,7 @@ def tiny_run(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)          # 2 threads on 2 busy shared cores spin: 40x slower
     try:
-        session = ReportSession(out, fmt="text", tensorboard=True)
+        session = ReportSession(out, fmt="text", tensorboard=True, tb_every=4)
         report = run_tiny(session, steps=9, status="diverged")
         code = session.finish(report, fail_on="error")
     finally:

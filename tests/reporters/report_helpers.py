@@ -123,7 +123,7 @@ def run_tiny(session, steps: int = 9, probes=None, cfg: ModelConfig | None = Non
                                      src=src, tgt_in=tgt_in, tgt_out=tgt_out))
             opt.step()
             session.log_scalars(step, {"train/loss": loss.detach(), "train/lr": lr})
-            bar.update(step, loss=loss.detach(), lr=lr)
+            bar.update(step + 1, loss=loss.detach(), lr=lr)
         session.log_scalars(steps - 1, {"eval/accuracy": 0.5})
         findings = engine.finish()
     run_info = {"task": "copy", "preset": "tiny", "norm": cfg.norm, "faults": list(cfg.faults),

@@ -69,7 +69,7 @@ def test_progress_plain_lines_on_a_pipe():
     buf = io.StringIO()
     with console.progress(50, "training", console.make_console(buf)) as bar:
         for step in range(50):
-            bar.update(step, loss=2.0 - step / 50, lr=1e-3)
+            bar.update(step + 1, loss=2.0 - step / 50, lr=1e-3)
     lines = buf.getvalue().splitlines()
     assert 5 <= len(lines) <= 12, lines                      # every tenth, not every step
     assert lines[-1].startswith("training: step 50/50")
@@ -81,7 +81,7 @@ def test_progress_interrupted_prints_last_step():
     try:
         with console.progress(100, "training", console.make_console(buf)) as bar:
             for step in range(100):
-                bar.update(step, loss=1.0)
+                bar.update(step + 1, loss=1.0, acc=None)
                 if step == 14:
                     raise KeyboardInterrupt
     except KeyboardInterrupt:
@@ -95,6 +95,6 @@ def test_progress_live_on_a_terminal():
     c = console.Console(file=buf, force_terminal=True, width=120)
     with console.progress(10, "training", c) as bar:
         for step in range(10):
-            bar.update(step, loss=torch.tensor(0.5), lr=2e-4)
+            bar.update(step + 1, loss=torch.tensor(0.5), lr=2e-4)
     out = buf.getvalue()
     assert "10/10" in out and "loss 0.5" in out and "step/s" in out

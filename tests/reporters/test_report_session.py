@@ -23,7 +23,7 @@ def test_json_format_prints_only_json_on_stdout(tmp_path, capsys):
     s = ReportSession(tmp_path, fmt="json", tensorboard=False, figures=False)
     with s.progress(5) as bar:
         for step in range(5):
-            bar.update(step, loss=1.0, lr=1e-3)
+            bar.update(step + 1, loss=1.0, lr=1e-3)
             s.log_scalars(step, {"train/loss": 1.0})
     code = s.finish(small_report(), fail_on="warning")
     out, err = capsys.readouterr()

@@ -148,3 +148,21 @@ def test_only_add_scalar_and_only_here():
         assert "add_scalars(" not in src, path
         if path.name != "tensorboard.py":
             assert not re.search(r"^\s*(from|import) (torch\.utils\.)?tensorboard", src, re.M), path
+
+
+def test_histograms_and_images_are_sparse_and_exact(tmp_path):
+    from tndebug.reporters.recorder import plan_every
+    assert (plan_every(60), plan_every(400), plan_every(10_000)) == (50, 50, 500)
+    sink = TensorBoardSink(tmp_path, heavy_every=plan_every(400))
+    x = torch.linspace(-2.0, 2.0, 101).reshape(1, 1, 101)
+    for step in range(0, 121):                       # a probe that runs every step
+        sink.on_trace(step, Trace(step=step, streams=[StreamPoint("encoder.hook_out", "encoder",
+                                                                  None, "stack", x)]))
+        sink.on_trace(step, Trace(step=step))        # an empty trace is never drawn
+    sink.close()
+    events = load(tmp_path).Histograms("hist/stream/encoder.hook_out")
+    assert [e.step for e in events] == [0, 50, 100]
+    h = events[0].histogram_value
+    assert (h.min, h.max, h.num) == (-2.0, 2.0, 101)
+    assert h.sum == pytest.approx(0.0, abs=1e-5) and h.sum_squares == pytest.approx(float((x * x).sum()))
+    assert sum(h.bucket) == 101 and list(h.bucket_limit) == sorted(h.bucket_limit)

@@ -8,7 +8,7 @@ from tndebug.report import Report
 
 SEVERITY_WORD = {"error": "ERROR", "warning": "WARN", "info": "INFO"}
 VERDICT_WORD = {"clean": "CLEAN", "warnings": "WARNINGS", "errors": "ERRORS"}
-STATUS_KEYS = ("stopped_at", "stop_step", "step")   # where run["status"] != completed stopped
+STATUS_KEYS = ("stopped_at_step", "stopped_at", "step")   # where run["status"] != completed stopped
 
 
 def fmt_value(v) -> str:

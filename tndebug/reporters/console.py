@@ -46,7 +46,8 @@ def _fmt_metric(v) -> str:
 
 
 class ProgressBar:
-    """`update(step, loss=..., lr=...)` after step `step` (0-based) finished.
+    """`update(done, loss=..., lr=...)` with `done` the steps completed so far (the trainer
+    passes `step + 1`); it is clipped to `total`. Metrics that are None are not shown.
 
     Metric values may be tensors; they are read only when shown (a few times a second on a
     terminal, every tenth of the run otherwise), so the bar does not force a sync per step.
@@ -84,9 +85,9 @@ class ProgressBar:
                                                  info="")
         return self
 
-    def update(self, step: int, **metrics) -> None:
-        self.done = min(step + 1, self.total) if self.total else step + 1
-        self.metrics.update(metrics)
+    def update(self, done: int, **metrics) -> None:
+        self.done = min(done, self.total) if self.total else done
+        self.metrics.update({k: v for k, v in metrics.items() if v is not None})
         if self._progress is not None:
             self._progress.update(self._task, completed=self.done, info=_LazyFields(self))
         elif self.done >= self._next_line or self.done == self.total:

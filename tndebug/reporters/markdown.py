@@ -31,8 +31,8 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
         if sign:
             out.append(f"> **First sign:** {sign}")
     out += ["", "## Run", "", "| | |", "|---|---|"]
-    keys = [k for k in RUN_KEYS_FIRST if k in report.run] + \
-           [k for k in report.run if k not in RUN_KEYS_FIRST]
+    keys = [k for k in RUN_KEYS_FIRST if report.run.get(k) is not None] + \
+           [k for k in report.run if k not in RUN_KEYS_FIRST and report.run[k] is not None]
     out += [f"| {_md(k)} | {_md(fmt_value(report.run[k]))} |" for k in keys]
 
     out += ["", "## Findings", ""]

@@ -297,11 +297,13 @@ def figure_depth(rec: Recorder, fig_dir: Path) -> Plot | None:
 # -- loss and learning-rate curves -------------------------------------------------------
 def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
     scalars = dict(rec.scalars)
-    for key, tag in (("loss", "train/loss"), ("lr", "train/lr")):   # the trainer's own history
-        h = report.history.get(key) if report.history else None
-        if tag not in scalars and h:
-            scalars[tag] = [tuple(p) if isinstance(p, (list, tuple)) else (i, p)
-                            for i, p in enumerate(h)]
+    history = report.history or {}
+    steps = history.get("step")
+    for key, tag in (("loss", "train/loss"), ("lr", "train/lr")):   # the trainer's own history:
+        h = history.get(key)                                        # every step, not every 10th
+        if h:
+            xs = steps if steps and len(steps) == len(h) else range(len(h))
+            scalars[tag] = [(int(x), float(y)) for x, y in zip(xs, h) if y is not None]
     losses = {t: s for t, s in scalars.items() if t.endswith("loss") and s}
     lrs = {t: s for t, s in scalars.items() if t.endswith("/lr") and s}
     others = {t: s for t, s in scalars.items() if t.startswith("eval/") and t not in losses and s}

@@ -18,6 +18,12 @@ from tndebug.trace import Trace
 
 _LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)")
 SNAPSHOT_EXAMPLES = 4          # examples of the probe batch kept for attention figures
+EVERY_UNIT = 50                # snapshot / histogram cadence is a multiple of this (probe schedules)
+
+
+def plan_every(total_steps: int) -> int:
+    """About 20 snapshots per run: every N steps, N a multiple of 50."""
+    return EVERY_UNIT * max(1, round(total_steps / 20 / EVERY_UNIT))
 
 
 @dataclass
@@ -54,7 +60,8 @@ def _stream_key(name: str) -> tuple:
 class Recorder:
     """Sink for `ProbeEngine` plus the trainer's scalars; reporters read it at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, every: int = 1) -> None:
+        self.every = every               # snapshot the probe batch on the first trace and every N steps
         self.metrics: dict[str, list[tuple[int, float]]] = {}
         self.scalars: dict[str, list[tuple[int, float]]] = {}
         self.snapshots: list[TraceSnapshot] = []     # every probed step: RMS only
@@ -73,6 +80,10 @@ class Recorder:
 
     def on_trace(self, step: int, trace: Trace) -> None:
         self.last_step = max(self.last_step, step)
+        if not (trace.streams or trace.grads or any(r.probs is not None for r in trace.records())):
+            return
+        if self.snapshots and step % self.every and step != self.snapshots[-1].step:
+            return
         rows = _rows(trace)
         snap = TraceSnapshot(step, _cpu_rows(trace.src, rows), _cpu_rows(trace.tgt, rows),
                              trace.pad_id, rows.tolist())

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tndebug.report import Report
 from tndebug.reporters import console
-from tndebug.reporters.recorder import Recorder, to_float
+from tndebug.reporters.recorder import Recorder, plan_every, to_float
 
 FORMATS = ("text", "json", "md")
 
@@ -35,21 +35,24 @@ class ReportSession:
         tensorboard: write out_dir/tb (one SummaryWriter).
         figures: draw the PNGs at the end (the plots cost about a second).
         markdown: write report.md.
+        tb_every: snapshot the probe batch (TensorBoard histograms and images, the figures'
+            data) on the first probed step and every N steps; default about 20 per run.
     """
 
     def __init__(self, out_dir: str | Path, fmt: str = "text", tensorboard: bool = True, *,
-                 figures: bool = True, markdown: bool = True) -> None:
+                 figures: bool = True, markdown: bool = True, tb_every: int | None = None) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.fmt = fmt
         self.figures, self.markdown = figures, markdown
+        self.tb_every = tb_every
         self.recorder = Recorder()
         self.tb = None
         if tensorboard:
             from tndebug.reporters.tensorboard import TensorBoardSink   # TB only when asked
-            self.tb = TensorBoardSink(self.out_dir / "tb")
+            self.tb = TensorBoardSink(self.out_dir / "tb", heavy_every=tb_every)
         self.sinks: list = [self.recorder] + ([self.tb] if self.tb else [])
         self.plots: list = []
         self.report_seconds = 0.0        # time spent in finish() (figures, files, printing)
@@ -58,13 +61,18 @@ class ReportSession:
     # -- during the run -------------------------------------------------------------------
     @contextlib.contextmanager
     def progress(self, total: int, description: str = "training"):
-        """A bar with `.update(step, **metrics)`; on stderr, plain lines when not a terminal."""
+        """A bar with `.update(done, **metrics)`; on stderr, plain lines when not a terminal.
+        `total` also sets how often TensorBoard gets histograms and images (about 20 times)."""
+        every = self.tb_every or plan_every(total)
+        self.recorder.every = every
+        if self.tb is not None:
+            self.tb.heavy_every = every
         with console.progress(total, description, console.make_console(stderr=True)) as bar:
             yield bar
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         """Training scalars (`train/loss`, `train/lr`, `eval/accuracy`): curves and TensorBoard."""
-        values = {tag: to_float(v) for tag, v in scalars.items()}    # tensors synced here, once
+        values = {tag: to_float(v) for tag, v in scalars.items() if v is not None}   # one sync each
         self.recorder.log_scalars(step, values)
         if self.tb is not None:
             self.tb.log_scalars(step, values)

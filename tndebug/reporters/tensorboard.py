@@ -4,10 +4,11 @@ What goes in (tags):
 
 * every probe metric as it arrives (`attn/enc_self/layer0/head1/entropy`, `depth/...`, `grad/...`);
 * the trainer's scalars (`train/loss`, `train/lr`, `eval/accuracy`, ...);
-* at probed steps only: histograms `hist/stream/<tap>`, `hist/attn/<kind>/layer<N>/probs`,
-  `hist/ffn/<module>`, `hist/grad/<tap>` (non-finite values dropped and counted in
-  `nonfinite/<same name>`, plus `nonfinite/total` at every probed step), and attention maps
-  `attn_maps/<kind>/layer<N>` (heads side by side, example 0 of the probe batch);
+* at probed steps only, and of those only the first and multiples of `heavy_every` (about 20
+  per run; some probes run every step): histograms `hist/stream/<tap>`,
+  `hist/attn/<kind>/layer<N>/probs`, `hist/ffn/<module>`, `hist/grad/<tap>` of whole tensors
+  (non-finite values left out and counted in `nonfinite/<same name>`, plus `nonfinite/total`),
+  and attention maps `attn_maps/<kind>/layer<N>` (heads side by side, example 0 of the batch);
 * a custom-scalars layout: "Head diversity" (one multiline chart per layer and attention type
   over all heads' entropy, and each type's `diversity` across layers), "Head similarity",
   "Depth" (resid_rms and grad norm of all layers of a stack);
@@ -20,30 +21,35 @@ import math
 import re
 from pathlib import Path
 
-import numpy as np
 import torch
+from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import custom_scalars, hparams
 
 from tndebug.trace import Trace
 
-MAX_HIST_VALUES = 65536          # a histogram reads at most this many values (strided)
+HIST_BINS = 30                   # equal-width buckets between the finite min and max
+HEAVY_EVERY = 50                 # histograms and images at step 0 and every N steps (at most)
 _HEAD = re.compile(r"attn/(enc_self|dec_self|cross)/layer(\d+)/head\d+/(entropy|similarity)")
 _DIVERSITY = re.compile(r"attn/(enc_self|dec_self|cross)/layer\d+/diversity")
 _RESID = re.compile(r"depth/(encoder|decoder)/layer\d+/(resid_rms|rank)")
 _GRAD = re.compile(r"grad/(\w+)/layer\d+/norm")
-RESULT_KEYS = ("final_loss", "exact_match", "token_accuracy", "wall_s", "stopped_at")
-RESULT_PREFIXES = ("final_", "eval_", "best_")
+# run keys that are results (HParams metrics); every other run key is a hyperparameter
+RESULT_KEYS = ("exact_match", "token_accuracy", "wall_s", "train_s", "eval_s", "probe_s",
+               "tokens_per_s", "peak_gpu_mem_bytes", "stopped_at_step", "stopped_at")
+RESULT_PREFIXES = ("final_", "best_")
 
 
 class TensorBoardSink:
     """A ProbeEngine sink (`on_metric`, `on_trace`) that also takes the trainer's scalars."""
 
     def __init__(self, log_dir: str | Path, *, histograms: bool = True, images: bool = True,
-                 flush_secs: int = 30) -> None:
+                 heavy_every: int | None = None, flush_secs: int = 30) -> None:
         self.log_dir = Path(log_dir)
         self.writer = SummaryWriter(str(self.log_dir), flush_secs=flush_secs)
         self.histograms, self.images = histograms, images
+        self.heavy_every = heavy_every or HEAVY_EVERY   # steps that get histograms and images
+        self._heavy_steps: set[int] = set()
         self.charts: dict[str, dict[str, list]] = {}   # category -> title -> ["Multiline", [regex]]
         self._layout_written: int = 0                  # number of charts in the last layout written
         self._step = 0
@@ -63,12 +69,16 @@ class TensorBoardSink:
         if self.closed:
             return
         for tag, value in scalars.items():
-            self.writer.add_scalar(tag, float(value), step)
+            if value is not None:
+                self.writer.add_scalar(tag, float(value), step)
 
     def on_trace(self, step: int, trace: Trace) -> None:
         if self.closed:
             return
         self._step_boundary()
+        if not self.wants_heavy(step, trace):
+            return
+        self._heavy_steps.add(step)
         if self.histograms:
             named = [(f"stream/{p.name}", p.x) for p in trace.streams]
             named += [(f"attn/{r.tag}/probs", r.probs) for r in trace.records() if r.probs is not None]
@@ -82,27 +92,53 @@ class TensorBoardSink:
                     self.writer.add_image(f"attn_maps/{r.tag}", attention_image(r.probs[0]), step,
                                           dataformats="HWC")
 
+    def wants_heavy(self, step: int, trace: Trace) -> bool:
+        """Histograms and images at the first probed step and at multiples of `heavy_every`
+        (probes run at least that often on the steps that matter; some run every step)."""
+        if step in self._heavy_steps or not (trace.streams or trace.attention or trace.grads
+                                             or trace.ffn_hidden):
+            return False
+        return not self._heavy_steps or step % self.heavy_every == 0
+
     # -- pieces ---------------------------------------------------------------------------
     def add_histograms(self, step: int, named: list[tuple[str, torch.Tensor]]) -> int:
-        """Histograms `hist/<name>`; NaN/Inf dropped and counted. Returns the non-finite total."""
-        named = [(n, t.detach().reshape(-1)) for n, t in named if t is not None and t.numel()]
+        """Histograms `hist/<name>` of whole tensors, computed with torch where they live (two
+        host syncs for all of them); NaN/Inf left out and counted. Returns the non-finite total."""
+        named = [(n, t.detach().reshape(-1).float()) for n, t in named
+                 if t is not None and t.numel() and t.is_floating_point()]
         if not named:
             return 0
         dev = named[0][1].device
-        bad = torch.stack([(~torch.isfinite(t)).sum().to(dev) for _, t in named]).cpu().tolist()
-        samples = [t[::max(1, math.ceil(t.numel() / MAX_HIST_VALUES))].float().to(dev)
-                   for _, t in named]
-        host = torch.cat(samples).cpu().numpy()                       # one copy for all of them
-        offset = 0
-        for (name, _), sample, n_bad in zip(named, samples, bad):
-            values = host[offset:offset + sample.numel()]
-            offset += sample.numel()
-            values = values[np.isfinite(values)]
-            if values.size:
-                self.writer.add_histogram(f"hist/{name}", values, step)
-            if n_bad:
-                self.writer.add_scalar(f"nonfinite/{name}", n_bad, step)
-        total = int(sum(bad))
+        inf = torch.tensor(math.inf, device=dev)
+        rows, finite_xs = [], []
+        for _, x in named:
+            x = x.to(dev)
+            ok = torch.isfinite(x)
+            clean = torch.where(ok, x, 0.0).double()
+            rows.append(torch.stack([(~ok).sum().double(), torch.where(ok, x, inf).amin().double(),
+                                     torch.where(ok, x, -inf).amax().double(), clean.sum(),
+                                     (clean * clean).sum()]))
+            finite_xs.append(torch.where(ok, x, math.nan))
+        stats = torch.stack(rows).cpu().tolist()                           # sync 1: [k, 5]
+        counts = [torch.histc(x, HIST_BINS, lo, hi) if bad < x.numel() and hi > lo else None
+                  for x, (bad, lo, hi, _, _) in zip(finite_xs, stats)]
+        got = [c for c in counts if c is not None]
+        host = iter(torch.stack(got).cpu().tolist() if got else [])        # sync 2: [k', bins]
+        for (name, x), (bad, lo, hi, s, ss), c in zip(named, stats, counts):
+            n = x.numel() - int(bad)
+            if n:
+                if c is None:                                  # one distinct finite value
+                    limits, buckets = [lo, hi + 1e-12], [0.0, float(n)]
+                else:
+                    edges = torch.linspace(lo, hi, HIST_BINS + 1, dtype=torch.float64).tolist()
+                    limits, buckets = edges, [0.0] + next(host)
+                proto = HistogramProto(min=lo, max=hi, num=n, sum=s, sum_squares=ss,
+                                       bucket_limit=limits, bucket=buckets)
+                self.writer._get_file_writer().add_summary(
+                    Summary(value=[Summary.Value(tag=f"hist/{name}", histo=proto)]), step)
+            if bad:
+                self.writer.add_scalar(f"nonfinite/{name}", int(bad), step)
+        total = int(sum(row[0] for row in stats))
         self.writer.add_scalar("nonfinite/total", total, step)
         return total
 
