@@ -4,8 +4,10 @@ Decided from parameter gradients after backward (grouped by layer from parameter
 `encoder.layers.3`) and from the FFN hidden activations (`Trace.ffn_hidden`):
 
 * non-finite gradient in any group -> error (the first group in parameter order);
-* a group's norm above SPIKE x the median of its last WINDOW probed norms -> warning (the
-  first such step, naming the group with the largest ratio);
+* a layer's (or the total) norm above SPIKE x the median of its last WINDOW probed norms ->
+  warning (the first such step, naming the group with the largest ratio). Embeddings, the
+  generator and final norms count in the total only: their norms follow which tokens a batch
+  holds (a healthy Post-LN run showed a 13.6x embedding "spike");
 * a group whose gradient is zero or absent at every probed step -> warning;
 * dead ReLUs: the share of hidden units never active over >= MIN_TOKENS tokens above
   DEAD_SHARE in a layer -> warning; tested at setup on random batches (eval mode), and again
@@ -18,7 +20,8 @@ import math
 import torch
 
 from tndebug.notes import FAULT_NOTES
-from tndebug.probes._misc_stats import RunningMedian, first_reason, group_parameters, metric_tag
+from tndebug.probes._misc_stats import (RunningMedian, first_reason, group_parameters,
+                                        layer_group, metric_tag)
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.trace import Trace
@@ -27,7 +30,7 @@ MIN_TOKENS = 4096     # FAILURE_MODES 7f
 # Healthy tiny/small, pre/post, dropout 0/0.1/0.3: at most 31% of a layer's units never fire at
 # init on 4096 random tokens, and at most ~20% during training; FFN bias -3 gives 98-100%.
 DEAD_SHARE = 0.5
-SPIKE = 10.0          # FAILURE_MODES 7g; healthy runs peak at ~3x their running median
+SPIKE = 10.0          # FAILURE_MODES 7g; healthy layers peak at 6x their running median
 WINDOW, MIN_HISTORY = 20, 5
 _NOTE = FAULT_NOTES["dead_relu_init"][2]
 
@@ -52,6 +55,7 @@ class GradientFlowProbe(Probe):
     def __init__(self, schedule=None) -> None:
         super().__init__(schedule)
         self._groups: dict[str, list] = {}
+        self._indexed: set[str] = set()          # groups inside an indexed layer list
         self._median: dict[str, RunningMedian] = {}
         self._zero_steps: dict[str, int] = {}
         self._grad_steps = 0
@@ -63,6 +67,7 @@ class GradientFlowProbe(Probe):
     def setup(self, run: RunContext) -> None:
         subject = run.subject
         self._groups = group_parameters(subject.model)
+        self._indexed = {g for g in self._groups if layer_group(g + ".")[2] is not None}
         ever: dict[str, torch.Tensor] = {}
         tokens = 0
         try:
@@ -143,17 +148,14 @@ class GradientFlowProbe(Probe):
             return
         total = math.sqrt(sum(n * n for n in norms))
         self.metric(step, "grad/total/norm", total)
-        spikes = []                                     # (ratio, group, norm, median)
+        spikes: list = []                               # (ratio, group, norm, median)
         for group, norm, has in zip(names, norms, present):
             self.metric(step, metric_tag(group), norm)
             if not has or norm == 0.0:
                 self._zero_steps[group] = self._zero_steps.get(group, 0) + 1
-            hist = self._median.setdefault(group, RunningMedian(WINDOW))
-            if len(hist) >= MIN_HISTORY:
-                med = hist.median()
-                if med > 0 and norm > SPIKE * med:
-                    spikes.append((norm / med, group, norm, med))
-            hist.push(norm)
+            if group in self._indexed:
+                self._spike(group, norm, spikes)
+        self._spike("total", total, spikes)
         if spikes and not self._spiked:       # the first spike is the finding; later ones are metrics
             self._spiked = True
             ratio, group, norm, med = max(spikes)
@@ -163,6 +165,14 @@ class GradientFlowProbe(Probe):
                         evidence={"norm": norm, "running_median": med, "ratio": ratio,
                                   "threshold_ratio": SPIKE, "window": WINDOW,
                                   "groups": [g for _, g, _, _ in spikes]})
+
+    def _spike(self, group: str, norm: float, spikes: list) -> None:
+        hist = self._median.setdefault(group, RunningMedian(WINDOW))
+        if len(hist) >= MIN_HISTORY:
+            med = hist.median()
+            if med > 0 and norm > SPIKE * med:
+                spikes.append((norm / med, group, norm, med))
+        hist.push(norm)
 
     def finish(self, run: RunContext) -> None:
         if self._grad_steps < 3 or self._nonfinite:
