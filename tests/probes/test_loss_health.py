@@ -9,6 +9,7 @@ from _misc_helpers import PAD, V, hand_subject, kinds, probed_loop
 from tndebug.config import ModelConfig
 from tndebug.harness import train_with_probes
 from tndebug.model import make_model
+from tndebug.probes import loss_health
 from tndebug.probes.loss_health import PLATEAU_SHARE, LossHealthProbe
 from tndebug.probes.schedule import every
 from tndebug.subject import tndebug_subject
@@ -38,7 +39,16 @@ def test_lr_zero_is_a_plateau_error():
 def test_too_short_run_skips_the_plateau_check_with_a_reason():
     probe = LossHealthProbe(every(5))
     _, findings, _ = train_with_probes(ModelConfig.tiny(), [probe], steps=6, batch=8)
-    assert findings == [] and "500 steps" in probe.skipped and probe.status() == "pass"
+    assert findings == [] and "200 steps" in probe.skipped and probe.status() == "pass"
+
+
+def test_run_shorter_than_plateau_steps_is_judged_at_its_end(monkeypatch):
+    monkeypatch.setattr(loss_health, "PLATEAU_MIN_STEPS", 10)     # 200 in real runs
+    subject = tndebug_subject(make_model(ModelConfig.tiny()))
+    probe = LossHealthProbe(every(5))                             # plateau_steps 500
+    _, findings = probed_loop(subject, [probe], steps=11, lr_fn=lambda step: 0.0)
+    [f] = findings
+    assert (f.severity, f.step) == ("error", 10)
 
 
 # -- written by hand -------------------------------------------------------------------------

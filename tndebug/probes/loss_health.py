@@ -21,7 +21,8 @@ INIT_LOW = 0.8             # L0 < 0.8 ln V: the model "knows" the targets before
 INIT_HIGH_SHARE = 0.2      # L0 > ln V + max(0.2 ln V, 2 nats): logits far too large at init
 INIT_HIGH_NATS = 2.0
 PLATEAU_SHARE = 0.95       # FAILURE_MODES 7e: CE > 0.95 ln V ...
-PLATEAU_STEPS = 500        # ... at 500 steps -> error
+PLATEAU_STEPS = 500        # ... at 500 steps -> error; a shorter run is judged at its end if it
+PLATEAU_MIN_STEPS = 200    # ran 200 steps (healthy tiny/small runs are at <= 0.67 ln V by then)
 PLATEAU_LAST = 3           # judged on the mean of the last 3 probed CEs
 
 
@@ -117,6 +118,12 @@ class LossHealthProbe(Probe):
     def finish(self, run: RunContext) -> None:
         if not self._ce and self._bad_step is None:
             self.skip("no logits/targets or loss were observed")
-        elif not self._plateau_judged and self._bad_step is None and self._ce:
-            self.skip(f"plateau check needs {self.plateau_steps} steps; the run stopped at "
-                      f"step {self._ce[-1][0]}")
+            return
+        if self._plateau_judged or self._bad_step is not None:
+            return
+        needed = min(self.plateau_steps, PLATEAU_MIN_STEPS)
+        last = self._ce[-1][0]
+        if last >= needed:
+            self._plateau(last)
+        else:
+            self.skip(f"plateau check needs {needed} steps; the run stopped at step {last}")
