@@ -10,11 +10,12 @@ from torch import nn
 
 from tndebug.config import ModelConfig
 from tndebug.harness import train_with_probes
+from tndebug.model import make_model
 from tndebug.model.hooks import HookPoint, name_hook_points
 from tndebug.probes import probe_class
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.head_collapse import HeadCollapse
-from tndebug.subject import Subject
+from tndebug.subject import Subject, tndebug_subject
 from tndebug.trace import AttentionRecord, TapCapture, Trace
 
 SITES = {"encoder.layers.0.self_attn", "encoder.layers.1.self_attn", "decoder.layers.0.self_attn",
@@ -60,6 +61,15 @@ def test_identical_head_init_is_an_error_in_every_attention(norm):
         assert f.severity == "error" and f.step == 0 and f.evidence["heads"] == [0, 1, 2, 3]
         assert f.evidence["max_head_cosine"]["q"] > f.evidence["threshold_cosine"]
         assert "xavier" in f.fix
+
+
+def test_a_rank_collapsed_stream_is_not_mistaken_for_shared_qk():
+    """no_residual makes every token alike by the third layer: scores are constant, hence
+    symmetric, and all maps uniform; that is variance-drift's finding, not this probe's."""
+    torch.manual_seed(0)
+    probe = HeadCollapse()
+    probe.setup(RunContext(subject=tndebug_subject(make_model(ModelConfig.small().with_faults("no_residual")))))
+    assert probe.checked and alarms(probe.findings) == []
 
 
 def test_metrics_use_the_reporters_tags():
@@ -190,6 +200,34 @@ def test_hand_written_shared_projection_is_caught():
                           "decoder.layers.0.cross_attn"}
     assert found["encoder.layers.0.self_attn"].evidence["same_projection"] == \
         ["encoder.layers.0.self_attn.proj_q"]
+
+
+class ScoresOnly:
+    """A capture that sees scores and probabilities but not q/k/v (e.g. a patched softmax)."""
+
+    def __init__(self, model):
+        self.inner = TapCapture(model)
+
+    @contextmanager
+    def recording(self, reads, trace):
+        with self.inner.recording(reads, trace):
+            yield trace
+        for rec in trace.attention.values():
+            rec.q = rec.k = rec.v = None
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_hand_written_shared_projection_from_scores_alone(shared):
+    model = HandModel(shared=shared)
+    probe = HeadCollapse()
+    probe.setup(RunContext(subject=Subject(model, lambda m, s, t, pad: m(s, t), src_vocab=11,
+                                           tgt_vocab=11, capture=ScoresOnly(model))))
+    found = {f.where: f for f in alarms(probe.findings)}
+    if shared:   # cross-attention scores are not square: only the self-attentions can tell
+        assert set(found) == {"encoder.layers.0.self_attn", "decoder.layers.0.self_attn"}
+        assert all(f.evidence["asymmetry"] < 0.05 for f in found.values())
+    else:
+        assert found == {}
 
 
 def test_hand_written_separate_projections_are_clean():

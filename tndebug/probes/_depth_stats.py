@@ -89,8 +89,8 @@ class NormSignature:
     std_cv: float          # coefficient of variation of the per-token std
     null_ratio: float      # σ_min / σ_rms of the token-centred matrix (NaN: too few tokens)
     second_ratio: float    # σ_{d-1} / σ_rms
-    sphere_residual: float  # tokens rescaled by the null vector lie on one sphere (LayerNorm: ~0)
-    rms_residual: float    # relative residual of the RMSNorm identity Σ_i w_i x_i² = 1 (NaN: n/a)
+    sphere_residual: float  # tokens rescaled by the null vector lie on one sphere (LayerNorm: ~0; NaN: not tested)
+    rms_residual: float    # residual of the RMSNorm identity Σ_i w_i x_i² = 1 (NaN: not tested)
     tokens: int
     width: int
 
@@ -126,20 +126,25 @@ def _signature(x: torch.Tensor, keep: torch.Tensor) -> NormSignature:
     cv = float(sd.std(unbiased=False) / sd.mean().clamp(min=1e-30)) if N else float("nan")
     null = second = sphere = rres = float("nan")
     if N >= d + 2:
-        _, s, Vh = torch.linalg.svd(X - X.mean(0), full_matrices=False)   # s [d], descending
-        s_rms = s.pow(2).mean().sqrt().clamp(min=1e-30)
-        null, second = float(s[-1] / s_rms), float(s[-2] / s_rms)
-        # With v ∝ 1/γ (the null vector), y_t = v ⊙ x_t = s·z_t + c lies on one sphere
-        # ‖y_t − c‖ = const: fit 2 y·c + k = ‖y‖² and keep the relative residual.
-        y = X * Vh[-1]                                       # [N, d]
-        A = torch.cat([2 * y, torch.ones(N, 1, dtype=y.dtype)], dim=1)   # [N, d + 1]
-        rhs = y.pow(2).sum(-1, keepdim=True)                 # [N, 1]
-        fit = torch.linalg.lstsq(A, rhs).solution
-        sphere = float((A @ fit - rhs).norm() / rhs.norm().clamp(min=1e-30))
-        A = X.pow(2)                                         # [N, d]
-        ones = torch.ones(N, 1, dtype=A.dtype)
-        w = torch.linalg.lstsq(A, ones).solution
-        rres = float((A @ w - ones).norm() / N ** 0.5)
+        Xc = X - X.mean(0)
+        evals, evecs = torch.linalg.eigh(Xc.T @ Xc)         # ascending; σ_i² of the centred tokens
+        sv = evals.clamp(min=0).sqrt()
+        s_rms = evals.clamp(min=0).mean().sqrt().clamp(min=1e-30)
+        null, second = float(sv[0] / s_rms), float(sv[1] / s_rms)
+        if null < NULL_RATIO:
+            # With v ∝ 1/γ (the null vector), y_t = v ⊙ x_t = s·z_t + c lies on one sphere
+            # ‖y_t − c‖ = const: fit 2 y·c + k = ‖y‖² and keep the relative residual.
+            y = X * evecs[:, 0]                              # [N, d]
+            A = torch.cat([2 * y, torch.ones(N, 1, dtype=y.dtype)], dim=1)   # [N, d + 1]
+            rhs = y.pow(2).sum(-1, keepdim=True)             # [N, 1]
+            fit = torch.linalg.lstsq(A, rhs).solution
+            sphere = float((A @ fit - rhs).norm() / rhs.norm().clamp(min=1e-30))
+        else:
+            # RMSNorm: Σ_i w_i x_i² = 1 for every token (w = 1/γ²)
+            A = X.pow(2)                                     # [N, d]
+            ones = torch.ones(N, 1, dtype=A.dtype)
+            w = torch.linalg.lstsq(A, ones).solution
+            rres = float((A @ w - ones).norm() / N ** 0.5)
     return NormSignature(mean_r, cv, null, second, sphere, rres, N, d)
 
 
@@ -163,8 +168,9 @@ def signature_at(trace: Trace, sp: StreamPoint, stack: str | None = None) -> Nor
 
 
 def block_points(trace: Trace) -> list[StreamPoint]:
-    """Block outputs: residual points after a sublayer or a layer (no embeddings, no stack outputs)."""
-    return [sp for sp in trace.streams if sp.kind in ("sublayer", "layer")]
+    """Block outputs: the layer outputs, else the sublayer outputs (no embeddings, no stacks)."""
+    layers = [sp for sp in trace.streams if sp.kind == "layer"]
+    return layers or [sp for sp in trace.streams if sp.kind == "sublayer"]
 
 
 def stack_outputs(trace: Trace) -> list[StreamPoint]:

@@ -3,8 +3,9 @@
 Failure: (1) one projection serves as Q and K (and V): `self.w_k = self.w_q`, or one Linear
     reused; (2) every head initialised from one copy, so the heads stay the same head;
     (3) attention entropy collapse during training (Zhai et al. 2023).
-Symptom: (1) q == k in self-attention, the same module or parameter produces q and k, scores
-    symmetric (‖S−Sᵀ‖/‖S‖ < 0.05) with each token attending to itself (> 90% of rows);
+Symptom: (1) the same module or weight produces q and k (found by matching Linear outputs to
+    the traced q/k, or equal slices of a packed in_proj), q == k in self-attention, or
+    symmetric scores (‖S−Sᵀ‖/‖S‖ < 0.05; 0 when shared, ~1.4 otherwise);
     (2) per-head slices of W_Q/W_K/W_V with cosine > 0.99, or identical attention maps;
     (3) > 50% of a layer's heads with normalised entropy < 0.05 while the loss is unstable,
     3 probes in a row.
@@ -32,7 +33,8 @@ from tndebug.trace import AttentionRecord, Trace
 ENT_LOW = 0.05        # normalised entropy of a collapsed head (FAILURE_MODES 4a)
 COLLAPSED_SHARE = 0.5  # share of a layer's heads below ENT_LOW
 RUN = 3               # consecutive probes, collapsed and unstable
-SPIKE = 1.5           # loss above this multiple of its running minimum is unstable
+ABOVE_START = 1.2     # loss above this multiple of the first probed loss is unstable...
+LOST = 0.5            # ...and so is a loss that gave back half of the progress made so far
 DUP_COS = 0.99        # per-head weight slices this close are copies (random slices: |cos| < 0.05)
 DUP_JS = 1e-4         # bits; maps this close are copies (independent heads at init: 0.05-0.3)
 DUP_MIN_ENT = 0.3     # ...only between heads that are not sharp (sharp heads may agree by design)
@@ -41,6 +43,7 @@ ASYM = 0.05           # ‖S−Sᵀ‖/‖S‖ below this: symmetric scores (4b)
 # init on padded random batches (‖q_j‖ > ‖q_i‖ beats q_i·q_i), so it is evidence, not a condition.
 SAME = 1e-6           # relative difference for "the same tensor"
 REDUNDANT_JS = 0.01   # every pair below this: redundant layer (info only, 4c)
+FLAT = 1e-3           # scores varying less than this over the keys (relative): tokens all alike
 JS_MAX_SEQ, JS_MAX_ROWS = 8, 64
 LN2 = math.log(2.0)
 
@@ -175,7 +178,7 @@ class HeadCollapse(Probe):
             ev["q_minus_k_rel"] = round(diff, 8)
             if diff < SAME:
                 ev["q_equals_k"] = True
-        sym = self._symmetry(rec, trace) if self_attn else None
+        sym = self._symmetry(rec, trace) if self_attn and not _flat(rec) else None
         if sym is not None:
             ev.update(sym)
         decisive = ev.get("same_projection") or ev.get("in_proj_q_equals_k") or ev.get("q_equals_k")
@@ -210,8 +213,17 @@ class HeadCollapse(Probe):
         B, h, T, _ = S.shape
         rows = query_keep(trace, rec, B, T, S.device)                        # [B, T]
         pair = (rows[:, :, None] & rows[:, None, :])[:, None].expand_as(S)    # [B, h, T, T]
-        S0 = torch.where(pair, S.float(), torch.zeros((), device=S.device))
-        asym = float((S0 - S0.transpose(-1, -2)).norm() / S0.norm().clamp(min=1e-30))
+        # double-centred over the real tokens: row and column offsets (which the softmax
+        # ignores, and which dominate when the tokens are nearly alike) drop out, while
+        # S = Sᵀ stays symmetric
+        w = pair.float()
+        n = rows.sum(-1).clamp(min=1).float()[:, None, None, None]            # [B, 1, 1, 1]
+        S0 = S.float() * w
+        Sc = (S0 - S0.sum(-1, keepdim=True) / n - S0.sum(-2, keepdim=True) / n
+              + S0.sum((-1, -2), keepdim=True) / n ** 2) * w
+        if float(Sc.norm()) <= FLAT * float(S0.norm()):
+            return None                          # scores do not depend on the pair: nothing to test
+        asym = float((Sc - Sc.transpose(-1, -2)).norm() / Sc.norm().clamp(min=1e-30))
         keys = rec.key_keep()
         allowed = pair if keys is None else pair & keys.expand_as(S)
         diag = torch.eye(T, dtype=torch.bool, device=S.device)
@@ -244,7 +256,8 @@ class HeadCollapse(Probe):
             if pairs:
                 groups[f"W_{role.upper()}"] = sorted({tuple(sorted(p)) for p in pairs})
         ev: dict[str, Any] = {"max_head_cosine": max_cos, "threshold_cosine": DUP_COS}
-        if not groups and not weights and rec.probs is not None and not rec.head_averaged:
+        if not groups and not weights and rec.probs is not None and not rec.head_averaged \
+                and not _flat(rec):
             B, _, T, _ = rec.probs.shape
             stats, js = head_stats(rec.probs, rec.key_keep(), query_keep(trace, rec, B, T, rec.probs.device))
             ent = stats[:, 0]
@@ -287,8 +300,7 @@ class HeadCollapse(Probe):
         if "heads" not in stats:
             return
         loss = float(stats["loss"][0]) if "loss" in stats else None
-        unstable = loss is not None and (not math.isfinite(loss) or
-                                         (len(self.losses) >= 2 and loss > SPIKE * min(self.losses)))
+        unstable = loss is not None and self._unstable(loss)
         if loss is not None and math.isfinite(loss):
             self.losses.append(loss)
         heads, jsv = stats["heads"], stats["js"]
@@ -313,6 +325,22 @@ class HeadCollapse(Probe):
                             evidence={"max_pair_js_bits": round(float(pairs.max()), 5),
                                       "threshold_js_bits": REDUNDANT_JS}, fix="")
 
+    def _unstable(self, loss: float) -> bool:
+        """Non-finite, above the first probed loss, or half of the progress so far lost again.
+
+        Relative to the progress, not to the minimum: a KL loss near its floor of 0 would
+        make any ratio to the minimum explode.
+        """
+        if not math.isfinite(loss):
+            return True
+        if len(self.losses) < 2:
+            return False
+        first, low = self.losses[0], min(self.losses)
+        if loss > ABOVE_START * first:
+            return True
+        progress = first - low
+        return progress > 0.1 * abs(first) and (loss - low) > LOST * progress
+
     def _collapse(self, site, layer, st, unstable, loss, step) -> None:
         ent = st[:, 0]
         share = float((ent < ENT_LOW).float().mean())
@@ -329,12 +357,30 @@ class HeadCollapse(Probe):
                         evidence={"entropy": [round(float(e), 4) for e in ent], "collapsed_share": share,
                                   "loss": loss, "loss_min": min(self.losses) if self.losses else None,
                                   "threshold_entropy": ENT_LOW, "threshold_share": COLLAPSED_SHARE,
-                                  "threshold_spike": SPIKE, "probes_in_a_row": RUN},
+                                  "threshold_above_start": ABOVE_START, "threshold_lost": LOST, "probes_in_a_row": RUN},
                         fix="Lower the learning rate or add warmup; bound the attention logits "
                             "(QK-norm, or check the 1/sqrt(d_k) scale). " + FAULT_NOTES["no_warmup_high_lr"][2])
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def _flat(rec: AttentionRecord) -> bool:
+    """Scores that do not vary over the keys: every token alike (e.g. a rank-collapsed stream,
+    see variance-drift), so symmetric scores and identical maps say nothing about the heads."""
+    S = rec.scores if rec.scores is not None else rec.probs
+    if S is None:
+        return False
+    keys = rec.key_keep()
+    S = S.float()
+    if keys is not None:
+        S = torch.where(keys.expand_as(S), S, S.new_zeros(()))
+        n = keys.expand_as(S).sum(-1, keepdim=True).clamp(min=1)
+        mean = S.sum(-1, keepdim=True) / n
+        dev = torch.where(keys.expand_as(S), S - mean, S.new_zeros(()))
+    else:
+        dev = S - S.mean(-1, keepdim=True)
+    return bool(dev.norm() <= FLAT * S.norm().clamp(min=1e-30))
+
+
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape:
         return False
