@@ -10,6 +10,8 @@ Bugs the notes describe are written by hand behind constructor arguments:
     pe=False             the positional encoding is computed but never added
     shared_qkv=True      one Linear serves as W_Q, W_K and W_V
     final_norm=False     Pre-LN stacks without the final LayerNorm
+    fill=-1e9            the annotated code's literal fill value, which overflows float16
+                         (None: torch.finfo(dtype).min, safe in every dtype)
 
 Call it through `tndebug triage --adapter annotated` (masks built as below).
 """
@@ -51,13 +53,13 @@ class SublayerConnection(nn.Module):
         return x + self.dropout(sublayer(self.norm(x)))
 
 
-def attention(query, key, value, mask=None, dropout=None, scale=True):
+def attention(query, key, value, mask=None, dropout=None, scale=True, fill=-1e9):
     d_k = query.size(-1)
     scores = torch.matmul(query, key.transpose(-2, -1))
     if scale:
         scores = scores / math.sqrt(d_k)
     if mask is not None:
-        scores = scores.masked_fill(mask == 0, -1e9)
+        scores = scores.masked_fill(mask == 0, torch.finfo(scores.dtype).min if fill is None else fill)
     p_attn = scores.softmax(dim=-1)
     if dropout is not None:
         p_attn = dropout(p_attn)
@@ -65,7 +67,7 @@ def attention(query, key, value, mask=None, dropout=None, scale=True):
 
 
 class MultiHeadedAttention(nn.Module):
-    def __init__(self, h, d_model, dropout=0.1, scale=True, shared_qkv=False):
+    def __init__(self, h, d_model, dropout=0.1, scale=True, shared_qkv=False, fill=-1e9):
         super().__init__()
         assert d_model % h == 0
         self.d_k = d_model // h
@@ -75,7 +77,7 @@ class MultiHeadedAttention(nn.Module):
             self.linears[1] = self.linears[0]
             self.linears[2] = self.linears[0]
         self.attn = None
-        self.scale = scale
+        self.scale, self.fill = scale, fill
         self.dropout = nn.Dropout(p=dropout)
 
     def forward(self, query, key, value, mask=None):
@@ -86,7 +88,8 @@ class MultiHeadedAttention(nn.Module):
             lin(x).view(nbatches, -1, self.h, self.d_k).transpose(1, 2)
             for lin, x in zip(self.linears, (query, key, value))
         ]
-        x, self.attn = attention(query, key, value, mask=mask, dropout=self.dropout, scale=self.scale)
+        x, self.attn = attention(query, key, value, mask=mask, dropout=self.dropout, scale=self.scale,
+                                 fill=self.fill)
         x = x.transpose(1, 2).contiguous().view(nbatches, -1, self.h * self.d_k)
         del query, key, value
         return self.linears[-1](x)
@@ -221,9 +224,9 @@ class EncoderDecoder(nn.Module):
 
 
 def make_model(src_vocab, tgt_vocab, N=2, d_model=32, d_ff=64, h=4, dropout=0.1, *, scale=True,
-               causal=True, mask_axis="key", pe=True, shared_qkv=False, final_norm=True):
+               causal=True, mask_axis="key", pe=True, shared_qkv=False, final_norm=True, fill=-1e9):
     c = copy.deepcopy
-    attn = MultiHeadedAttention(h, d_model, dropout, scale=scale, shared_qkv=shared_qkv)
+    attn = MultiHeadedAttention(h, d_model, dropout, scale=scale, shared_qkv=shared_qkv, fill=fill)
     ff = PositionwiseFeedForward(d_model, d_ff, dropout)
     position = PositionalEncoding(d_model, dropout, max_len=64, add=pe)
     model = EncoderDecoder(

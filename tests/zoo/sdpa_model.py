@@ -103,8 +103,6 @@ class Seq2Seq(nn.Module):
         self.dec = nn.ModuleList([DecBlock(d, h, d_ff, **bugs) for _ in range(n_layer)])
         self.ln_e, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
-        nn.init.normal_(self.wte.weight, std=0.02)
-        nn.init.normal_(self.wpe.weight, std=0.02)
 
     def embed(self, ids):
         return self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))

@@ -1,0 +1,139 @@
+"""How long `tndebug triage` takes on a `base`-size checkpoint (ModelConfig.base(): 512/8/6,
+d_ff 2048, vocabulary 11). Target: <= 20 s on 2 CPU cores.
+
+Three ways in, each timed end to end as the CLI runs it (load, build, probes, hygiene and the
+temperature sweep; not the Python/torch start-up, which `--cli` adds):
+
+* tndebug   our own checkpoint format ({"model", "optimizer", "model_config", ...});
+* annotated the same weights under The Annotated Transformer's names (a bare state_dict),
+            converted into tndebug's model, heads given (`--heads 8`);
+* user      the annotated weights loaded into the user's own code (tests/zoo/annotated.py)
+            with the generic capture (`--model ... --adapter annotated`).
+
+    python bench/triage_speed.py                       # -> bench/results/triage_speed.json
+    python bench/triage_speed.py --reps 1 --cases tndebug --out /tmp/t.json
+
+Random weights: the temperature sweep is inconclusive and reported as info; it still runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from tndebug.config import ModelConfig
+from tndebug.model import make_model
+from tndebug.triage import TriageOptions, triage
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = Path(__file__).parent / "results" / "triage_speed.json"
+ZOO = ROOT / "tests" / "zoo" / "annotated.py"
+TARGET_S = 20.0
+THREADS = 2
+
+
+def to_annotated(sd: dict) -> dict:
+    """tndebug names -> The Annotated Transformer's names (the inverse of layouts._ANNOTATED)."""
+    import re
+    out = {}
+    for k, v in sd.items():
+        k2 = re.sub(r"\.self_attn\.w_([qkvo])\.", lambda m: f".self_attn.linears.{'qkvo'.index(m.group(1))}.", k)
+        k2 = re.sub(r"\.cross_attn\.w_([qkvo])\.", lambda m: f".src_attn.linears.{'qkvo'.index(m.group(1))}.", k2)
+        k2 = k2.replace(".ffn.", ".feed_forward.").replace(".norm.weight", ".norm.a_2").replace(".norm.bias", ".norm.b_2")
+        k2 = re.sub(r"^(src|tgt)_embed\.lut\.", r"\1_embed.0.lut.", k2)
+        out[k2] = v
+    return out
+
+
+def make_checkpoints(folder: Path) -> dict[str, Path]:
+    torch.manual_seed(0)
+    cfg = ModelConfig.base(dropout=0.0)
+    model = make_model(cfg)
+    opt = torch.optim.Adam(model.parameters())
+    paths = {"tndebug": folder / "base_tndebug.pt", "annotated": folder / "base_annotated.pt"}
+    torch.save({"format": "tndebug.checkpoint/1", "model": model.state_dict(),
+                "optimizer": opt.state_dict(), "global_step": 0, "schedule_step": 0,
+                "model_config": cfg.to_dict()}, paths["tndebug"])
+    ann = to_annotated(model.state_dict())
+    from tndebug.model.embedding import sinusoid_table
+    pe = sinusoid_table(64, cfg.d_model)[None]                                     # the zoo's max_len
+    ann["src_embed.1.pe"], ann["tgt_embed.1.pe"] = pe, pe.clone()
+    torch.save(ann, paths["annotated"])
+    return paths
+
+
+def options(case: str, paths: dict) -> TriageOptions:
+    if case == "tndebug":
+        return TriageOptions(str(paths["tndebug"]))
+    if case == "annotated":
+        return TriageOptions(str(paths["annotated"]), heads=8)
+    cfg = json.dumps({"src_vocab": 11, "tgt_vocab": 11, "N": 6, "d_model": 512, "d_ff": 2048,
+                      "h": 8, "dropout": 0.0, "fill": None})
+    return TriageOptions(str(paths["annotated"]), model=f"{ZOO}:make_model", adapter="annotated",
+                         config=cfg)
+
+
+def cli_args(case: str, paths: dict, out: Path) -> list[str]:
+    o = options(case, paths)
+    args = [sys.executable, "-m", "tndebug", "triage", o.checkpoint, "--out", str(out), "--fail-on", "never"]
+    if o.heads:
+        args += ["--heads", str(o.heads)]
+    if o.model:
+        args += ["--model", o.model, "--adapter", o.adapter, "--config", o.config]
+    return args
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cases", default="tndebug,annotated,user")
+    ap.add_argument("--cli", action="store_true", help="also time the command as a subprocess")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    torch.set_num_threads(THREADS)
+    warnings.filterwarnings("ignore")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = make_checkpoints(Path(tmp))
+        for case in args.cases.split(","):
+            walls, stages = [], []
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                report = triage(options(case, paths))
+                walls.append(time.perf_counter() - t0)
+                stages.append(report.run["timings_s"])
+            row = {"wall_s": [round(w, 2) for w in walls], "median_s": round(statistics.median(walls), 2),
+                   "stages_s_of_median": stages[walls.index(statistics.median(walls))] if args.reps % 2 else stages[-1],
+                   "verdict": report.verdict, "probes_run": report.run["probes_run"],
+                   "within_target": statistics.median(walls) <= TARGET_S}
+            if args.cli:
+                t0 = time.perf_counter()
+                subprocess.run(cli_args(case, paths, Path(tmp) / f"out-{case}"), check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                row["cli_wall_s"] = round(time.perf_counter() - t0, 2)
+            results[case] = row
+            print(f"{case:10s} median {row['median_s']:6.2f} s  {row['wall_s']}  {row['stages_s_of_median']}")
+    doc = {"bench": "triage_speed", "preset": "base", "config": ModelConfig.base().to_dict(),
+           "target_s": TARGET_S, "threads": THREADS, "torch": torch.__version__,
+           "machine": platform.machine(), "cpus": os.cpu_count(),
+           "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+           "note": "wall time of triage() in-process; the machine is shared, so load_average shows "
+                   "how many other processes competed for its 2 cores",
+           "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

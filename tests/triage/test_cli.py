@@ -1,0 +1,105 @@
+"""`tndebug triage` on bad input: one line naming the problem and what to do, exit 2, nothing
+written; on good input: a report in --out."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tndebug.cli import main
+
+from conftest import TINY, ZOO, zoo, zoo_spec
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def run(argv, capsys):
+    code = main(["triage", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def bad(argv, capsys, tmp_path, words):
+    out_dir = tmp_path / "out"
+    code, _, err = run([*argv, "--out", out_dir], capsys)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tndebug: error: "), err
+    assert "Traceback" not in err and words in lines[0], lines[0]
+    assert not out_dir.exists()
+
+
+def test_missing_file(capsys, tmp_path):
+    bad([tmp_path / "nope.pt"], capsys, tmp_path, "no such file")
+
+
+def test_truncated_file(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    path.write_bytes(path.read_bytes()[:1000])
+    bad([path], capsys, tmp_path, "truncated or corrupt")
+
+
+def test_not_a_checkpoint(capsys, tmp_path):
+    (tmp_path / "notes.pt").write_text("just text\n")
+    bad([tmp_path / "notes.pt"], capsys, tmp_path, "not a PyTorch checkpoint")
+
+
+def test_unknown_layout(capsys, tmp_path):
+    torch.save(zoo("sdpa_model").build().state_dict(), tmp_path / "s.pt")
+    bad([tmp_path / "s.pt"], capsys, tmp_path, "unknown layout")
+
+
+def test_model_file_that_does_not_exist(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    bad([path, "--model", tmp_path / "missing.py:make_model"], capsys, tmp_path, "no such file")
+
+
+def test_model_spec_without_factory(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    bad([path, "--model", ZOO / "annotated.py"], capsys, tmp_path, "expected FILE.py:NAME")
+
+
+def test_factory_that_raises(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    bad([path, "--model", zoo_spec("annotated", "make_model"), "--config",
+         json.dumps({"src_vocab": 11, "tgt_vocab": 11, "d_model": 32, "h": 5})],
+        capsys, tmp_path, "raised AssertionError")
+
+
+def test_shapes_that_do_not_match_the_model(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    bad([path, "--model", zoo_spec("annotated", "make_model"), "--config",
+         json.dumps({"src_vocab": 11, "tgt_vocab": 11, **TINY, "d_ff": 128})],
+        capsys, tmp_path, "shapes do not match")
+
+
+def test_unknown_adapter_function(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    bad([path, "--model", zoo_spec("annotated", "make_model"), "--adapter",
+         zoo_spec("annotated", "no_such_fn")], capsys, tmp_path, "defines no function 'no_such_fn'")
+
+
+def test_bad_config_json(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    bad([path, "--config", "{d_model: 3"], capsys, tmp_path, "not valid JSON")
+
+
+def test_unsafe_pickle_is_refused_with_its_globals_listed(capsys, tmp_path):
+    torch.save({"model": {"w": torch.ones(1)}, "cfg": print}, tmp_path / "u.pt")
+    code, out, err = run([tmp_path / "u.pt", "--out", tmp_path / "o", "--format", "json"], capsys)
+    assert code == 2 and "builtins.print" in err and "--trust-checkpoint" in err
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    (f,) = report["findings"]
+    assert f["probe"] == "checkpoint" and f["evidence"]["unsafe_globals"] == ["builtins.print"]
+
+
+def test_good_run_writes_a_report(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    code, _, err = run([path, "--out", tmp_path / "o", "--probe", "none", "--fail-on", "never"], capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    run_ = report["run"]
+    assert run_["mode"] == "triage" and run_["layout"] == "annotated"
+    assert run_["inferred_config"]["n_heads"] == 4 and run_["inferred_config"]["norm"] == "pre"
+    assert "checkpoint" in report["probes"]
