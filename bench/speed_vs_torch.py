@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -35,7 +36,7 @@ from tndebug.model.transformer import Generator, count_parameters
 
 THREADS = 2
 # preset -> (batch, src_len = tgt_len, repetitions)
-SIZES = {"small": (32, 32, 15), "base": (8, 32, 7)}
+SIZES = {"small": (32, 32, 21), "base": (8, 32, 9)}
 OUT = Path(__file__).parent / "results" / "speed_vs_torch.json"
 
 
@@ -120,6 +121,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(THREADS)
     rows = []
+    load_before = os.getloadavg()
     for preset in args.presets:
         B, L, reps = SIZES[preset]
         row = measure(preset, B, L, args.reps or reps)
@@ -133,6 +135,8 @@ def main(argv=None) -> int:
         "device": "cpu", "threads": THREADS, "torch": torch.__version__,
         "python": platform.python_version(), "machine": platform.machine(),
         "note": "one process, interleaved repetitions (order flips each rep); shared machine, so read the ratios",
+        "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
+        "loadavg_1_5_15_after": [round(x, 2) for x in os.getloadavg()],
         "results": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
