@@ -120,3 +120,13 @@ def test_units_that_die_during_training_are_caught_by_the_window():
     [f] = probe.findings
     assert f.where == "enc.layers.0.ffn" and f.step == 3
     assert f.evidence["dead_fraction"] == pytest.approx(2 / 3)
+
+
+def test_late_hard_batch_below_the_early_peak_is_not_a_spike():
+    probe = GradientFlowProbe(every(1))
+    probe._groups, probe._indexed = {"layers.0": []}, {"layers.0"}
+    norms = [10, 5, 2, 1, 0.5, 0.3, 0.2, 0.2, 0.2, 0.2, 3.0, 0.2, 0.2, 60.0]
+    for step, norm in enumerate(norms):
+        probe.update({"grad_norm": torch.tensor([norm]), "grad_present": [True]}, StepInfo(step))
+    [f] = probe.findings                 # 3.0 is 15x the median but below the peak of 10
+    assert (f.step, f.where) == (13, "layers.0") and f.evidence["earlier_peak"] == 10
