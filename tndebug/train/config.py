@@ -1,0 +1,75 @@
+"""Training configuration: a frozen dataclass with commented defaults, and the model config a task needs."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tndebug.config import PRESETS, ModelConfig
+from tndebug.data import get_task
+
+DEVICES = ("auto", "cpu", "cuda")
+AMPS = ("none", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    task: str = "copy"            # copy | reverse | sort | translate (tndebug.data.TASKS)
+    steps: int = 400              # optimizer steps to take (on resume: steps *more*); see bench/default_run.py
+    batch_size: int = 64          # sequences per step
+    warmup: int = 20              # Noam warmup steps (short: the copy task is learnt in a few hundred)
+    lr_factor: float = 0.2        # Noam factor: lr = factor * d_model^-0.5 * min(s^-0.5, s*warmup^-1.5);
+                                  # peak 4.0e-3 at d_model=128 (factor 1 or 2 spikes or stalls on copy)
+    label_smoothing: float = 0.1  # eps of §5.4
+    pad_share: float = 0.5        # share of rows shorter than the longest (right-padded)
+    seed: int = 0                 # model init, dropout and the data streams
+    device: str = "auto"          # auto | cpu | cuda
+    amp: str = "none"             # none | bf16 | fp16 (autocast; fp16 adds a GradScaler)
+    eval_size: int = 1000         # held-out sequences for exact match / token accuracy
+    log_every: int = 10           # steps between scalar logs
+
+    def __post_init__(self) -> None:
+        get_task(self.task)
+        if self.steps < 0 or self.batch_size < 1 or self.warmup < 1:
+            raise ValueError(f"steps={self.steps}, batch_size={self.batch_size}, warmup={self.warmup}: "
+                             "need steps >= 0, batch_size >= 1, warmup >= 1")
+        if self.device not in DEVICES:
+            raise ValueError(f"device={self.device!r}; expected one of {DEVICES}")
+        if self.amp not in AMPS:
+            raise ValueError(f"amp={self.amp!r}; expected one of {AMPS}")
+
+    def replace(self, **kw) -> "TrainConfig":
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def model_config(task: str = "copy", preset: str = "small", norm: str = "pre",
+                 faults: tuple[str, ...] | list[str] = (), **kw) -> ModelConfig:
+    """The preset sized for `task` (its vocabularies), with faults; `no_dropout` sets dropout 0."""
+    t = get_task(task)
+    cfg = ModelConfig.preset(preset, norm=norm, src_vocab=t.src_vocab, tgt_vocab=t.tgt_vocab, **kw)
+    cfg = cfg.with_faults(*faults)
+    return apply_config_faults(cfg)
+
+
+def apply_config_faults(cfg: ModelConfig) -> ModelConfig:
+    """Config-level faults: `no_dropout` is dropout 0 everywhere."""
+    if cfg.has("no_dropout") and cfg.dropout:
+        cfg = cfg.replace(dropout=0.0)
+    return cfg
+
+
+def preset_name(cfg: ModelConfig) -> str:
+    """The preset whose dimensions `cfg` has, or "custom"."""
+    dims = ("d_model", "n_heads", "n_layers", "d_ff")
+    for name in PRESETS:
+        ref = ModelConfig.preset(name)
+        if all(getattr(cfg, k) == getattr(ref, k) for k in dims):
+            return name
+    return "custom"

@@ -1,0 +1,270 @@
+"""The training loop: data task, Adam + Noam, label-smoothed loss, probes, checkpoint, evaluation.
+
+    result = run_training(model_config("copy", "small"), TrainConfig(steps=400), probes="all",
+                          session=ReportSession("runs/copy"))
+    result.report.run["exact_match"]
+
+The ProbeEngine is driven as in `tndebug/harness.py`: setup() once (then resume() after a
+checkpoint is loaded), begin_step() before the forward pass, end_step() after backward and
+before optimizer.step(), finish() at the end. The training-loop faults are read here (the
+trainer may read them; probes never do).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from tndebug.config import ModelConfig
+from tndebug.data import data_generator, eval_set, get_task
+from tndebug.errors import UsageError
+from tndebug.model import make_model
+from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
+from tndebug.probes.engine import ProbeEngine
+from tndebug.report import Report
+from tndebug.subject import tndebug_subject
+from tndebug.train import checkpoint as ckpt
+from tndebug.train.config import TrainConfig, apply_config_faults, preset_name
+from tndebug.train.evaluate import evaluate
+from tndebug.train.loss import LabelSmoothingLoss
+from tndebug.train.schedule import constant, noam
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TrainResult(NamedTuple):
+    report: Report
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    engine: ProbeEngine
+    checkpoint: Path | None        # where the checkpoint was written, if anywhere
+
+
+# -- pieces ------------------------------------------------------------------------------------
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: CUDA is not available here (use --device cpu or auto)")
+    return torch.device(name)
+
+
+def autocast_factory(device: torch.device, amp: str):
+    """A zero-argument callable giving the autocast context for `amp` ("none" -> no-op)."""
+    if amp == "none":
+        return contextlib.nullcontext
+    if amp == "fp16" and device.type != "cuda":
+        raise UsageError("--amp fp16 needs CUDA (it uses a GradScaler); use --amp bf16 on CPU")
+    dtype = AMP_DTYPES[amp]
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def build_probes(spec) -> tuple[list[Probe], dict[str, str]]:
+    """'all' | 'none' | 'a,b' | [names] | [Probe objects] -> (probes, {name: why unavailable}).
+
+    An unknown name raises ProbeError; a probe whose module is not installed yet is left out
+    and reported as skipped.
+    """
+    from tndebug.probes import _MODULES, parse_probe_spec, probe_class
+    if spec is None:
+        return [], {}
+    if isinstance(spec, (list, tuple)) and all(isinstance(p, Probe) for p in spec):
+        return list(spec), {}
+    names = parse_probe_spec(spec) if isinstance(spec, str) else parse_probe_spec(",".join(spec))
+    probes, missing = [], {}
+    for name in names:
+        try:
+            probes.append(probe_class(name)())
+        except ModuleNotFoundError as e:
+            if e.name != f"tndebug.probes.{_MODULES[name]}":
+                raise
+            missing[name] = f"not available: module {e.name} is not installed"
+    return probes, missing
+
+
+def declared_schedule(cfg: ModelConfig, train_cfg: TrainConfig):
+    """The lr schedule as the user wrote it: step -> lr."""
+    if cfg.has("no_warmup_high_lr"):     # fault: constant 1e-3 from step 0
+        return constant(1e-3)
+    return noam(cfg.d_model, train_cfg.warmup, train_cfg.lr_factor)
+
+
+# -- the loop ----------------------------------------------------------------------------------
+def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none", session=None,
+                 out_dir: str | Path | None = None, resume: str | Path | dict | None = None,
+                 evaluate_at_end: bool = True) -> TrainResult:
+    """Train `train_cfg.steps` steps with probes attached; evaluate; write the checkpoint.
+
+    Args:
+        model_cfg: the model (its vocabularies must match the task; see `model_config`).
+        train_cfg: the run (task, steps, batch, schedule, seed, device, amp).
+        probes: 'all' | 'none' | 'a,b' | list of names | list of Probe objects.
+        session: a ReportSession (progress, scalars, probe sinks), or None for a silent run.
+        out_dir: where checkpoint.pt goes (default: session.out_dir; None and no session: nowhere).
+        resume: a run directory, checkpoint file, or loaded checkpoint dict to continue from;
+            `train_cfg.steps` more steps are taken and the lr schedule continues where it stopped.
+        evaluate_at_end: greedy-decode the held-out set (exact match, token accuracy).
+
+    Returns:
+        TrainResult(report, model, optimizer, engine, checkpoint). `report.run` holds the
+        figures (see `Report`); the caller writes report.json (ReportSession.finish does).
+    """
+    t_start = time.perf_counter()
+    model_cfg = apply_config_faults(model_cfg)
+    task = get_task(train_cfg.task)
+    if (model_cfg.src_vocab, model_cfg.tgt_vocab) != (task.src_vocab, task.tgt_vocab):
+        raise ValueError(f"model vocabularies {model_cfg.src_vocab}/{model_cfg.tgt_vocab} do not fit "
+                         f"task {task.name!r} ({task.src_vocab}/{task.tgt_vocab}); use model_config()")
+    device = resolve_device(train_cfg.device)
+    autocast = autocast_factory(device, train_cfg.amp)
+    if out_dir is None and session is not None:
+        out_dir = session.out_dir
+
+    torch.manual_seed(train_cfg.seed)
+    g = data_generator(train_cfg.seed, "train")
+    model = make_model(model_cfg).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    scaler = torch.amp.GradScaler("cuda") if train_cfg.amp == "fp16" else None
+    schedule = declared_schedule(model_cfg, train_cfg)
+    criterion = LabelSmoothingLoss(train_cfg.label_smoothing, model_cfg.pad_id,
+                                   smooth_pad=model_cfg.has("label_smoothing_on_pad"))
+
+    sched_step = global_step = 0
+    last_lr = None
+    state = None
+    if resume is not None:
+        state = resume if isinstance(resume, dict) else ckpt.load_checkpoint(resume, device)
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise UsageError(f"checkpoint does not fit this model: {str(e).splitlines()[0]}") from None
+        global_step, last_lr = int(state["global_step"]), state.get("last_lr")
+        if model_cfg.has("warmup_restart_on_resume"):   # fault: schedule and Adam state from zero
+            sched_step = 0
+        else:
+            sched_step = int(state["schedule_step"])
+            if state.get("optimizer") is not None:
+                opt.load_state_dict(state["optimizer"])
+            if scaler is not None and state.get("scaler"):
+                scaler.load_state_dict(state["scaler"])
+        ckpt.set_rng_state(state["rng"], g)
+    end_step = global_step + train_cfg.steps
+
+    compute_dtype = AMP_DTYPES.get(train_cfg.amp, next(model.parameters()).dtype)
+    run = RunContext(subject=tndebug_subject(model), optimizer=opt, criterion=criterion,
+                     lr_schedule=schedule, compute_dtype=compute_dtype, device=str(device),
+                     total_steps=end_step)
+    probe_list, unavailable = build_probes(probes)
+    engine = ProbeEngine(probe_list, run, sinks=getattr(session, "sinks", ()))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    history: dict[str, list] = {"step": [], "loss": [], "lr": []}
+    status, tokens, acc = "completed", 0, None
+    rng_devices = [device] if device.type == "cuda" else []
+    progress = session.progress(end_step) if session is not None else contextlib.nullcontext()
+    t_train = time.perf_counter()
+    with engine, progress as bar:
+        with torch.random.fork_rng(devices=rng_devices):   # probes never shift the training RNG
+            engine.setup()
+            if state is not None:
+                engine.resume(ResumeInfo(global_step, lr_before=last_lr,
+                                         had_optimizer_state=bool(opt.state)))
+        model.train()
+        try:
+            for step in range(global_step, end_step):
+                lr = schedule(sched_step)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                batch = task.batch(g, train_cfg.batch_size, train_cfg.pad_share)
+                tokens += batch.ntokens                    # counted on the host, before the copy
+                src, tgt_in, tgt_out = batch.to(device)
+                engine.begin_step(step, src, tgt_in)
+                with autocast():
+                    logits = model(src, tgt_in)                                  # [B, T, V]
+                loss = criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
+                opt.zero_grad(set_to_none=True)
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(opt)            # probes see true gradients
+                else:
+                    loss.backward()
+                engine.end_step(StepInfo(step, lr=lr, loss=loss.detach(), logits=logits.detach(),
+                                         src=src, tgt_in=tgt_in, tgt_out=tgt_out))
+                loss_value = loss.item()
+                history["step"].append(step)
+                history["loss"].append(loss_value)
+                history["lr"].append(lr)
+                if not math.isfinite(loss_value):
+                    status = "diverged"            # stop before the optimizer takes the NaN
+                    break
+                if scaler is not None:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+                sched_step, global_step, last_lr = sched_step + 1, step + 1, lr
+                if session is not None and (step % train_cfg.log_every == 0 or step + 1 == end_step):
+                    acc = _batch_accuracy(logits, tgt_out, model_cfg.pad_id)
+                    session.log_scalars(step, {"train/loss": loss_value, "train/lr": lr,
+                                               "train/token_acc": acc})
+                if session is not None:
+                    bar.update(step + 1, loss=loss_value, lr=lr, acc=acc)
+        except KeyboardInterrupt:
+            status = "interrupted"
+        train_s = time.perf_counter() - t_train
+        findings = engine.finish()
+
+    path = None
+    if out_dir is not None:
+        path = ckpt.save_checkpoint(Path(out_dir) / ckpt.FILENAME, {
+            "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "schedule_step": sched_step, "global_step": global_step, "last_lr": last_lr,
+            "model_config": model_cfg.to_dict(), "train_config": train_cfg.to_dict(),
+            "rng": ckpt.rng_state(g), "status": status})
+
+    scores: dict[str, Any] = {"exact_match": None, "token_accuracy": None}
+    t_eval = time.perf_counter()
+    if evaluate_at_end and status != "interrupted":
+        held_out = eval_set(task, train_cfg.eval_size, train_cfg.seed, train_cfg.pad_share)
+        with torch.random.fork_rng(devices=rng_devices):
+            scores = evaluate(model, held_out, autocast=autocast if train_cfg.amp != "none" else None)
+        if session is not None:
+            session.log_scalars(global_step, {"eval/exact_match": scores["exact_match"],
+                                              "eval/token_accuracy": scores["token_accuracy"]})
+    eval_s = time.perf_counter() - t_eval
+
+    tail = [x for x in history["loss"][-10:] if math.isfinite(x)]
+    run_info = {
+        "task": task.name, "preset": preset_name(model_cfg), "norm": model_cfg.norm,
+        "faults": list(model_cfg.faults), "seed": train_cfg.seed, "steps": train_cfg.steps,
+        "device": str(device), "amp": train_cfg.amp, "dtype": str(compute_dtype).replace("torch.", ""),
+        "batch_size": train_cfg.batch_size, "warmup": train_cfg.warmup, "lr_factor": train_cfg.lr_factor,
+        "final_loss": sum(tail) / len(tail) if tail else (history["loss"][-1] if history["loss"] else None),
+        "final_lr": last_lr, "exact_match": scores["exact_match"],
+        "token_accuracy": scores["token_accuracy"], "eval_size": train_cfg.eval_size,
+        "status": status, "stopped_at_step": global_step,
+        "resumed_from_step": int(state["global_step"]) if state is not None else None,
+        "wall_s": round(time.perf_counter() - t_start, 3), "train_s": round(train_s, 3),
+        "eval_s": round(eval_s, 3), "probe_s": round(engine.probe_seconds, 3),
+        "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 else None,
+        "peak_gpu_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "checkpoint": str(path) if path else None,
+    }
+    statuses = engine.statuses()
+    statuses.update({n: {"status": "skipped", "reason": why} for n, why in unavailable.items()})
+    report = Report(run=run_info, findings=findings, probes=statuses, first_sign=engine.first_sign,
+                    history=history)
+    return TrainResult(report, model, opt, engine, path)
+
+
+def _batch_accuracy(logits: torch.Tensor, tgt_out: torch.Tensor, pad: int) -> float:
+    """Teacher-forced token accuracy of one batch (argmax vs target, real positions only)."""
+    real = tgt_out != pad
+    return float(((logits.argmax(-1) == tgt_out) & real).sum()) / max(int(real.sum()), 1)
+
