@@ -77,16 +77,16 @@ def test_nn_transformer_without_embedding_scale():
         assert (mod.forward(m, BATCH.src, BATCH.tgt_in, 0) - tm(BATCH.src, BATCH.tgt_in)).abs().max() < 1e-5
 
 
-def test_tndebug_round_trip_and_meta_build():
+def test_tndebug_round_trip_shares_the_checkpoints_tensors():
     m = make_model(ModelConfig.tiny(dropout=0.0, norm="post")).eval()
     conv = layouts.convert(m.state_dict(), "tndebug")
     assert conv.unknown["norm"] == ("post", "pre")
-    first = layouts.build_model(conv, _config(conv, {**conv.sizes, "n_heads": 4, "norm": "post"}))
-    again = layouts.build_model(conv, _config(conv, {**conv.sizes, "n_heads": 4, "norm": "post"}), first)
+    tm = layouts.build_model(conv, _config(conv, {**conv.sizes, "n_heads": 4, "norm": "post"}))
+    assert tm.encoder.layers[0].self_attn.w_q.weight.data_ptr() == \
+        conv.state_dict["encoder.layers.0.self_attn.w_q.weight"].data_ptr()          # no copy
+    assert tm.encoder.layers[0].self_attn.w_q.weight.requires_grad
     with torch.no_grad():
-        want = m(BATCH.src, BATCH.tgt_in)
-        assert torch.allclose(first(BATCH.src, BATCH.tgt_in), want, atol=1e-5)
-        assert torch.allclose(again(BATCH.src, BATCH.tgt_in), want, atol=1e-5)
+        assert torch.allclose(tm(BATCH.src, BATCH.tgt_in), m(BATCH.src, BATCH.tgt_in), atol=1e-5)
 
 
 def test_normalise_config_aliases():

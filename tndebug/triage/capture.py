@@ -487,6 +487,9 @@ class _State:
         if self.tok_site.get("src") == self.tok_site.get("tgt"):   # one embedding for both sides
             site = f"{site}:{role}"
         parts = {}
+        if tok is not None and out is not None and out.shape == tok.shape \
+                and not _position_only(self._bt(out) - self._bt(tok)):
+            tok = None      # out - tok depends on the tokens: `tok` is not the whole token part
         if tok is not None:
             parts["tok"] = self._bt(tok)
         if out is not None and (tok is None or out.shape == tok.shape):
@@ -502,6 +505,14 @@ class _State:
 
 def _t(x):
     return x if isinstance(x, torch.Tensor) else None
+
+
+def _position_only(pe: torch.Tensor, rel: float = 1e-4) -> bool:
+    """Is `out - tok` the same for every row of the batch (a function of position only)?"""
+    if pe.dim() != 3 or pe.shape[0] < 2:
+        return True
+    scale = pe.abs().max().clamp_min(1e-12)
+    return bool(((pe - pe[:1]).abs().max() / scale) <= rel)
 
 
 def _owner_layer(path: str, layers: dict) -> str | None:

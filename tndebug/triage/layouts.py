@@ -334,35 +334,31 @@ def _torch_outside(rest: dict, d: int):
 
 
 # -- building -----------------------------------------------------------------------------------
-def build_model(conv: Conversion, cfg, reference=None):
-    """tndebug's model for `cfg`, with the checkpoint's weights; exact for the known layouts.
+def build_model(conv: Conversion, cfg):
+    """tndebug's model for `cfg`, holding the checkpoint's weights; exact for the known layouts.
 
-    `reference`: an already built model of the same sizes whose non-persistent buffers (the PE
-    table) can be reused, so that this one is built on the meta device (no initialisation).
+    Built on the meta device (no initialisation) and given the checkpoint's tensors themselves
+    (`assign=True`: no copy), so trying several head counts costs neither time nor memory.
     """
     from tndebug.model import make_model
+    from tndebug.model.embedding import Embeddings
 
-    if reference is None:
+    with torch.device("meta"):
         model = make_model(cfg)
-    else:
-        with torch.device("meta"):
-            model = make_model(cfg)
     d = cfg.d_model
     for stack in (model.encoder, model.decoder):
         if conv.final_norm and stack.norm is None:      # nn.Transformer keeps it in Post-LN too
             stack.norm = nn.LayerNorm(d, eps=cfg.ln_eps)
     if conv.std_layer_norm:
-        for name, module in list(model.named_modules()):
+        for module in list(model.modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.LayerNorm):
                     setattr(module, child_name, StdLayerNorm(d, cfg.ln_eps))
-    if reference is not None:
-        model.to_empty(device="cpu")
-        for name, buf in reference.named_buffers():
-            owner, _, leaf = name.rpartition(".")
-            model.get_submodule(owner)._buffers[leaf] = buf
+    for module in model.modules():                      # non-persistent buffers: the PE tables
+        if isinstance(module, Embeddings):
+            module._buffers["pe"] = sinusoid_table(module.pe.shape[0], d)
     try:
-        missing, unexpected = model.load_state_dict(conv.state_dict, strict=False)
+        missing, unexpected = model.load_state_dict(conv.state_dict, strict=False, assign=True)
     except RuntimeError as e:
         raise UsageError(f"the checkpoint's shapes do not fit the inferred model: "
                          f"{_first_mismatch(str(e))}; pass --config or triage the code itself with "
@@ -372,6 +368,8 @@ def build_model(conv: Conversion, cfg, reference=None):
                 if missing else f"unexpected {', '.join(unexpected[:3])}")
         raise UsageError(f"the {conv.layout} layout does not fit tndebug's model ({what}); "
                          f"triage the code itself with --model FILE.py:FACTORY")
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    assert not left, f"tensors left on the meta device: {left[:3]}"
     model.eval()
     return model
 

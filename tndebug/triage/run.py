@@ -191,36 +191,44 @@ def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task_vocab: int
                    conv.user_path, findings, weights)
 
 
+SOFT_DEFAULTS = {"emb_scale": True}    # what to assume when the loss cannot decide (the paper's)
+
+
 def _settle(conv, fixed: dict, unknown: dict, batch, pad_id: int):
-    """Build the model; try every combination of what is unknown, keep the lowest loss."""
+    """Build the model; try every combination of what is unknown, keep the lowest loss.
+
+    Returns (model, chosen values, evidence of what was tried). Raises UsageError when the loss
+    cannot decide something that has no safe default (heads, norm).
+    """
     names = list(unknown)
     combos = [{}]
     for n in names:
         combos = [{**c, n: v} for c in combos for v in unknown[n]]
-    reference, results = None, []
+    if len(combos) == 1:
+        return layouts.build_model(conv, _config(conv, fixed)), {}, {}
+    results = []
     for combo in combos:
         cfg = _config(conv, {**fixed, **combo})
-        model = layouts.build_model(conv, cfg, reference)
-        reference = reference or model
-        if len(combos) == 1:
-            return model, {}, {}
+        model = layouts.build_model(conv, cfg)
         with torch.no_grad():
             loss = min(_loss(model, batch, pad_id, alpha) for alpha in _alphas(cfg))
-        results.append((loss, combo, model))
-    results.sort(key=lambda r: r[0] if math.isfinite(r[0]) else float("inf"))
-    best_loss, best, model = results[0]
+        results.append((loss if math.isfinite(loss) else float("inf"), combo))
+    results.sort(key=lambda r: r[0])
+    (best_loss, best), second = results[0], results[1][0]
     ln_v = math.log(conv.sizes["tgt_vocab"])
-    second = results[1][0] if len(results) > 1 else float("inf")
-    tried = {"n": len(results), "losses": [{**r[1], "loss": round(r[0], 4)} for r in results[:12]],
+    tried = {"n": len(results), "losses": [{**c, "loss": round(l, 4)} for l, c in results[:12]],
              "ln_V": ln_v}
-    if not math.isfinite(best_loss) or best_loss > hygiene.SOLVED * ln_v or second < best_loss * 1.02:
-        flags = {"n_heads": "--heads N", "norm": "--norm pre|post",
-                 "emb_scale": "--config '{\"emb_scale\": false}'"}
-        ask = ", ".join(flags[n] for n in names)
-        raise UsageError(f"cannot tell {', '.join(names)} from the weights, and held-out loss on "
-                         f"--task does not decide (best {best_loss:.2f}, next {second:.2f}, ln V "
-                         f"{ln_v:.2f}): pass {ask}")
-    return model, best, tried
+    if best_loss > hygiene.SOLVED * ln_v or second < best_loss * 1.02:
+        hard = [n for n in names if n not in SOFT_DEFAULTS]
+        if hard:
+            flags = {"n_heads": "--heads N", "norm": "--norm pre|post"}
+            raise UsageError(
+                f"cannot tell {', '.join(hard)} from the weights, and held-out loss on --task "
+                f"does not decide (best {best_loss:.2f}, next {second:.2f}, ln V {ln_v:.2f}): "
+                f"pass {', '.join(flags[n] for n in hard)}")
+        best = {n: SOFT_DEFAULTS[n] for n in names}
+        tried["assumed"] = best
+    return layouts.build_model(conv, _config(conv, {**fixed, **best})), best, tried
 
 
 def _alphas(cfg: ModelConfig) -> tuple[float, ...]:
