@@ -31,7 +31,8 @@ class StandInAttention(Probe):
             if r.probs is None:
                 continue
             p = r.probs                                                  # [B, h, T, S]
-            stats[f"attn/{r.tag}/entropy"] = -(p * p.clamp_min(1e-12).log()).sum(-1).mean((0, 2))
+            ent = -(p * p.clamp_min(1e-12).log()).sum(-1) / (p > 0).sum(-1).clamp(min=2).log()
+            stats[f"attn/{r.tag}/entropy"] = ent.mean((0, 2))
             stats[f"attn/{r.tag}/max_prob"] = p.amax(-1).mean((0, 2))
             v = p.transpose(0, 1).reshape(p.shape[1], -1)
             v = v / v.norm(dim=1, keepdim=True).clamp_min(1e-12)

@@ -58,7 +58,8 @@ def make_figures(rec: Recorder, report: Report, fig_dir: Path) -> list[Plot]:
 
 # -- attention entropy per layer x head --------------------------------------------------
 def entropy_matrix(rec: Recorder, kind: str) -> tuple[np.ndarray, int | None, str] | None:
-    """[layers, heads] mean attention entropy (nats), from the probe metric or the probe batch."""
+    """[layers, heads] mean normalised attention entropy (entropy / ln keys, 1 = uniform), from
+    head-collapse's metric when it ran, else from the probe batch (same definition)."""
     cells = {(int(l), int(h)): sv for (k, l, h, m), sv in rec.matching(_HEAD_METRIC).items()
              if k == kind and m == "entropy"}
     if cells:
@@ -67,7 +68,7 @@ def entropy_matrix(rec: Recorder, kind: str) -> tuple[np.ndarray, int | None, st
         mat = np.full((L, H), np.nan)
         for (l, h), (_, v) in cells.items():
             mat[l, h] = v
-        return mat, max(s for s, _ in cells.values()), "the probe metric"
+        return mat, max(s for s, _ in cells.values()), "the head-collapse metric"
     snap = rec.last
     recs = [a for a in (snap.attention if snap else []) if a.kind == kind and a.layer is not None]
     if not recs:
@@ -77,8 +78,9 @@ def entropy_matrix(rec: Recorder, kind: str) -> tuple[np.ndarray, int | None, st
     mat = np.full((L, H), np.nan)
     for a in recs:
         p, valid = _valid_rows(a.probs, snap, kind)                 # [b, h, T, S], [b, T]
-        ent = -(p * torch.log(p.clamp_min(1e-12))).sum(-1)         # [b, h, T]
-        w = valid[:, None, :].float()
+        n = (p > 0).sum(-1)                                         # [b, h, T] keys in play
+        ent = -(p * p.clamp_min(1e-30).log()).sum(-1) / n.clamp(min=2).float().log()
+        w = (valid[:, None, :] & (n >= 2)).float()                  # [b, h, T]
         mat[a.layer, :p.shape[1]] = ((ent * w).sum((0, 2)) / w.sum((0, 2)).clamp_min(1)).numpy()
     return mat, snap.step, "the probe batch"
 
@@ -87,36 +89,45 @@ def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
     got = {k: m for k in KINDS if (m := entropy_matrix(rec, k)) is not None}
     if not got:
         return None
-    top = max((np.nanmax(m[0]) for m in got.values() if np.isfinite(m[0]).any()), default=1.0)
+    top = max([1.0] + [float(np.nanmax(m[0])) for m in got.values() if np.isfinite(m[0]).any()])
     L = max(m[0].shape[0] for m in got.values())
     H = max(m[0].shape[1] for m in got.values())
     fig = Figure(figsize=(len(got) * max(2.6, 0.55 * H + 1.0) + 1.2, max(2.6, 0.45 * L + 1.7)),
                  dpi=DPI)
     axes = fig.subplots(1, len(got), squeeze=False)[0]
     for ax, (kind, (mat, step, source)) in zip(axes, got.items()):
-        im = ax.imshow(mat, cmap="magma", aspect="auto", vmin=0, vmax=top or 1.0)
+        im = ax.imshow(mat, cmap="magma", aspect="auto", vmin=0, vmax=top)
         _ticks(ax, mat.shape[1], mat.shape[0], "head", "layer")
         _annotate(ax, mat, im)
         ax.set_title(f"{KIND_SHORT[kind]}\n(step {step})", fontsize=9)
     fig.suptitle("Attention entropy per layer and head", fontsize=10)
-    _colorbar(fig, im, "entropy (nats)", left=0.07, top=0.76, bottom=0.17, wspace=0.35)
+    _colorbar(fig, im, "entropy / ln(keys)", left=0.07, top=0.76, bottom=0.17, wspace=0.35)
     fig.savefig(fig_dir / "entropy.png")
     sources = sorted({m[2] for m in got.values()})
     return Plot("entropy.png", "Attention entropy per layer and head",
-                f"Mean entropy of each head's attention over real query rows (from "
-                f"{' and '.join(sources)}), one panel per attention type. A head near 0 looks at "
-                f"one key; ln(keys) is uniform attention.")
+                f"Mean normalised entropy (entropy / ln of the keys in play) of each head's "
+                f"attention over real query rows, from {' and '.join(sources)}, one panel per "
+                f"attention type. 0: every query looks at one key; 1: uniform attention.")
 
 
 # -- head similarity matrices ------------------------------------------------------------
 def similarity_matrices(snap: TraceSnapshot, kind: str) -> list[tuple[int, np.ndarray]]:
-    """[(layer, [h, h] cosine similarity of heads' attention maps)] from the probe batch."""
+    """[(layer, [h, h] 1 - Jensen-Shannon divergence in bits between heads' rows)] from the
+    probe batch: head-collapse's `similarity` is the mean of a row without the diagonal."""
     out = []
     for a in sorted((a for a in snap.attention if a.kind == kind), key=lambda a: a.layer or 0):
         p, valid = _valid_rows(a.probs, snap, kind)                  # [b, h, T, S], [b, T]
-        v = (p * valid[:, None, :, None]).transpose(0, 1).reshape(p.shape[1], -1)  # [h, b*T*S]
-        n = v.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        out.append((a.layer or 0, ((v / n) @ (v / n).T).numpy()))
+        w = valid.float()
+        logp = p.clamp_min(1e-30).log()
+        h = p.shape[1]
+        js = np.zeros((h, h))
+        for i in range(h):
+            m = (p[:, i:i + 1] + p) / 2                               # [b, h, T, S]
+            logm = m.clamp_min(1e-30).log()
+            d = ((p[:, i:i + 1] * (logp[:, i:i + 1] - logm)).sum(-1) +
+                 (p * (logp - logm)).sum(-1)) / (2 * math.log(2))     # [b, h, T]
+            js[i] = ((d * w[:, None]).sum((0, 2)) / w.sum().clamp(min=1)).numpy()
+        out.append((a.layer or 0, np.clip(1.0 - js, 0.0, 1.0)))
     return out
 
 
@@ -147,12 +158,13 @@ def figure_similarity(rec: Recorder, fig_dir: Path) -> Plot | None:
             _annotate(ax, grid, im, fmt="{:.1f}")
         ax.spines[:].set_visible(False)
     fig.suptitle(f"Head similarity per layer (probe batch, step {snap.step})", fontsize=10)
-    _colorbar(fig, im, "cosine similarity", left=0.1, top=0.86, bottom=0.08, hspace=0.45)
+    _colorbar(fig, im, "1 - JS divergence (bits)", left=0.1, top=0.86, bottom=0.08, hspace=0.45)
     fig.savefig(fig_dir / "head_similarity.png")
     return Plot("head_similarity.png", "Head similarity per layer",
-                f"Cosine similarity between the heads' attention maps on the probe batch at step "
-                f"{snap.step}, one block per layer (1 on the diagonal). Off-diagonal cells near 1 "
-                f"are duplicated heads.")
+                f"Similarity of every pair of heads, 1 - Jensen-Shannon divergence (bits) of "
+                f"their attention rows on the probe batch at step {snap.step}, one block per "
+                f"layer (1 on the diagonal). Off-diagonal cells near 1 are duplicated heads; "
+                f"some redundancy is normal, exact copies are a bug.")
 
 
 # -- attention maps of the probe batch ---------------------------------------------------

@@ -29,6 +29,7 @@ from torch.utils.tensorboard.summary import custom_scalars, hparams
 from tndebug.trace import Trace
 
 HIST_BINS = 30                   # equal-width buckets between the finite min and max
+HIST_SAMPLE = 16384              # bucket counts from a strided sample of at most this many values
 HEAVY_EVERY = 50                 # histograms and images at step 0 and every N steps (at most)
 _HEAD = re.compile(r"attn/(enc_self|dec_self|cross)/layer(\d+)/head\d+/(entropy|similarity)")
 _DIVERSITY = re.compile(r"attn/(enc_self|dec_self|cross)/layer\d+/diversity")
@@ -102,43 +103,54 @@ class TensorBoardSink:
 
     # -- pieces ---------------------------------------------------------------------------
     def add_histograms(self, step: int, named: list[tuple[str, torch.Tensor]]) -> int:
-        """Histograms `hist/<name>` of whole tensors, computed with torch where they live (two
-        host syncs for all of them); NaN/Inf left out and counted. Returns the non-finite total."""
+        """Histograms `hist/<name>`; NaN/Inf left out and counted. Returns the non-finite total.
+
+        min, max, sum, sum of squares and count are exact over the whole tensor; the bucket
+        counts come from a strided sample of at most HIST_SAMPLE values, scaled to the count.
+        Computed with torch where the tensors live, with two host syncs for all of them.
+        """
         named = [(n, t.detach().reshape(-1).float()) for n, t in named
                  if t is not None and t.numel() and t.is_floating_point()]
         if not named:
             return 0
         dev = named[0][1].device
-        inf = torch.tensor(math.inf, device=dev)
-        rows, finite_xs = [], []
-        for _, x in named:
-            x = x.to(dev)
-            ok = torch.isfinite(x)
-            clean = torch.where(ok, x, 0.0).double()
-            rows.append(torch.stack([(~ok).sum().double(), torch.where(ok, x, inf).amin().double(),
-                                     torch.where(ok, x, -inf).amax().double(), clean.sum(),
-                                     (clean * clean).sum()]))
-            finite_xs.append(torch.where(ok, x, math.nan))
-        stats = torch.stack(rows).cpu().tolist()                           # sync 1: [k, 5]
-        counts = [torch.histc(x, HIST_BINS, lo, hi) if bad < x.numel() and hi > lo else None
-                  for x, (bad, lo, hi, _, _) in zip(finite_xs, stats)]
-        got = [c for c in counts if c is not None]
-        host = iter(torch.stack(got).cpu().tolist() if got else [])        # sync 2: [k', bins]
-        for (name, x), (bad, lo, hi, s, ss), c in zip(named, stats, counts):
-            n = x.numel() - int(bad)
-            if n:
-                if c is None:                                  # one distinct finite value
-                    limits, buckets = [lo, hi + 1e-12], [0.0, float(n)]
-                else:
-                    edges = torch.linspace(lo, hi, HIST_BINS + 1, dtype=torch.float64).tolist()
-                    limits, buckets = edges, [0.0] + next(host)
-                proto = HistogramProto(min=lo, max=hi, num=n, sum=s, sum_squares=ss,
-                                       bucket_limit=limits, bucket=buckets)
-                self.writer._get_file_writer().add_summary(
-                    Summary(value=[Summary.Value(tag=f"hist/{name}", histo=proto)]), step)
+        ranges = torch.stack([torch.stack(torch.aminmax(x)).to(dev) for _, x in named]).cpu().tolist()
+        rows = []
+        for (_, x), (lo, hi) in zip(named, ranges):
+            bad = 0
+            if not (math.isfinite(lo) and math.isfinite(hi)):    # rare: leave NaN/Inf out
+                ok = torch.isfinite(x)
+                x = x[ok]
+                bad = int(ok.numel() - x.numel())
+                lo, hi = torch.stack(torch.aminmax(x)).tolist() if x.numel() else (0.0, 0.0)
+            rows.append((x, bad, lo, hi))
+        device_rows = [torch.cat([torch.stack([x.sum(), torch.dot(x, x)]),
+                                  torch.histc(x[::max(1, x.numel() // HIST_SAMPLE)], HIST_BINS,
+                                              lo, hi) if hi > lo else torch.zeros(HIST_BINS,
+                                                                                  device=x.device)])
+                       for x, _, lo, hi in rows if x.numel()]
+        host = iter(torch.stack([r.to(dev) for r in device_rows]).cpu().double().tolist()
+                    if device_rows else [])
+        file_writer = self.writer._get_file_writer()
+        total = 0
+        for (name, _), (x, bad, lo, hi) in zip(named, rows):
+            total += bad
             if bad:
-                self.writer.add_scalar(f"nonfinite/{name}", int(bad), step)
-        total = int(sum(row[0] for row in stats))
+                self.writer.add_scalar(f"nonfinite/{name}", bad, step)
+            n = x.numel()
+            if not n:
+                continue
+            s, ss, *counts = next(host)
+            if hi > lo:
+                scale = n / max(sum(counts), 1.0)
+                limits = torch.linspace(lo, hi, HIST_BINS + 1, dtype=torch.float64).tolist()
+                buckets = [0.0] + [c * scale for c in counts]
+            else:                                                # one distinct value
+                limits, buckets = [lo, hi + max(abs(hi), 1.0) * 1e-6], [0.0, float(n)]
+            proto = HistogramProto(min=lo, max=hi, num=n, sum=s, sum_squares=ss,
+                                   bucket_limit=limits, bucket=buckets)
+            file_writer.add_summary(Summary(value=[Summary.Value(tag=f"hist/{name}",
+                                                                 histo=proto)]), step)
         self.writer.add_scalar("nonfinite/total", total, step)
         return total
 
