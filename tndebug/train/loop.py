@@ -167,7 +167,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
     status, tokens, acc = "completed", 0, None
     rng_devices = [device] if device.type == "cuda" else []
     progress = session.progress(end_step) if session is not None else contextlib.nullcontext()
-    t_train = time.perf_counter()
+    t_train, cpu_train = time.perf_counter(), time.process_time()
     with engine, progress as bar:
         with torch.random.fork_rng(devices=rng_devices):   # probes never shift the training RNG
             engine.setup()
@@ -217,6 +217,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
         except KeyboardInterrupt:
             status = "interrupted"
         train_s = time.perf_counter() - t_train
+        train_cpu_s = time.process_time() - cpu_train   # all threads; an upper bound on idle wall time
         findings = engine.finish()
 
     path = None
@@ -251,6 +252,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
         "status": status, "stopped_at_step": global_step,
         "resumed_from_step": int(state["global_step"]) if state is not None else None,
         "wall_s": round(time.perf_counter() - t_start, 3), "train_s": round(train_s, 3),
+        "train_cpu_s": round(train_cpu_s, 3),
         "eval_s": round(eval_s, 3), "probe_s": round(engine.probe_seconds, 3),
         "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 else None,
         "peak_gpu_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
