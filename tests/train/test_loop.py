@@ -31,7 +31,7 @@ def test_report_fields():
         assert key in r, key
     assert r["status"] == "completed" and r["stopped_at_step"] == 2 and r["preset"] == "tiny"
     assert r["peak_gpu_mem_bytes"] is None and r["tokens_per_s"] > 0
-    assert 0.0 <= r["exact_match"] <= r["token_accuracy"] <= 1.0 or r["exact_match"] <= 1.0
+    assert 0.0 <= r["exact_match"] <= 1.0 and 0.0 <= r["token_accuracy"] <= 1.0
 
 
 def test_nan_loss_stops_as_diverged_with_first_sign():
