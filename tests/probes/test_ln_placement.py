@@ -9,12 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from tndebug.config import ModelConfig
-from tndebug.harness import train_with_probes
+from tndebug.harness import copy_batch, train_with_probes
+from tndebug.model import make_model
 from tndebug.probes import probe_class
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.ln_placement import LnPlacement
-from tndebug.subject import Subject
+from tndebug.subject import Subject, tndebug_subject
 from tndebug.trace import StreamPoint
 
 
@@ -70,6 +71,33 @@ def test_gradient_profile_is_evidence():
     _, findings, _ = train_with_probes(ModelConfig.tiny(norm="post"), [LnPlacement()], steps=1)
     ev = placement_of(findings).evidence
     assert len(ev["grad_decoder"]) == 2 and ev["grad_growth_decoder"] > 1.0   # post-LN: grows toward the output
+
+
+def test_placement_falls_back_to_the_training_trace_when_setup_cannot_run():
+    """The subject's declared vocabulary is wrong, so setup's random batch fails; the
+    training steps still tell the placement (and the missing warmup)."""
+    model = make_model(ModelConfig.tiny(norm="post"))
+    subject = tndebug_subject(model)
+    subject.src_vocab = subject.tgt_vocab = 1000          # random ids out of range
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    probe = LnPlacement()
+    engine = ProbeEngine([probe], RunContext(subject=subject, optimizer=opt))
+    g = torch.Generator().manual_seed(0)
+    with engine:
+        engine.setup()
+        assert probe.placement is None and probe.skipped
+        for step in range(17):
+            src, tgt_in, tgt_out = copy_batch(g, 32, 10, 11)
+            engine.begin_step(step, src, tgt_in)
+            logits = model(src, tgt_in)
+            loss = F.cross_entropy(logits.reshape(-1, 11), tgt_out.reshape(-1), ignore_index=0)
+            opt.zero_grad()
+            loss.backward()
+            engine.end_step(StepInfo(step, lr=1e-3, loss=loss.detach()))
+            opt.step()
+        engine.finish()
+    assert probe.placement == "post" and probe.status() == "warn"
+    assert [f.severity for f in probe.findings] == ["info", "warning"]
 
 
 # -- the same bugs written by hand ---------------------------------------------------------

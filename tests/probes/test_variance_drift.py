@@ -47,6 +47,8 @@ def test_no_residual_is_a_rank_collapse_at_step0(norm):
     assert dec.evidence["r"] < 0.002 and dec.evidence["threshold_r_error"] == 0.02
     enc = found["encoder.layers.1.sublayer.0"]
     assert enc.step == 0 and enc.evidence["kept"] < 0.2
+    for f in (dec, enc):    # the output keeps nothing of the input: the residual add is missing
+        assert f.evidence["cause"] == "missing" and f.evidence["retention"] < 0.3
     assert "x + dropout(sublayer(x))" in dec.fix
 
 
@@ -76,6 +78,41 @@ def test_growth_beyond_envelope_warns():
     probe.update(stats, StepInfo(5))
     (f,) = probe.findings
     assert f.severity == "warning" and f.where == "encoder" and f.evidence["growth"] > 24
+
+
+def collapsing_trace(collapsed: bool):
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randn(4, 6, 16, generator=g)
+    top = torch.randn(4, 1, 16, generator=g).expand(4, 6, 16) if collapsed else x0 + 0.5
+    trace = Trace(src=torch.full((4, 6), 3), tgt=torch.full((4, 6), 3))
+    trace.streams = [StreamPoint("dec_embed", "embed", None, "embed", x0),
+                     StreamPoint("dec.0", "decoder", 0, "layer", x0 * 2),
+                     StreamPoint("dec.1", "decoder", 1, "layer", top.clone())]
+    return trace
+
+
+def test_collapse_that_appears_during_training_gets_the_lr_fix():
+    probe = VarianceDrift()
+    for step, collapsed in ((0, False), (100, True), (200, True)):
+        probe.update(probe.observe(collapsing_trace(collapsed), StepInfo(step)), StepInfo(step))
+    (f,) = alarms(probe.findings)
+    assert f.severity == "error" and f.where == "dec.1" and f.step == 100
+    assert "during training" in f.message and "learning rate" in f.fix
+    assert f.evidence["cause"] == "dynamic"
+
+
+def test_residual_swamped_at_init_is_a_warning_not_a_missing_residual():
+    """The input survives in the output (retention ~1) but a huge common vector is added."""
+    g = torch.Generator().manual_seed(2)
+    x0 = torch.randn(4, 6, 16, generator=g)
+    trace = Trace(src=torch.full((4, 6), 3))
+    trace.streams = [StreamPoint("enc_embed", "embed", None, "embed", x0),
+                     StreamPoint("enc.0", "encoder", 0, "layer", x0 + 300 * torch.ones(16))]
+    probe = VarianceDrift()
+    probe.update(probe.observe(trace, StepInfo(0)), StepInfo(0))
+    (f,) = alarms(probe.findings)
+    assert f.severity == "warning" and f.evidence["cause"] == "swamped"
+    assert f.evidence["retention"] > 0.99 and f.evidence["r"] < 0.02
 
 
 # -- the same bug written by hand ----------------------------------------------------------

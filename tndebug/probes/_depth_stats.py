@@ -78,9 +78,22 @@ def mean_ratio(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return centred_ratio(x, keep).nanmean()
 
 
+def retention(x_in: torch.Tensor, x_out: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """How much of a sublayer's input survives in its output: the cosine between the
+    token-centred input and output per sequence, averaged (0-d). ~1 with a residual add,
+    ~0 when the output is a fresh function of the input (x = f(x))."""
+    w = keep.unsqueeze(-1).float()                           # [B, T, 1]
+    n = w.sum(1, keepdim=True).clamp(min=1)
+    a = (x_in.float() - (x_in.float() * w).sum(1, keepdim=True) / n) * w
+    b = (x_out.float() - (x_out.float() * w).sum(1, keepdim=True) / n) * w
+    cos = (a * b).sum((1, 2)) / (a.norm(dim=(1, 2)) * b.norm(dim=(1, 2))).clamp(min=1e-30)
+    return torch.where(n.view(-1) >= 2, cos, torch.full_like(cos, float("nan"))).nanmean()
+
+
 def token_rms(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """RMS of the stream over non-pad tokens (0-d)."""
-    return x.float()[keep].pow(2).mean().sqrt()
+    """RMS of the stream over non-pad tokens (0-d; no boolean indexing, so no device sync)."""
+    w = keep.unsqueeze(-1).float()                           # [B, T, 1]
+    return ((x.float().pow(2) * w).sum() / (w.sum() * x.shape[-1]).clamp(min=1)).sqrt()
 
 
 @dataclass

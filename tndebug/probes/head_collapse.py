@@ -111,7 +111,6 @@ class HeadCollapse(Probe):
         super().__init__(schedule)
         self.losses: list[float] = []
         self.streak: dict[str, int] = {}
-        self.sites: list[str] = []
 
     # -- setup: exact tests at step 0 ------------------------------------------------------
     def setup(self, run: RunContext) -> None:
@@ -320,7 +319,7 @@ class HeadCollapse(Probe):
             if (h > 1 and float(pairs.max()) < REDUNDANT_JS and not self.already(site, "info")
                     and not self.already(site, "error")):
                 self.report("info", f"all heads of {site} attend alike (every pair JS < "
-                                    f"{REDUNDANT_JS} bits): redundant, which is normal for a simple task",
+                                    f"{REDUNDANT_JS} bits): redundant heads",
                             where=site, step=info.step, layer=layer,
                             evidence={"max_pair_js_bits": round(float(pairs.max()), 5),
                                       "threshold_js_bits": REDUNDANT_JS}, fix="")

@@ -16,6 +16,8 @@ How it decides (tensors and behaviour only; FAILURE_MODES 2.6, 6):
   gradients grow toward the output, pre-LN ones do not).
 * stack outputs: the last "stack" stream point of each stack (else the encoder memory).
 * lr: StepInfo.lr on steps 0, 1, 2, 4, ..., 64 (else the declared schedule).
+Setup traces a random batch itself (forward and backward, eval mode); the training traces of
+the early steps are used only when setup could not run the model.
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ class LnPlacement(Probe):
         self.lr_decided = False
         self.losses: list[float] = []
         self._run: RunContext | None = None
+        self._pending: Trace | None = None
 
     # -- moments ---------------------------------------------------------------------------
     def setup(self, run: RunContext) -> None:
@@ -80,6 +83,8 @@ class LnPlacement(Probe):
         out: dict[str, Any] = {}
         if info.loss is not None:
             out["loss"] = info.loss.detach().float().reshape(1)
+        if self.placement is None and trace.streams and self._pending is None:
+            self._pending = trace        # setup could not trace: decide from this one in update
         return out
 
     def update(self, stats: dict[str, Any], info: StepInfo) -> None:
@@ -90,12 +95,16 @@ class LnPlacement(Probe):
             self.lrs.append((info.step, float(lr)))
         if "loss" in stats:
             self.losses.append(float(stats["loss"][0]))
+        if self._pending is not None and self._run is not None:
+            trace, self._pending = self._pending, None
+            self.skipped = None
+            self._decide(trace, step=info.step, run=self._run)
         if not self.lr_decided and info.step >= DECIDE_AT:
             self._warmup_verdict()
 
     def finish(self, run: RunContext) -> None:
         if not self.lr_decided:
-            self._warmup_verdict(final=True)
+            self._warmup_verdict()
 
     # -- placement -------------------------------------------------------------------------
     def _init_trace(self, run: RunContext) -> Trace:
@@ -183,7 +192,7 @@ class LnPlacement(Probe):
             return [(s, float(run.lr_schedule(s))) for s in range(0, horizon + 1, max(1, horizon // 64))]
         return []
 
-    def _warmup_verdict(self, final: bool = False) -> None:
+    def _warmup_verdict(self) -> None:
         history = self._lr_history()
         if not history or history[0][0] != 0:
             return                      # no lr seen, or a resumed run: warmup is not at stake

@@ -13,6 +13,9 @@ How it decides (tensors only; FAILURE_MODES 5a-5b):
   whose output keeps < DROP of its input's r is an abrupt collapse: error if r < R_ERROR,
   warning if r < R_WARN. r < R_FLOOR anywhere is an error however it got there. A slow
   decline (deep post-LN decoders reach r ≈ 0.02 at init) is not flagged.
+* a collapse present at the first check (setup, step 0) is structural: the residual add is
+  missing. One that appears later is dynamic (post-LN under too large updates) and gets the
+  learning-rate fix instead.
 * growth G = max RMS of the block outputs / RMS of the stack's input, against the healthy
   envelope of the placement (pre/post, detected from the activations): > 3x -> warning.
 Runs once at setup on a random batch (step 0) and then on the training traces.
@@ -30,14 +33,26 @@ from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
 from tndebug.trace import Trace
 
-# Calibrated on healthy runs (see the module's test and the calibration note in the report):
-# tiny/small/base x pre/post x dropout 0/0.1/0.3, seeds 0-2, init and up to 400 steps.
-R_FLOOR = 0.002   # complete collapse wherever it happens (healthy minimum: 0.023, base post-LN decoder at init)
+# Calibrated on healthy runs through tndebug.harness: tiny (300 steps, seeds 0-2) and small
+# (200-300 steps, seeds 0-1), pre and post, dropout 0/0.1/0.3; plus tiny/small/base at init.
+R_FLOOR = 0.002   # complete collapse wherever it happens (healthy minimum 0.012; base post-LN decoder 0.023 at init)
 R_ERROR = 0.02    # after an abrupt drop
 R_WARN = 0.2      # after an abrupt drop
-DROP = 0.2        # r_out / r_in of one sublayer (healthy minimum: 0.68 at init; no_residual: 0.00-0.10)
-GROWTH_ENVELOPE = {"pre": 8.0, "post": 2.0}   # max healthy G per placement
+DROP = 0.2        # r_out / r_in of one sublayer (healthy minimum 0.33 in training, 0.68 at init;
+                  # no_residual 0.00-0.10)
+GROWTH_ENVELOPE = {"pre": 18.0, "post": 2.0}  # max healthy G per placement (measured 17.7, 1.8)
 GROWTH_FACTOR = 3.0
+
+
+# A collapse that appears only after the first check is not a missing residual: deep post-LN
+# stacks lose rank under too-large updates (Noci et al. 2022; seen: small post-LN, dropout 0,
+# peak lr 8.8e-3, loss stuck at 1.6 while r fell to 5e-4 at the top decoder layer).
+RETAIN = 0.3      # centred input-output correlation of a sublayer; healthy ≥ 0.85, heads
+                  # as copies ≥ 0.65, no_residual ≤ 0.07 (tiny/small/base at init)
+SWAMPED_FIX = ("Check the sublayer's initialisation and output scale (e.g. heads that are copies add "
+               "up h-fold: see head-collapse); keep x + dropout(sublayer(x)).")
+DYNAMIC_FIX = ("Lower the peak learning rate or lengthen the warmup; post-LN stacks lose rank under "
+               "large updates, pre-LN is more robust. " + FAULT_NOTES["no_warmup_high_lr"][2])
 
 
 class VarianceDrift(Probe):
@@ -54,6 +69,8 @@ class VarianceDrift(Probe):
         self.placement: str | None = None
         self.placement_evidence: dict = {}
         self.max_growth: dict[str, float] = {}
+        self.seen: set[str] = set()              # stacks checked at least once
+        self.flagged: set[tuple[str, str]] = set()   # (stack, severity | "dynamic")
 
     # -- moments ---------------------------------------------------------------------------
     def setup(self, run: RunContext) -> None:
@@ -84,14 +101,19 @@ class VarianceDrift(Probe):
     def observe(self, trace: Trace, info: StepInfo | None) -> dict[str, Any]:
         names, meta, vals = [], [], []
         for stack, points in ds.stack_groups(trace):
+            prev = None
             for sp in points:
                 keep = ds.token_keep(trace, stack, sp.x)
-                vals.append(torch.stack([ds.mean_ratio(sp.x, keep), ds.token_rms(sp.x, keep)]))
+                kept = (ds.retention(prev, sp.x, keep) if prev is not None and prev.shape == sp.x.shape
+                        else sp.x.new_tensor(float("nan")))
+                vals.append(torch.stack([ds.mean_ratio(sp.x, keep), ds.token_rms(sp.x, keep),
+                                         kept.float()]))
                 names.append(sp.name)
                 meta.append((stack, sp.layer, sp.kind))
+                prev = sp.x
         if not vals:
             return {}
-        return {"depth": torch.stack(vals), "names": names, "meta": meta}   # depth [n_points, 2]
+        return {"depth": torch.stack(vals), "names": names, "meta": meta}   # depth [n_points, 3]
 
     def update(self, stats: dict[str, Any], info: StepInfo) -> None:
         self._check(stats, info.step, emit=True)
@@ -103,8 +125,8 @@ class VarianceDrift(Probe):
         depth = stats["depth"].tolist()
         rows = list(zip(stats["names"], stats["meta"], depth))
         by_stack: dict[str, list] = {}
-        for name, (stack, layer, kind), (r, rms) in rows:
-            by_stack.setdefault(stack, []).append((name, layer, kind, r, rms))
+        for name, (stack, layer, kind), (r, rms, rho) in rows:
+            by_stack.setdefault(stack, []).append((name, layer, kind, r, rms, rho))
         for stack, pts in by_stack.items():
             if emit:
                 self._metrics(step, stack, pts)
@@ -113,7 +135,7 @@ class VarianceDrift(Probe):
 
     def _metrics(self, step: int, stack: str, pts) -> None:
         last: dict[int, tuple[float, float]] = {}
-        for _, layer, kind, r, rms in pts:
+        for _, layer, kind, r, rms, _ in pts:
             if layer is not None and kind in ("sublayer", "layer"):
                 last[layer] = (r, rms)
         for layer, (r, rms) in sorted(last.items()):
@@ -122,7 +144,7 @@ class VarianceDrift(Probe):
 
     def _rank(self, step: int, stack: str, pts) -> None:
         hit = None          # (severity, index)
-        for i, (name, _, kind, r, _) in enumerate(pts):
+        for i, (_, _, kind, r, _, _) in enumerate(pts):
             if kind == "embed" or math.isnan(r):
                 continue
             r_in = pts[i - 1][3] if i > 0 else float("nan")
@@ -137,30 +159,45 @@ class VarianceDrift(Probe):
                 break
             if sev == "warning" and hit is None:
                 hit = (sev, i)
+        first = stack not in self.seen
+        self.seen.add(stack)
         if hit is None:
             return
         sev, i = hit
-        name, layer, _, r, _ = pts[i]
-        where = ds.module_path(name)
-        if self.already(where, sev) or (sev == "warning" and self.already(where, "error")):
-            return
+        name, layer, _, r, _, rho = pts[i]
         r_in = pts[i - 1][3] if i > 0 else float("nan")
-        src = ds.module_path(pts[i - 1][0]) if i > 0 else ""
-        drop = r / r_in if r_in and not math.isnan(r_in) else float("nan")
+        kept = r / r_in if r_in and not math.isnan(r_in) else float("nan")
+        # why: a residual that is missing (the output has forgotten its input), one that is
+        # swamped by its sublayer at init, or a collapse that training brought about
+        if not first or (stack, "dynamic") in self.flagged:
+            cause, fix = "dynamic", DYNAMIC_FIX
+            self.flagged.add((stack, "dynamic"))
+        elif math.isnan(rho) or rho < RETAIN:
+            cause, fix = "missing", None
+        else:
+            cause, fix, sev = "swamped", SWAMPED_FIX, "warning"
+        if (stack, sev) in self.flagged or (stack, "error") in self.flagged:
+            return
+        self.flagged.add((stack, sev))
+        where = ds.module_path(name)
+        how = {"missing": "; its output keeps nothing of its input (no residual add)",
+               "swamped": "; the residual is there but the sublayer's output swamps it",
+               "dynamic": " during training"}[cause]
         self.report(
             sev, f"rank collapse in the {stack}: tokens at {where} are nearly identical "
-                 f"(r={r:.4f}, from {r_in:.3f} at its input; {drop:.2f} of it kept)",
-            where=where, step=step, layer=layer,
-            evidence={"r": round(r, 5), "r_input": round(r_in, 5), "kept": round(drop, 4),
-                      "input": src, "threshold_r_error": R_ERROR, "threshold_r_warning": R_WARN,
+                 f"(r={r:.4f}, from {r_in:.3f} at its input){how}",
+            where=where, step=step, layer=layer, fix=fix,
+            evidence={"r": round(r, 5), "r_input": round(r_in, 5), "kept": round(kept, 4),
+                      "retention": round(rho, 4), "input": ds.module_path(pts[i - 1][0]) if i else "",
+                      "cause": cause, "threshold_r_error": R_ERROR, "threshold_r_warning": R_WARN,
                       "threshold_kept": DROP, "threshold_r_floor": R_FLOOR,
-                      "placement": self.placement})
+                      "threshold_retention": RETAIN, "placement": self.placement})
 
     def _growth(self, step: int, stack: str, pts) -> None:
         if not pts or self.placement not in GROWTH_ENVELOPE:
             return
         base = pts[0][4]
-        blocks = [(name, rms) for name, _, kind, _, rms in pts if kind in ("sublayer", "layer")]
+        blocks = [(name, rms) for name, _, kind, _, rms, _ in pts if kind in ("sublayer", "layer")]
         if not blocks or not base > 0:
             return
         name, top = max(blocks, key=lambda b: b[1])
