@@ -243,9 +243,10 @@ class HeadCollapse(Probe):
         packed = _packed_slices(module)
         if packed is not None and not weights:
             weights = dict(zip(("q", "k", "v"), packed))
+        rows = h * rec.q.shape[-1] if rec.q is not None and rec.q.dim() == 4 else None
         for role, W in weights.items():
-            if W is None or W.dim() != 2 or W.shape[0] % h:
-                continue
+            if W is None or W.dim() != 2 or W.shape[0] % h or (rows and W.shape[0] != rows):
+                continue                  # e.g. grouped K/V projections: fewer rows than h heads
             flat = W.detach().float().reshape(h, -1)                          # [h, d_k * d]
             unit = flat / flat.norm(dim=-1, keepdim=True).clamp(min=1e-30)
             cos = unit @ unit.T                                               # [h, h]
