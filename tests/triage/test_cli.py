@@ -103,3 +103,19 @@ def test_good_run_writes_a_report(capsys, tmp_path, annotated_ckpt):
     assert run_["mode"] == "triage" and run_["layout"] == "annotated"
     assert run_["inferred_config"]["n_heads"] == 4 and run_["inferred_config"]["norm"] == "pre"
     assert "checkpoint" in report["probes"]
+
+
+def test_task_whose_ids_do_not_fit_the_vocabulary(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    bad([path, "--task", "translate"], capsys, tmp_path, "uses token ids up to 24")
+
+
+def test_adapter_that_returns_sequence_first_logits(capsys, tmp_path):
+    (tmp_path / "adapter.py").write_text(
+        "from seq import forward as f\n"
+        "def forward(model, src, tgt, pad_id):\n"
+        "    return f(model, src, tgt, pad_id).transpose(0, 1)\n")
+    (tmp_path / "seq.py").write_text((ZOO / "torch_seq2seq.py").read_text())
+    torch.save({"model": zoo("torch_seq2seq").build().state_dict()}, tmp_path / "t.pt")
+    bad([tmp_path / "t.pt", "--model", zoo_spec("torch_seq2seq", "build"),
+         "--adapter", f"{tmp_path}/adapter.py:forward"], capsys, tmp_path, "expected logits [B, T, V]")

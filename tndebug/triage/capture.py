@@ -169,30 +169,28 @@ class GenericCapture:
     def recording(self, reads=("all",), trace: Trace | None = None):
         trace = trace if trace is not None else Trace()
         state = _State(self, trace, frozenset(reads))
-        handles = []
-        for name, module in self.model.named_modules():
-            handles.append(module.register_forward_pre_hook(state.pre_hook(name), with_kwargs=True))
-            handles.append(module.register_forward_hook(state.post_hook(name), with_kwargs=True))
-        fastpath = torch.backends.mha.get_fastpath_enabled()
-        torch.backends.mha.set_fastpath_enabled(False)
         try:
-            with _patched(state):
+            with self._installed(state, [n for n, _ in self.model.named_modules()]):
                 yield trace
         finally:
-            torch.backends.mha.set_fastpath_enabled(fastpath)
-            for h in handles:
-                h.remove()
             state.finalise()
 
     @contextmanager
     def scaling(self, alpha: float):
-        """Scale every attention's pre-softmax scores by `alpha` (no recording)."""
+        """Scale every attention's pre-softmax scores by `alpha` (nothing recorded)."""
         state = _State(self, None, frozenset())
         state.alpha = alpha
-        handles = [m.register_forward_pre_hook(state.pre_hook(n), with_kwargs=True)
-                   for n, m in self.model.named_modules() if n in self.attention]
-        handles += [m.register_forward_hook(state.post_hook(n), with_kwargs=True)
-                    for n, m in self.model.named_modules() if n in self.attention]
+        with self._installed(state, sorted(self.attention)):
+            yield
+
+    @contextmanager
+    def _installed(self, state: "_State", paths: list[str]):
+        """Hooks on `paths`, torch's attention primitives patched, MHA fast path off; all undone."""
+        handles = []
+        for name in paths:
+            module = self.model.get_submodule(name)
+            handles.append(module.register_forward_pre_hook(state.pre_hook(name), with_kwargs=True))
+            handles.append(module.register_forward_hook(state.post_hook(name), with_kwargs=True))
         fastpath = torch.backends.mha.get_fastpath_enabled()
         torch.backends.mha.set_fastpath_enabled(False)
         try:
@@ -232,7 +230,9 @@ class _State:
                 self.calls.append(_AttnCall(name, _t(query), _t(key)))
             if self.trace is None:
                 return None
-            stack = cap.stacks.get(name) or (cap.layers[name][0] if cap.layers.get(name, (0, 1))[1] == 0 else None)
+            stack = cap.stacks.get(name)
+            if stack is None and name in cap.layers and cap.layers[name][1] == 0:
+                stack = cap.layers[name][0]            # a ModuleList of layers is never called
             if stack is not None and stack not in self.stack_in:     # what enters the stack
                 x = args[0] if args else next(iter(kwargs.values()), None)
                 if isinstance(x, torch.Tensor) and x.is_floating_point():

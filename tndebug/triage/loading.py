@@ -94,7 +94,8 @@ def load_checkpoint(path: str | Path, *, trust: bool = False) -> Checkpoint:
 # -- torch.load ---------------------------------------------------------------------------
 def _torch_load(p: Path, trust: bool):
     try:
-        return torch.load(p, map_location="cpu", weights_only=True)
+        # mmap: tensors are read when touched (an optimizer state is never read whole)
+        return torch.load(p, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(p))
     except Exception as e:  # noqa: BLE001 - unpickling fails in many types
         msg = str(e)
         if "Weights only load failed" not in msg:

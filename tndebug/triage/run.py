@@ -42,7 +42,7 @@ from tndebug.triage.loading import Checkpoint, load_checkpoint
 # (an optimizer, a declared schedule, the user's criterion, a loss curve).
 TRAINING_ONLY = ("lr-schedule", "label-smoothing", "loss-health")
 TRIAGE_PROBES = tuple(n for n in PROBE_NAMES if n not in TRAINING_ONLY)
-HELD_OUT = 32           # held-out sequences for the loss comparisons (heads, norm, sweep)
+HELD_OUT = 16           # held-out sequences for the loss comparisons (heads, norm, sweep)
 
 
 @dataclass
@@ -84,11 +84,9 @@ def triage(opts: TriageOptions) -> Report:
     findings = hygiene.non_finite(ckpt.state_dict) + hygiene.resume_state(ckpt)
     lap("load")
     batch = eval_set(task, n=HELD_OUT, seed=0)
-    target = (_user_target(ckpt, opts, batch) if opts.model
-              else _layout_target(ckpt, opts, batch, task.tgt_vocab))
+    target = _user_target(ckpt, opts, batch, task) if opts.model else _layout_target(ckpt, opts, batch, task)
     findings += target.findings
     subject = target.subject
-    _check_vocab(subject, task)
     lap("model")
 
     engine_findings, statuses = _run_probes(subject, probe_names, batch, opts.pad_id)
@@ -108,8 +106,7 @@ def triage(opts: TriageOptions) -> Report:
            "step": ckpt.step, "has_optimizer_state": ckpt.has_optimizer_state,
            "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
            "temperature_sweep": sweep_evidence, **target.run,
-           "timings_s": timings, "wall_s": round(time.perf_counter() - t0, 3)}
-    run["status"] = "completed"
+           "timings_s": timings, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
     report = Report(run=run, findings=findings, probes=statuses)
     report.first_sign = next((f for f in findings if f.severity == "error"), None) or \
         next((f for f in findings if f.severity == "warning"), None)
@@ -133,16 +130,16 @@ def _task(name: str):
         raise UsageError(str(e)) from None
 
 
-def _check_vocab(subject: Subject, task) -> None:
-    if subject.src_vocab < task.src_vocab or subject.tgt_vocab < task.tgt_vocab:
+def _check_vocab(src_vocab: int, tgt_vocab: int, task) -> None:
+    if src_vocab < task.src_vocab or tgt_vocab < task.tgt_vocab:
         raise UsageError(
             f"--task {task.name} uses token ids up to {max(task.src_vocab, task.tgt_vocab) - 1}, "
-            f"but the model's vocabularies are {subject.src_vocab}/{subject.tgt_vocab}: pass the "
-            f"task it was trained on (copy, reverse and sort use 11 ids)")
+            f"but the model's vocabularies are {src_vocab}/{tgt_vocab}: pass the task it was "
+            f"trained on (copy, reverse and sort use 11 ids)")
 
 
 # -- without --model: tndebug's model --------------------------------------------------------------
-def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task_vocab: int) -> _Target:
+def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
     sd = ckpt.state_dict
     layout = layouts.detect_layout(sd)
     if layout is None:
@@ -150,6 +147,7 @@ def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task_vocab: int
                          f"The Annotated Transformer's and torch.nn.Transformer's: pass "
                          f"--model FILE.py:FACTORY to triage your code")
     conv = layouts.convert(sd, layout)
+    _check_vocab(conv.sizes["src_vocab"], conv.sizes["tgt_vocab"], task)
     saved = layouts.normalise_config(ckpt.config)
     given = layouts.normalise_config(parse_config(opts.config))
     findings = hygiene.config_vs_weights(saved, conv.sizes, ckpt.config_key)
@@ -262,7 +260,7 @@ def _config(conv, values: dict) -> ModelConfig:
 
 
 # -- with --model: the user's code -----------------------------------------------------------------
-def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch) -> _Target:
+def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
     given = parse_config(opts.config)
     kwargs = given if given is not None else (ckpt.config or {})
     model, used = build_user_model(opts.model, kwargs)
@@ -271,6 +269,7 @@ def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch) -> _Target:
     adapter = resolve_adapter(opts.adapter, model)
     capture = GenericCapture(model)
     src_v, tgt_v = _user_vocab(model, adapter, batch, opts.pad_id)
+    _check_vocab(src_v, tgt_v, task)
     subject = Subject(model, adapter.forward, pad_id=opts.pad_id, bos_id=opts.bos_id,
                       src_vocab=src_v, tgt_vocab=tgt_v, encode=adapter.encode, capture=capture)
     run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
