@@ -8,7 +8,8 @@ from tndebug.config import ModelConfig
 from tndebug.harness import train_with_probes
 from tndebug.model import make_model
 from tndebug.probes.base import StepInfo
-from tndebug.probes.gradient_flow import DEAD_SHARE, MIN_TOKENS, SPIKE, GradientFlowProbe
+from tndebug.probes.gradient_flow import (DEAD_SHARE, DEAD_SHARE_TRAINING, MIN_TOKENS, SPIKE,
+                                          GradientFlowProbe)
 from tndebug.probes.schedule import every
 from tndebug.subject import tndebug_subject
 from tndebug.trace import Trace
@@ -92,7 +93,8 @@ def test_hand_loss_scale_left_on_once_is_one_spike():
                               criterion=criterion, lr_fn=lambda s: 0.0)
     [f] = [f for f in findings if f.probe == NAME]
     assert (f.severity, f.step) == ("warning", 8)
-    assert f.evidence["ratio"] > SPIKE and len(f.evidence["groups"]) >= 3
+    assert f.evidence["ratio"] > SPIKE and len(f.evidence["layer_ratios"]) == 2
+    assert f.where in ("layers.0", "layers.1")
 
 
 def test_detached_layer_gets_no_gradient():
@@ -110,16 +112,17 @@ def test_units_that_die_during_training_are_caught_by_the_window():
     probe = GradientFlowProbe(every(1))
     tokens = 0
     step = 0
-    while tokens < MIN_TOKENS:          # 1024 tokens per step; a third of units still fire
+    while tokens < MIN_TOKENS:          # 1024 tokens per step; 2 units of 48 still fire
         h = torch.zeros(32, 32, 48)
-        h[..., :16] = 1.0
+        h[..., :2] = 1.0
         trace = Trace(step=step, ffn_hidden={"enc.layers.0.ffn": torch.relu(h - 0.5)})
         probe.update(probe.observe(trace, StepInfo(step, grads_ready=False)), StepInfo(step))
         tokens += 1024
         step += 1
     [f] = probe.findings
     assert f.where == "enc.layers.0.ffn" and f.step == 3
-    assert f.evidence["dead_fraction"] == pytest.approx(2 / 3)
+    assert f.evidence["dead_fraction"] == pytest.approx(46 / 48)
+    assert f.evidence["threshold"] == DEAD_SHARE_TRAINING
 
 
 def test_late_hard_batch_below_the_early_peak_is_not_a_spike():
@@ -130,3 +133,13 @@ def test_late_hard_batch_below_the_early_peak_is_not_a_spike():
         probe.update({"grad_norm": torch.tensor([norm]), "grad_present": [True]}, StepInfo(step))
     [f] = probe.findings                 # 3.0 is 15x the median but below the peak of 10
     assert (f.step, f.where) == (13, "layers.0") and f.evidence["earlier_peak"] == 10
+
+
+def test_one_layer_rising_while_the_total_is_calm_is_not_a_spike():
+    probe = GradientFlowProbe(every(1))
+    probe._groups, probe._indexed = {"layers.0": [], "layers.1": []}, {"layers.0", "layers.1"}
+    for step in range(12):              # layer 0 rises 20x late; layer 1 dominates the total
+        norm0 = 0.01 if step < 11 else 0.2
+        probe.update({"grad_norm": torch.tensor([norm0, 5.0]), "grad_present": [True, True]},
+                     StepInfo(step))
+    assert probe.findings == []
