@@ -16,7 +16,6 @@ Files: out_dir/report.json, report.md, figures/*.png, tb/events.out.tfevents.*
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -104,7 +103,9 @@ class ReportSession:
         return self._code
 
     def close(self) -> None:
-        """Flush and close TensorBoard (safe to call twice, and after `finish`)."""
+        """Flush and close TensorBoard (safe to call twice, and after `finish`). For a run that
+        ends without a Report; after it, `finish` still writes every file but TensorBoard's
+        text and hparams."""
         if self.tb is not None:
             self.tb.close()
 
@@ -140,7 +141,7 @@ class ReportSession:
 
     def _print(self, report: Report, md: str, paths: dict) -> None:
         if self.fmt == "json":
-            console.print_plain(json.dumps(report.to_dict(), indent=2, default=str))
+            console.print_plain((self.out_dir / "report.json").read_text())   # byte for byte
             console.print_summary(report, console.make_console(stderr=True), paths)
         elif self.fmt == "md":
             console.print_plain(md)
