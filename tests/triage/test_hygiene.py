@@ -104,3 +104,11 @@ def test_temperature_sweep_checkpoint_trained_without_scale():
 def test_temperature_sweep_is_inconclusive_on_an_unsolved_task():
     (f,), ev = sweep(FakeModel(1.0, solved=False))
     assert f.severity == "info" and ev["verdict"] == "inconclusive"
+
+
+def test_embedding_scale_from_the_weights():
+    assert hygiene.embedding_scale(torch.randn(11, 64) / 8, 8.0, "src_embed") == []       # rho ~ 1.4
+    (f,) = hygiene.embedding_scale(torch.randn(37000, 512) * 0.003, 1.0, "src_embed")    # no sqrt(d)
+    assert f.probe == "positional-encoding" and f.evidence["rho"] < 0.05
+    (f,) = hygiene.embedding_scale(torch.randn(11, 512), math.sqrt(512), "tgt_embed")     # N(0,1) x sqrt(d)
+    assert f.evidence["rho"] > 20

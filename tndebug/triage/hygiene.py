@@ -105,6 +105,22 @@ def stored_pe(pe: torch.Tensor | None, key: str, d_model: int) -> list[Finding]:
                fix="check how the PE table is built (sin on even, cos on odd features)")]
 
 
+def embedding_scale(lut: torch.Tensor, scale: float, where: str, rho_low: float = 0.05,
+                    rho_high: float = 20.0) -> list[Finding]:
+    """rho = RMS(embedding rows x scale) / RMS(sinusoidal PE) (FAILURE_MODES 7b: < 0.05 or > 20
+    -> warning). The PE's RMS is 1/sqrt(2) at every width."""
+    rho = float(lut.float().pow(2).mean().sqrt()) * scale / math.sqrt(0.5)
+    if rho_low <= rho <= rho_high:
+        return []
+    drowned = "the PE drowns the token embeddings" if rho < rho_low else "the embeddings drown the PE"
+    return [_f("positional-encoding", "warning",
+               f"{where}: rho = RMS(embedding x {scale:.3g}) / RMS(PE) = {rho:.3g}: {drowned}",
+               where=where, evidence={"rho": rho, "scale": scale, "threshold_low": rho_low,
+                                      "threshold_high": rho_high},
+               fix="multiply the embeddings by sqrt(d_model) and initialise them N(0, 1/d_model) "
+                   "(or Xavier), so that token and position parts are comparable")]
+
+
 # -- weights ------------------------------------------------------------------------------------
 def duplicate_heads(sites: Iterable[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, int]]) -> list[Finding]:
     """sites: (module path, W_Q, W_K, W_V [d, d] each, heads). Shared W_Q = W_K, or two heads

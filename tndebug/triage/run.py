@@ -84,7 +84,8 @@ def triage(opts: TriageOptions) -> Report:
     findings = hygiene.non_finite(ckpt.state_dict) + hygiene.resume_state(ckpt)
     lap("load")
     batch = eval_set(task, n=HELD_OUT, seed=0)
-    target = _user_target(ckpt, opts, batch, task) if opts.model else _layout_target(ckpt, opts, batch, task)
+    target = (_user_target(ckpt, opts, batch, task) if opts.model
+              else _layout_target(ckpt, opts, batch, task, probe_names))
     findings += target.findings
     subject = target.subject
     lap("model")
@@ -139,7 +140,7 @@ def _check_vocab(src_vocab: int, tgt_vocab: int, task) -> None:
 
 
 # -- without --model: tndebug's model --------------------------------------------------------------
-def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
+def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task, probe_names) -> _Target:
     sd = ckpt.state_dict
     layout = layouts.detect_layout(sd)
     if layout is None:
@@ -181,6 +182,10 @@ def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Targe
                 a.w_v.weight.detach(), cfg.n_heads)
                for stack in ("encoder", "decoder") for i, layer in enumerate(getattr(model, stack).layers)
                for name in ("self_attn", "cross_attn") if (a := getattr(layer, name, None)) is not None]
+    if "positional-encoding" not in probe_names:   # else the probe judges it from behaviour
+        for side in ("src_embed", "tgt_embed"):
+            emb = getattr(model, side)
+            findings += hygiene.embedding_scale(emb.lut.weight.detach(), emb.scale, side)
     run = {"layout": layout, "model": "tndebug (converted)", "adapter": "tndebug",
            "inferred_config": {k: v for k, v in cfg.to_dict().items() if k != "faults"},
            "emb_scale": "no_emb_scale" not in cfg.faults,
