@@ -98,3 +98,22 @@ def test_progress_live_on_a_terminal():
             bar.update(step + 1, loss=torch.tensor(0.5), lr=2e-4)
     out = buf.getvalue()
     assert "10/10" in out and "loss 0.5" in out and "step/s" in out
+
+
+def test_narrow_terminal_stacks_message_evidence_fix():
+    buf = io.StringIO()
+    console.print_summary(sample_report(), console.Console(file=buf, width=100, highlight=False))
+    out = buf.getvalue()
+    assert "message / evidence / fix" in out
+    assert "evidence: threshold=3," in out and "score_std=8.01" in out
+    assert "fix: divide by sqrt(d_k)" in out
+
+
+def test_nested_evidence_is_named_not_dumped():
+    r = Report(run={}, findings=[Finding("mask-broadcast", "error", "future keys visible", step=0,
+                                         evidence={"modules": {"decoder.layers.0.self_attn": {"mass": 1.0}},
+                                                   "thresholds": {"mass": 1e-6}})])
+    buf = io.StringIO()
+    console.print_summary(r, console.make_console(buf))
+    out = buf.getvalue()
+    assert "modules, thresholds (in report.md)" in out and "decoder.layers.0.self_attn" not in out

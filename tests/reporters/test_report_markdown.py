@@ -20,7 +20,7 @@ def test_findings_are_explained(tiny_run):
     assert error < warn
     block = md[warn:md.index("## Probes")]
     assert "**Symptom:** entropy fell below the floor" in block
-    assert "`entropy` = 0.01235; `threshold` = 0.05" in block
+    assert "- **Evidence:** `entropy` = 0.01235\n  - **threshold:** 0.05" in block
     assert PROBE_CAUSES["missing-scale"] in block
     assert "**Fix:** Divide the scores by sqrt(d_k)." in block
     assert "**Where:** `encoder.layers.0.self_attn` (layer 0, head 2)" in block
@@ -36,3 +36,18 @@ def test_figures_are_embedded_and_valid_pngs(tiny_run):
         assert path.read_bytes()[:8] == PNG, link
         h, w = imread(path).shape[:2]
         assert 200 <= h <= 1600 and 300 <= w <= 1800, (link, h, w)
+
+
+def test_nested_evidence_as_sub_bullets():
+    from tndebug.findings import Finding
+    from tndebug.report import Report
+    from tndebug.reporters.markdown import render
+    f = Finding("mask-broadcast", "error", "future keys visible", where="decoder.layers.0.self_attn",
+                step=0, evidence={"forbidden_mass": 0.4,
+                                  "modules": {"decoder.layers.0.self_attn": {"mass_max": 1.0}},
+                                  "thresholds": {"mass": 1e-6}})
+    md = render(Report(run={"status": "completed"}, findings=[f]))
+    assert "- **Evidence:** `forbidden_mass` = 0.4" in md
+    assert "  - `modules`:\n    - `decoder.layers.0.self_attn`: mass_max=1" in md
+    assert "  - **thresholds:** mass: 1.000e-06" in md
+    assert PROBE_CAUSES["mask-broadcast"] in md

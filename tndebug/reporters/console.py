@@ -26,7 +26,7 @@ from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, e
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {"clean": "bold green", "warnings": "bold yellow", "errors": "bold red"}
-PLAIN_WIDTH = 120            # rich's 80 columns squeeze a six-column table in CI logs
+PLAIN_WIDTH = 160            # not a terminal (CI logs, pipes): rich's 80 columns squeeze the table
 
 
 def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console:
@@ -130,23 +130,43 @@ def progress(total: int, description: str = "training", console: Console | None 
 
 
 # -- the summary -------------------------------------------------------------------------
-def findings_table(report: Report) -> Table:
+EVIDENCE_ITEMS = 4           # scalar evidence items in the terminal; all of it is in report.md
+WIDE = 140                   # from this width on, message / evidence / fix get their own columns
+
+
+def findings_table(report: Report, width: int = PLAIN_WIDTH) -> Table:
+    """severity, probe, where, step, message, evidence, fix: six columns on a wide console;
+    on a narrow one message, evidence and fix stack in one column."""
     t = Table(box=box.SIMPLE_HEAD, show_lines=False, expand=False, pad_edge=False)
     t.add_column("severity", no_wrap=True)
     t.add_column("probe", no_wrap=True)
-    t.add_column("where", overflow="fold", min_width=12, max_width=32)
+    t.add_column("where", overflow="fold", max_width=34)
     t.add_column("step", justify="right", no_wrap=True)
-    t.add_column("message", overflow="fold", ratio=3)
-    t.add_column("evidence", overflow="fold", ratio=2)
-    t.add_column("fix", overflow="fold", ratio=3)
+    wide = width >= WIDE
+    if wide:
+        t.add_column("message", overflow="fold", ratio=3)
+        t.add_column("evidence", overflow="fold", ratio=2)
+        t.add_column("fix", overflow="fold", ratio=3)
+    else:
+        t.add_column("message / evidence / fix", overflow="fold")
     for f in sorted_findings(report):
-        t.add_row(Text(SEVERITY_WORD[f.severity], style=SEVERITY_STYLE[f.severity]),
-                  f.probe, where_text(f), "" if f.step is None else str(f.step),
-                  f.message, evidence_text(f, "\n"), f.fix)
+        cells = [Text(SEVERITY_WORD[f.severity], style=SEVERITY_STYLE[f.severity]), f.probe,
+                 where_text(f), "" if f.step is None else str(f.step)]
+        evidence = evidence_text(f, "\n" if wide else ", ", limit=EVIDENCE_ITEMS)
+        if wide:
+            cells += [f.message, evidence, f.fix]
+        else:
+            body = Text(f.message)
+            if evidence:
+                body.append("\nevidence: ", style="bold").append(evidence)
+            if f.fix:
+                body.append("\nfix: ", style="bold").append(f.fix)
+            cells.append(body)
+        t.add_row(*cells)
     return t
 
 
-def summary(report: Report, paths: dict[str, str] | None = None) -> Group:
+def summary(report: Report, paths: dict[str, str] | None = None, width: int = PLAIN_WIDTH) -> Group:
     """The end-of-run summary: verdict, status, first sign, findings, probes, files."""
     parts = []
     head = Text()
@@ -165,7 +185,7 @@ def summary(report: Report, paths: dict[str, str] | None = None) -> Group:
             body.append(sign)
         parts.append(Panel(body, box=box.HEAVY, border_style="red", expand=False))
     if report.findings:
-        parts.append(findings_table(report))
+        parts.append(findings_table(report, width))
     else:
         parts.append(Text("no findings"))
     groups = probe_groups(report)
@@ -185,7 +205,7 @@ def summary(report: Report, paths: dict[str, str] | None = None) -> Group:
 
 
 def print_summary(report: Report, console: Console, paths: dict[str, str] | None = None) -> None:
-    console.print(summary(report, paths))
+    console.print(summary(report, paths, console.width))
 
 
 def print_plain(text: str, file: TextIO | None = None) -> None:

@@ -59,13 +59,31 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
     return "\n".join(out).rstrip() + "\n"
 
 
+def evidence_lines(evidence: dict) -> list[str]:
+    """Scalars on one line, thresholds on theirs, nested values as sub-bullets."""
+    scalars = [(k, v) for k, v in evidence.items() if not isinstance(v, dict)
+               and not k.startswith("threshold")]
+    lines = [("- **Evidence:** " + "; ".join(f"`{k}` = {fmt_value(v)}" for k, v in scalars)).rstrip()]
+    for k, v in evidence.items():
+        if k.startswith("threshold"):
+            inner = (", ".join(f"{a}: {fmt_value(b)}" for a, b in v.items())
+                     if isinstance(v, dict) else fmt_value(v))
+            lines.append(f"  - **{k}:** {inner}")
+        elif isinstance(v, dict):
+            lines.append(f"  - `{k}`:")
+            for a, b in v.items():
+                inner = (", ".join(f"{x}={fmt_value(y)}" for x, y in b.items())
+                         if isinstance(b, dict) else fmt_value(b))
+                lines.append(f"    - `{a}`: {inner}")
+    return lines
+
+
 def _finding(i: int, f: Finding) -> list[str]:
     at = f" at step {f.step}" if f.step is not None else ""
     lines = [f"### {i}. {SEVERITY_WORD[f.severity]} `{f.probe}`{at}", "",
              f"- **Symptom:** {f.message}"]
     if f.evidence:
-        ev = "; ".join(f"`{k}` = {fmt_value(v)}" for k, v in f.evidence.items())
-        lines.append(f"- **Evidence:** {ev}")
+        lines += evidence_lines(f.evidence)
     cause = PROBE_CAUSES.get(f.probe)
     if cause:
         lines.append(f"- **Probable cause (from the notes):** {cause}")

@@ -319,6 +319,8 @@ def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
     losses = {t: s for t, s in scalars.items() if t.endswith("loss") and s}
     lrs = {t: s for t, s in scalars.items() if t.endswith("/lr") and s}
     others = {t: s for t, s in scalars.items() if t.startswith("eval/") and t not in losses and s}
+    finals = {t: s[-1][1] for t, s in others.items() if len(s) < 2}   # one point: a number, not a line
+    others = {t: s for t, s in others.items() if t not in finals}
     if not losses and not lrs:
         return None
     panels = [(label, data) for label, data in (("loss", losses), ("learning rate", lrs),
@@ -340,9 +342,14 @@ def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
         ax.set_xlabel("step")
         ax.set_ylabel(label)
         ax.set_title(label.capitalize(), fontsize=10)
+        if label == "loss" and finals:
+            ax.text(0.98, 0.75, "\n".join(f"{t} = {v:.4g}" for t, v in finals.items()),
+                    transform=ax.transAxes, ha="right", va="top", fontsize=7,
+                    bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.subplots_adjust(left=0.07, right=0.98, top=0.88, bottom=0.16, wspace=0.3)
+    w = fig.get_figwidth()
+    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=0.88, bottom=0.16, wspace=0.3)
     _save(fig, fig_dir / "curves.png")
     return Plot("curves.png", "Loss and learning rate",
                 "Training (and evaluation) curves as logged; dashed lines mark the first sign "
