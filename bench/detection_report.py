@@ -15,8 +15,9 @@ Definitions (FAILURE_MODES §3):
 * false positives: share of healthy (benign) runs in which a probe raised any alarm.
 * silent fault: a faulty run whose held-out exact match is not below the worst healthy run of
   the same task and norm; per fault, an exact one-sided permutation test (stratified by norm)
-  of the mean exact match, faulty vs healthy: "worse" when p < 0.05. The reference of
-  resume faults is the healthy resume control (benign variant "resume").
+  of the mean exact match, faulty vs healthy: "worse" when p < 0.05 (the same test on the
+  greedy token accuracy beside it: short runs leave exact match low everywhere). The reference
+  of resume faults is the healthy resume control (benign variant "resume").
 """
 from __future__ import annotations
 
@@ -163,6 +164,11 @@ def em(run: dict) -> float:
     return float(x) if x is not None else 0.0
 
 
+def tok(run: dict) -> float:
+    x = run.get("token_accuracy")
+    return float(x) if x is not None else 0.0
+
+
 # -- the analysis ------------------------------------------------------------------------------
 def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) -> dict:
     """Everything, for the runs of `main_steps` steps (default: the step count of most fault
@@ -187,11 +193,13 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
     faulty = [r for r in ev if r["kind"] == "fault"]
 
     # healthy reference exact match per (task, norm, variant)
-    ref = defaultdict(list)
+    ref, ref_tok = defaultdict(list), defaultdict(list)
     for r in healthy:
         ref[(r["task"], r["norm"], "")].append(em(r))
+        ref_tok[(r["task"], r["norm"], "")].append(tok(r))
     for r in benign:
         ref[(r["task"], r["norm"], r["variant"])].append(em(r))
+        ref_tok[(r["task"], r["norm"], r["variant"])].append(tok(r))
 
     faults_out = {}
     for name, fault in FAULTS.items():
@@ -221,17 +229,22 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
         confusion = {p: rate(sum(bool(alarms(r, p)) for r in rs), len(rs)) for p in PROBE_NAMES}
         # silent fault
         ref_variant = "resume" if fault.needs == "resume" else ""
-        strata, silent = [], 0
+        strata, strata_tok, silent = [], [], 0
         ems_f, ems_h = [], []
         for norm in sorted({r["norm"] for r in rs}):
             f_em = [em(r) for r in rs if r["norm"] == norm]
             h_em = ref.get((rs[0]["task"], norm, ref_variant), [])
             strata.append((f_em, h_em))
+            strata_tok.append(([tok(r) for r in rs if r["norm"] == norm],
+                               ref_tok.get((rs[0]["task"], norm, ref_variant), [])))
             ems_f += f_em
             ems_h += h_em
             if h_em:
                 silent += sum(x >= min(h_em) for x in f_em)
         p = stratified_permutation_p(strata)
+        p_tok = stratified_permutation_p(strata_tok)
+        tok_f = [x for f, _ in strata_tok for x in f]
+        tok_h = [x for _, h in strata_tok for x in h]
         out = {
             "probe": probe or None, "where_rule": EXPECTED_WHERE.get(name), "needs": fault.needs or None,
             "norms": list(fault.norms), "runs": len(rs),
@@ -252,6 +265,10 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
             "silent_runs": rate(silent, len(rs)),
             "worse_than_healthy_p": round(p, 4) if p is not None else None,
             "worse_than_healthy": (p is not None and p < 0.05),
+            "token_accuracy_faulty_mean": round(statistics.mean(tok_f), 4) if tok_f else None,
+            "token_accuracy_reference_mean": round(statistics.mean(tok_h), 4) if tok_h else None,
+            "token_accuracy_worse_p": round(p_tok, 4) if p_tok is not None else None,
+            "token_accuracy_worse": (p_tok is not None and p_tok < 0.05),
             "run_status": dict(sorted(_count(r.get("run_status") for r in rs).items())),
         }
         if probe:
@@ -406,8 +423,8 @@ def markdown(d: dict) -> str:
          "Recall and localisation: k/n (rate, Wilson 95%). Steps: median [Q1, Q3] from activation. "
          "EM: held-out exact match, faulty vs reference mean; p: one-sided stratified permutation test.", "",
          "| fault | norms | probe | recall | first-alarm severity | steps to detection | localised (first) | "
-         "localised (any) | silent runs | EM faulty / ref | worse (p) |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+         "localised (any) | silent runs | EM faulty / ref | EM worse (p) | tok-acc faulty / ref | tok-acc worse (p) |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, o in d["faults"].items():
         probe = o["probe"] or "(claim)"
         if o["latent_only"]:
@@ -416,7 +433,9 @@ def markdown(d: dict) -> str:
         L.append(f"| {name} | {'/'.join(o['norms'])} | {probe} | {_pct(o['recall'])} | {sev} | "
                  f"{_q(o['steps_to_detection'])} | {_pct(o['localisation_first'])} | {_pct(o['localisation_any'])} | "
                  f"{_pct(o['silent_runs'])} | {o['exact_match_faulty_mean']} / {o['exact_match_reference_mean']} | "
-                 f"{'yes' if o['worse_than_healthy'] else 'no'} ({o['worse_than_healthy_p']}) |")
+                 f"{'yes' if o['worse_than_healthy'] else 'no'} ({o['worse_than_healthy_p']}) | "
+                 f"{o['token_accuracy_faulty_mean']} / {o['token_accuracy_reference_mean']} | "
+                 f"{'yes' if o['token_accuracy_worse'] else 'no'} ({o['token_accuracy_worse_p']}) |")
     nd = d["faults"].get("no_dropout")
     if nd:
         L += ["", f"**no_dropout (claim):** head-collapse raised an alarm in {_pct(nd['head_collapse_alarm_runs'])} "
