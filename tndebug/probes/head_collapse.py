@@ -10,9 +10,13 @@ Symptom: (1) the same module or weight produces q and k (found by matching Linea
     (3) > 50% of a layer's heads with normalised entropy < 0.05 while the loss is unstable,
     3 probes in a row.
 Fix: separate Linear layers for Q, K, V (and W_O), each head its own random draw; for (3)
-    lower the lr / add warmup. The notes blame dropout=0 for collapse (note 000): measured on
-    the copy task, heads agree on the alignment with or without dropout and the loss is fine,
-    so low entropy alone is not reported.
+    lower the lr / add warmup.
+
+Note 000 says heads collapse without dropout. Measured (copy task, harness; tiny 400 steps x 4
+seeds, small 300 x 3; dropout 0 vs 0.1): mean pairwise JS 0.28 vs 0.23 bits (tiny), 0.59 vs
+0.59 (small); no layer ever below 0.01 bits; sharp heads (Ĥ < 0.05) 9% vs 5% (tiny), 18% vs 35%
+(small), mostly the copy alignment in cross-attention layer 0; loss lower without dropout.
+So low entropy alone is not reported, and no_dropout gives no finding.
 
 (1) and (2) are checked at setup (step 0) on a random batch; (3) on the training traces.
 Sharp heads alone are normal (confident single-token heads, copy alignments).
