@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results" / "triage_speed.json"
 ZOO = ROOT / "tests" / "zoo" / "annotated.py"
 TARGET_S = 20.0
-THREADS = 2
 
 
 def to_annotated(sd: dict) -> dict:
@@ -98,17 +97,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cases", default="tndebug,annotated,user")
     ap.add_argument("--cli", action="store_true", help="also time the command as a subprocess")
-    ap.add_argument("--threads", type=int, default=THREADS,
-                    help="torch threads (1: the CPU time is the single-core cost, free of spin-waits)")
+    ap.add_argument("--threads", default="1,2",
+                    help="torch thread counts to time (1: the CPU time is the single-core cost, "
+                         "free of spin-waits)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     results = {}
     load0 = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_checkpoints(Path(tmp))
-        for case in args.cases.split(","):
+        for threads, case in [(int(n), c) for n in args.threads.split(",") for c in args.cases.split(",")]:
+            torch.set_num_threads(threads)
             walls, cpus, stages = [], [], []
             for _ in range(args.reps):
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -127,19 +127,19 @@ def main() -> None:
                 subprocess.run(cli_args(case, paths, Path(tmp) / f"out-{case}"), check=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 row["cli_wall_s"] = round(time.perf_counter() - t0, 2)
-            results[case] = row
-            print(f"{case:10s} wall {row['median_s']:7.2f} s  cpu {row['cpu_median_s']:7.2f} s  "
+            results[f"{case}/threads={threads}"] = row
+            print(f"{case:10s} threads={threads} wall {row['median_s']:7.2f} s  cpu {row['cpu_median_s']:7.2f} s  "
                   f"{row['stages_s_of_median']}")
     doc = {"bench": "triage_speed", "preset": "base", "config": ModelConfig.base().to_dict(),
-           "target_s": TARGET_S, "threads": args.threads, "torch": torch.__version__,
+           "target_s": TARGET_S, "torch": torch.__version__,
            "machine": platform.machine(), "cpus": os.cpu_count(),
            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
            "load_average_1m_at_start": load0,
            "note": "wall: triage() in-process, end to end. The machine is shared: load_average says "
                    "how many processes competed for its 2 cores, and wall time grows with it. "
-                   "cpu_s = process CPU time; with --threads 1 it is the cost on one idle core "
+                   "cpu_s = process CPU time; with threads=1 it is the cost on one idle core "
                    "(other processes do not add to it, except through shared caches), so "
-                   "cpu_s <= 20 on one thread means <= 20 s wall on 2 idle cores",
+                   "cpu_s <= 20 with one thread means <= 20 s wall on 2 idle cores",
            "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")

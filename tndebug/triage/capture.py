@@ -52,6 +52,7 @@ _POS = re.compile(r"position|pos_?enc|pos_?emb|^w?pe$|^pos$", re.I)
 _FFN = re.compile(r"feed_?forward|ffn|mlp|positionwise", re.I)
 _FFN_OUT = ("w_2", "linear2", "fc2", "lin2", "w2", "out_proj", "dense_2", "c_proj")
 _LAYER_INDEX = re.compile(r"(?:layers|layer|blocks|block|h)\.(\d+)")
+MAX_RECOMPUTED = 1 << 25     # score entries recomputed for a fused SDPA call (128 MiB in fp32)
 
 
 def is_attention(module: nn.Module) -> bool:
@@ -366,6 +367,9 @@ class _State:
         if self.trace is None:
             return
         if call is None or call.raw is not None:
+            return
+        if q.shape[:-1].numel() * k.shape[-2] > MAX_RECOMPUTED:   # too big to materialise: q, k, v, z only
+            call.q, call.k, call.v, call.z, call.softmaxed = q.detach(), k.detach(), v.detach(), out.detach(), True
             return
         self.busy = True
         try:
