@@ -116,3 +116,10 @@ def test_mismatched_shapes_are_a_usage_error():
     conv = layouts.convert(sd, "annotated")
     with pytest.raises(UsageError, match="shapes do not fit"):
         layouts.build_model(conv, _config(conv, {**conv.sizes, "n_heads": 4}))
+
+
+def test_half_precision_checkpoint_is_examined_in_fp32():
+    m = zoo("annotated").make_model(11, 11, **TINY).eval()
+    conv, tm = converted(m.half(), "annotated", n_heads=4)
+    assert all(p.dtype == torch.float32 for p in tm.parameters())
+    assert torch.isfinite(tm(BATCH.src, BATCH.tgt_in)).all()

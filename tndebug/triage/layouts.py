@@ -121,6 +121,8 @@ def describe_keys(sd: dict) -> str:
 
 
 def convert(sd: dict[str, torch.Tensor], layout: str) -> Conversion:
+    """The checkpoint's tensors in tndebug's names; half-precision weights are examined in fp32."""
+    sd = {k: v.float() if v.is_floating_point() and v.dtype != torch.float32 else v for k, v in sd.items()}
     conv = {"tndebug": _from_tndebug, "annotated": _from_annotated, "torch": _from_torch}[layout](sd)
     _check_stacks(conv)
     return conv

@@ -105,6 +105,8 @@ def triage(opts: TriageOptions) -> Report:
            "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
            "task": task.name, "pad_id": opts.pad_id, "bos_id": opts.bos_id,
            "step": ckpt.step, "has_optimizer_state": ckpt.has_optimizer_state,
+           "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in ckpt.state_dict.values()
+                                    if v.is_floating_point()}),
            "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
            "temperature_sweep": sweep_evidence, **target.run,
            "timings_s": timings, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
