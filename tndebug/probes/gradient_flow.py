@@ -31,8 +31,9 @@ from tndebug.trace import Trace
 MIN_TOKENS = 4096     # FAILURE_MODES 7f
 # Healthy tiny/small, pre/post, dropout 0/0.1/0.3: at most 31% of a layer's units never fire at
 # init on 4096 random tokens (FFN bias -3: 98-100%), so 0.5 (FAILURE_MODES 7f) there.  During
-# training on the copy task's narrow inputs the top decoder FFN of a healthy small Post-LN model
-# passes through 68% for ~150 steps before recovering, so training windows warn above 0.9.
+# training on the copy task's narrow inputs the top decoder FFN of an unfaulted small Post-LN
+# model (whose loss stalls near the unigram level at the harness lr) passes through 68% for
+# ~150 steps and recovers, so training windows warn above 0.9.
 DEAD_SHARE, DEAD_SHARE_TRAINING = 0.5, 0.9
 SPIKE = 10.0          # FAILURE_MODES 7g; the healthy total reaches 6.3x its running median
 WINDOW, MIN_HISTORY = 20, 5
