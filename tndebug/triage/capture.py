@@ -271,10 +271,7 @@ class _State:
                 stack, i = cap.layers[name]
                 self._stream(name, stack, i, "layer", out)
             elif name in cap.sublayers:
-                parent = name.rpartition(".")[0]
-                while parent and parent not in cap.layers:
-                    parent = parent.rpartition(".")[0]
-                stack, i = cap.layers.get(parent, ("encoder", None))
+                stack, i = cap.layers[_owner_layer(name, cap.layers)]
                 self._stream(name, stack, i, "sublayer", out)
             elif name in cap.stacks:
                 self._stream(name, cap.stacks[name], None, "stack", out)
