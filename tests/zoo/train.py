@@ -30,7 +30,7 @@ def train(model, forward, *, task: str = "copy", steps: int = 300, lr: float = 3
         opt.step()
         sched.step()
     model.eval()
-    return model, opt, float(loss)
+    return model, opt, float(loss.detach())
 
 
 def save(path: Path, model, opt=None, step: int | None = None, config: dict | None = None,
