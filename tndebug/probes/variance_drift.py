@@ -33,8 +33,10 @@ from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
 from tndebug.trace import Trace
 
-# Calibrated on healthy runs through tndebug.harness: tiny (300 steps, seeds 0-2) and small
-# (200-300 steps, seeds 0-1), pre and post, dropout 0/0.1/0.3; plus tiny/small/base at init.
+# Calibrated on healthy runs: tndebug.harness tiny (300 steps, seeds 0-2) and small (200-300
+# steps, seeds 0-1), pre and post, dropout 0/0.1/0.3; tndebug.train small 400 steps (seeds
+# 0-1, pre and post); tiny/small/base at init. The one alarm: a small post-LN run (dropout 0,
+# peak lr 8.8e-3) that failed to train, flagged "during training" (see DYNAMIC_FIX).
 R_FLOOR = 0.002   # complete collapse wherever it happens (healthy minimum 0.012; base post-LN decoder 0.023 at init)
 R_ERROR = 0.02    # after an abrupt drop
 R_WARN = 0.2      # after an abrupt drop
