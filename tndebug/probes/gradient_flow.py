@@ -150,7 +150,8 @@ class GradientFlowProbe(Probe):
                 self._nonfinite = True
                 self.report("error", f"non-finite gradient in {bad[0]} at step {step} "
                             f"({len(bad)} of {len(names)} layer groups)", where=bad[0], step=step,
-                            evidence={"groups": bad, "norm": norms[names.index(bad[0])]})
+                            evidence={"groups": bad, "norm": norms[names.index(bad[0])],
+                                      "threshold": "finite"})
             return
         total = math.sqrt(sum(n * n for n in norms))
         self.metric(step, "grad/total/norm", total)
@@ -194,4 +195,5 @@ class GradientFlowProbe(Probe):
             if zeros == self._grad_steps and not self.already(group):
                 self.report("warning", f"no gradient reaches {group} at any of "
                             f"{self._grad_steps} probed steps", where=group,
-                            evidence={"probed_steps": self._grad_steps, "zero_steps": zeros})
+                            evidence={"probed_steps": self._grad_steps, "zero_steps": zeros,
+                                      "threshold": "zero at every probed step"})

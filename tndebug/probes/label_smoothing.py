@@ -92,7 +92,7 @@ class LabelSmoothingProbe(Probe):
         worst = g_pad_rows.abs().max().item() / scale if g_pad_rows.numel() else 0.0
         if worst > PAD_ROW_GRAD:
             self.report("error", f"rows whose target is <pad> still produce loss gradient "
-                        f"(max |grad| {worst:.2g} of the largest entry)", where="criterion",
+                        f"(max |grad| {worst:.2g} of the largest entry)", where="criterion", step=0,
                         evidence={"pad_row_grad_rel": worst, "threshold": PAD_ROW_GRAD})
 
     def _pad_column(self, g0, g1, target, V: int, pad: int, k: int) -> None:
@@ -114,7 +114,7 @@ class LabelSmoothingProbe(Probe):
         if q_other > Q_MIN and q_pad > PAD_SHARE * q_other:
             self.report("warning", f"label smoothing puts mass on <pad>: q_pad = {q_pad:.3g} vs "
                         f"{q_other:.3g} on other classes (g_pad == g_other at uniform logits)",
-                        where="criterion", evidence=evidence)
+                        where="criterion", step=0, evidence=evidence)
 
     # -- runtime: what the model learned to give <pad> ----------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:

@@ -73,7 +73,7 @@ class LossHealthProbe(Probe):
             if value is not None and not math.isfinite(value) and self._bad_step is None:
                 self._bad_step = step
                 self.report("error", f"{what} is {value} at step {step}", step=step,
-                            evidence={"loss": loss, "ce": ce, "step": step})
+                            evidence={"loss": loss, "ce": ce, "step": step, "threshold": "finite"})
         if ce is None or self._bad_step is not None:
             return
         self._ln_v = ln_v = math.log(stats["vocab"])

@@ -82,7 +82,8 @@ class LrScheduleProbe(Probe):
             return
         self.report("error", f"optimizer state missing on resume at step {step}: {why}; Adam "
                     f"restarts from zero moments", where="optimizer.state", step=step,
-                    evidence={"resume_step": step, "reason": why})
+                    evidence={"resume_step": step, "reason": why,
+                              "threshold": "optimizer state present after step 0"})
 
     def _judge_resume(self, lr_after: float, step: int) -> None:
         info, self._resume = self._resume, None

@@ -159,7 +159,8 @@ class PositionalEncodingProbe(Probe):
             for site in self._no_pe_sites:
                 self.report("warning", f"{site} adds no positional encoding (out == tok) while "
                             f"{', '.join(with_pe)} does", where=site, step=0,
-                            evidence={"rms_pe": 0.0, "sites_with_pe": with_pe})
+                            evidence={"rms_pe_over_rms_tok": 0.0, "threshold": ZERO_PE,
+                                      "sites_with_pe": with_pe})
 
     # -- 3. positions past the table -------------------------------------------------------------
     def _overflow_test(self, subject: Subject) -> None:
