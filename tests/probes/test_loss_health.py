@@ -26,6 +26,15 @@ def test_healthy_model_is_silent(norm):
     assert probe._plateau_judged and probe.status() == "pass"
 
 
+def test_tied_embeddings_high_initial_loss_is_only_info():
+    probe = LossHealthProbe(every(5))
+    _, findings, _ = train_with_probes(ModelConfig.tiny(tie_embeddings=True), [probe], steps=2,
+                                       batch=8)
+    [f] = findings
+    assert f.severity == "info" and f.evidence["loss0"] > f.evidence["threshold_high"]
+    assert f.evidence["predicts_input_token"] > 0.5 and probe.status() == "pass"
+
+
 def test_lr_zero_is_a_plateau_error():
     """A schedule that returns 0 (F24): nothing learns, the loss stays at ln V."""
     subject = tndebug_subject(make_model(ModelConfig.tiny()))
@@ -78,6 +87,7 @@ def test_hand_large_init_logits_warn_at_step_0():
     [f] = findings
     assert (f.severity, f.step) == ("warning", 0)
     assert f.evidence["loss0"] > f.evidence["threshold_high"]
+    assert f.evidence["predicts_input_token"] < 0.5
 
 
 def test_hand_unshifted_targets_with_tied_embeddings_warn_at_step_0():
