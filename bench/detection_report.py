@@ -9,7 +9,8 @@ Definitions (FAILURE_MODES §3):
   alarm; Wilson 95% interval. fp16-only faults (`Fault.needs == "fp16"`) run fp32 on CPU, where
   only a latent warning is possible; they are counted as detected on that warning and marked.
 * steps-to-detection: the `Finding.step` of the expected probe's first alarm, counted from the
-  step the fault became active (the resume step for resume faults); median and IQR.
+  step the fault became active (the resume step for resume faults); median and IQR. A finding
+  without a step comes from a static test at setup and counts as 0.
 * localisation: whether the expected probe's first alarm names a module the fault affects
   (`EXPECTED_WHERE`, a regular expression on `Finding.where`); "any": whether any of its alarms does.
 * false positives: share of healthy (benign) runs in which a probe raised any alarm.
@@ -207,7 +208,7 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
         if not rs:
             continue
         probe = fault.probe
-        det, loc_first, loc_any, steps, sev = 0, 0, 0, [], defaultdict(int)
+        det, loc_first, loc_any, steps, sev, no_step = 0, 0, 0, [], defaultdict(int), 0
         per_norm = defaultdict(lambda: [0, 0])
         where_seen = defaultdict(int)
         for r in rs:
@@ -224,7 +225,10 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
             rx = re.compile(EXPECTED_WHERE.get(name, r"$^"))
             loc_first += bool(rx.search(fa["where"] or ""))
             loc_any += any(rx.search(f["where"] or "") for f in alarms(r, probe))
-            if fa["step"] is not None:
+            if fa["step"] is None:          # a static test (no step attached): before step 0
+                no_step += 1
+                steps.append(0)
+            else:
                 steps.append(fa["step"] - (r.get("fault_active_from") or 0))
         confusion = {p: rate(sum(bool(alarms(r, p)) for r in rs), len(rs)) for p in PROBE_NAMES}
         # silent fault
@@ -257,6 +261,7 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
             "localisation_first": rate(loc_first, det) if probe else None,
             "localisation_any": rate(loc_any, det) if probe else None,
             "steps_to_detection": quartiles(steps) if probe else None,
+            "first_alarm_static_no_step": no_step,
             "detected_at_activation": rate(sum(s == 0 for s in steps), len(rs)) if probe else None,
             "confusion": confusion,
             "exact_match_faulty_mean": round(statistics.mean(ems_f), 4) if ems_f else None,

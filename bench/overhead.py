@@ -3,6 +3,8 @@ schedule vs every probe on every step.
 
     python bench/overhead.py                         # small preset, copy, 200 steps x 3 arms x 3 rounds
     python bench/overhead.py --steps 40 --rounds 1 --no-memory --out /tmp/o.json   # a quick look
+    python bench/overhead.py --rounds 0 --no-memory --profile nan-scores --profile-arms default \
+        --out /tmp/p.json                        # what one probe costs alone
 
 Timing: ONE process, one torch thread, the three arms interleaved (none, default, every1, none,
 ...) so that they see the same machine load. Each arm is a real `run_training` (copy task,
@@ -118,10 +120,12 @@ def one_arm(arm: str, args, only: str | None = None) -> dict:
     res = run_training(mcfg, tcfg, probes=probes, session=clock, evaluate_at_end=False)
     wall_total, cpu_total = time.perf_counter() - w0, time.process_time() - c0
     step_wall, step_cpu = clock.per_step(args.skip)
+    late_wall, late_cpu = clock.per_step(args.steps // 2)
     setup_cpu = sum(c.get("setup_s", 0.0) for c in costs.values())
     setup_wall = sum(c.get("setup_s_wall", 0.0) for c in costs.values())
     alarms = sorted({f.probe for f in res.report.findings if f.severity != "info"})
     return {"arm": arm, "only": only, "step_wall_s": step_wall, "step_cpu_s": step_cpu,
+            "late_step_wall_s": late_wall, "late_step_cpu_s": late_cpu,
             "setup_cpu_s": round(setup_cpu, 4), "setup_wall_s": round(setup_wall, 4),
             "run_wall_s": round(wall_total, 3), "run_cpu_s": round(cpu_total, 3),
             "probe_s_engine": res.report.run["probe_s"], "status": res.report.run["status"],
@@ -170,6 +174,49 @@ def memory_arm(arm: str, args) -> dict:
     return out
 
 
+def _summarise(runs: list[dict], args) -> tuple[dict, dict, dict]:
+    def med(arm, key):
+        return statistics.median(x[key] for x in runs if x["arm"] == arm and x["only"] is None)
+
+    summary = {}
+    for arm in ARMS:
+        summary[arm] = {"step_cpu_s": med(arm, "step_cpu_s"), "step_wall_s": med(arm, "step_wall_s"),
+                        "late_step_cpu_s": med(arm, "late_step_cpu_s"),
+                        "setup_cpu_s": med(arm, "setup_cpu_s"), "setup_wall_s": med(arm, "setup_wall_s")}
+    # ratios per round (paired: same load), then the median
+    ratios = {}
+    for arm in ("default", "every1"):
+        pc, pw = [], []
+        for r in range(args.rounds):
+            base = next(x for x in runs if x["round"] == r and x["arm"] == "none")
+            this = next(x for x in runs if x["round"] == r and x["arm"] == arm)
+            pc.append(this["step_cpu_s"] / base["step_cpu_s"])
+            pw.append(this["step_wall_s"] / base["step_wall_s"])
+        late = [next(x for x in runs if x["round"] == r and x["arm"] == arm)["late_step_cpu_s"]
+                / next(x for x in runs if x["round"] == r and x["arm"] == "none")["late_step_cpu_s"]
+                for r in range(args.rounds)]
+        ratios[arm] = {"ratio_cpu": statistics.median(pc), "ratio_wall": statistics.median(pw),
+                       "ratio_cpu_second_half": statistics.median(late),
+                       "ratio_cpu_rounds": pc, "ratio_wall_rounds": pw, "target": TARGETS[arm],
+                       "meets_target": statistics.median(pc) <= TARGETS[arm]}
+    # per-probe cost on the probed steps, as a share of the no-probe step time
+    base_step = summary["none"]["step_cpu_s"]
+    per_probe = {}
+    for arm in ("default", "every1"):
+        arm_runs = [x for x in runs if x["arm"] == arm]
+        names = arm_runs[0]["per_probe"].keys()
+        per_probe[arm] = {}
+        for n in names:
+            obs = statistics.median(x["per_probe"][n].get("observe_s", 0.0) + x["per_probe"][n].get("update_s", 0.0)
+                                    for x in arm_runs)
+            per_probe[arm][n] = {"observe_update_cpu_s": round(obs, 4),
+                                 "share_of_baseline_training": round(obs / (base_step * args.steps), 4),
+                                 "setup_cpu_s": statistics.median(x["per_probe"][n].get("setup_s", 0.0)
+                                                                  for x in arm_runs)}
+
+    return summary, ratios, per_probe
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
@@ -181,8 +228,10 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--memory-steps", type=int, default=30)
     ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--profile", action="store_true",
-                    help="also each probe alone (default schedule and every step), one round")
+    ap.add_argument("--profile", nargs="*", default=None, metavar="PROBE",
+                    help="also these probes alone (all when none named) on their default schedule and on "
+                         "every step, each against a fresh no-probe run, one round")
+    ap.add_argument("--profile-arms", nargs="+", default=["default", "every1"], choices=["default", "every1"])
     ap.add_argument("--out", default=str(RESULT))
     ap.add_argument("--_memory-arm", dest="memory_arm", default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -205,45 +254,13 @@ def main(argv=None) -> int:
             print(f"round {r} {arm:8s} step cpu {rec['step_cpu_s'] * 1e3:7.2f} ms  wall "
                   f"{rec['step_wall_s'] * 1e3:7.2f} ms  setup cpu {rec['setup_cpu_s']:.2f} s", flush=True)
 
-    def med(arm, key):
-        return statistics.median(x[key] for x in runs if x["arm"] == arm and x["only"] is None)
-
-    summary = {}
-    for arm in ARMS:
-        summary[arm] = {"step_cpu_s": med(arm, "step_cpu_s"), "step_wall_s": med(arm, "step_wall_s"),
-                        "setup_cpu_s": med(arm, "setup_cpu_s"), "setup_wall_s": med(arm, "setup_wall_s")}
-    # ratios per round (paired: same load), then the median
-    ratios = {}
-    for arm in ("default", "every1"):
-        pc, pw = [], []
-        for r in range(args.rounds):
-            base = next(x for x in runs if x["round"] == r and x["arm"] == "none")
-            this = next(x for x in runs if x["round"] == r and x["arm"] == arm)
-            pc.append(this["step_cpu_s"] / base["step_cpu_s"])
-            pw.append(this["step_wall_s"] / base["step_wall_s"])
-        ratios[arm] = {"ratio_cpu": statistics.median(pc), "ratio_wall": statistics.median(pw),
-                       "ratio_cpu_rounds": pc, "ratio_wall_rounds": pw, "target": TARGETS[arm],
-                       "meets_target": statistics.median(pc) <= TARGETS[arm]}
-    # per-probe cost on the probed steps, as a share of the no-probe step time
-    base_step = summary["none"]["step_cpu_s"]
-    per_probe = {}
-    for arm in ("default", "every1"):
-        arm_runs = [x for x in runs if x["arm"] == arm]
-        names = arm_runs[0]["per_probe"].keys()
-        per_probe[arm] = {}
-        for n in names:
-            obs = statistics.median(x["per_probe"][n].get("observe_s", 0.0) + x["per_probe"][n].get("update_s", 0.0)
-                                    for x in arm_runs)
-            per_probe[arm][n] = {"observe_update_cpu_s": round(obs, 4),
-                                 "share_of_baseline_training": round(obs / (base_step * args.steps), 4),
-                                 "setup_cpu_s": statistics.median(x["per_probe"][n].get("setup_s", 0.0)
-                                                                  for x in arm_runs)}
+    summary, ratios, per_probe = _summarise(runs, args) if runs else ({}, {}, {})
 
     profile = []
-    if args.profile:
+    if args.profile is not None:
         from tndebug.probes import PROBE_NAMES
-        for n in PROBE_NAMES:
-            for arm in ("default", "every1"):
+        for n in args.profile or PROBE_NAMES:
+            for arm in args.profile_arms:
                 base = one_arm("none", args)
                 rec = one_arm(arm, args, only=n)
                 rec["ratio_cpu"] = rec["step_cpu_s"] / base["step_cpu_s"]
@@ -285,6 +302,12 @@ def main(argv=None) -> int:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if not runs and profile and out.exists():     # a profile-only run adds to the earlier result
+        earlier = json.loads(out.read_text())
+        earlier.setdefault("profiles", []).append(
+            {"command": result["command"], "machine": result["machine"], "setting": result["setting"],
+             "profile": profile})
+        result = earlier
     out.write_text(json.dumps(result, indent=2) + "\n")
     for arm, r in ratios.items():
         print(f"{arm}: {r['ratio_cpu']:.3f}x cpu, {r['ratio_wall']:.3f}x wall (target <= {r['target']}x): "
