@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     direct, plain_direct = med("full", "session_s"), med("plain", "session_s")
     cpu = (med("full", "session_cpu_s") - med("plain", "session_cpu_s")) / med("plain", "cpu_s")
     result = {
-        "command": "python bench/report_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python bench/report_overhead.py", *(argv if argv is not None else sys.argv[1:])]),
         "preset": args.preset, "steps": args.steps, "probes": args.probes, "pairs": args.pairs,
         "threads": args.threads, "load_average": [round(x, 2) for x in os.getloadavg()],
         "plain_wall_s": plain, "full_wall_s": full,

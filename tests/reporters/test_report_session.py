@@ -104,3 +104,31 @@ def test_a_failing_figure_does_not_lose_the_report(tmp_path, monkeypatch, capsys
     assert s.finish(small_report(), fail_on="warning") == 1
     assert (tmp_path / "report.json").exists() and (tmp_path / "report.md").exists()
     assert "no display" in capsys.readouterr().err
+
+
+def test_a_diverged_run_full_of_nan_still_reports(tmp_path, capsys):
+    import torch
+
+    from tndebug.trace import AttentionRecord, StreamPoint, Trace
+    s = ReportSession(tmp_path, fmt="text", tb_every=1)
+    src = torch.tensor([[5, 6, 7, 0], [5, 6, 0, 0]])
+    for step in range(3):
+        probs = torch.full((2, 2, 4, 4), float("nan") if step == 2 else 0.25)
+        x = torch.full((2, 4, 8), float("inf") if step == 2 else 1.0)
+        trace = Trace(step=step, src=src, tgt=src, attention={
+            f"encoder.layers.{i}.self_attn": AttentionRecord(f"encoder.layers.{i}.self_attn",
+                                                              "enc_self", i, probs=probs)
+            for i in range(2)}, streams=[StreamPoint("encoder.layers.0.hook_out", "encoder", 0,
+                                                     "layer", x)])
+        for sink in s.sinks:
+            sink.on_trace(step, trace)
+        s.on_metric(step, "attn/enc_self/layer0/head0/entropy", float("nan") if step == 2 else 1.0)
+        s.log_scalars(step, {"train/loss": float("nan") if step == 2 else 2.0, "train/lr": 1e-3})
+    code = s.finish(small_report("diverged"), fail_on="error")
+    assert code == 0
+    names = {p.name for p in s.plots}
+    assert {"curves.png", "entropy.png", "head_similarity.png", "attention_enc_self.png",
+            "depth.png"} <= names, names
+    for p in s.plots:
+        assert (tmp_path / "figures" / p.name).read_bytes()[:8] == PNG
+    assert "RUN DIVERGED" in capsys.readouterr().out
