@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(int(os.environ.get("TNDEBUG_TEST_THREADS", "2")))
+torch.set_num_threads(int(os.environ.get("TNDEBUG_TEST_THREADS", "1")))
 
 
 @pytest.fixture(autouse=True)
