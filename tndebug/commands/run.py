@@ -50,6 +50,11 @@ def add_parser(sub) -> None:
                    help="auto: CUDA when available, else CPU (default auto)")
     p.add_argument("--amp", choices=AMPS, default="none",
                    help="autocast dtype: bf16, or fp16 with a GradScaler (CUDA only) (default none)")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="train in N processes with DistributedDataParallel: relaunches this command "
+                        "under torchrun (gloo on CPU, NCCL with one GPU each); the global batch is "
+                        "split over them; same as `torchrun --standalone --nproc-per-node=N -m "
+                        "tndebug run ...` (default 1)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="where checkpoint.pt and report.json go (default runs/<task>-<preset>-<norm>"
                         "[-faults]; with --resume, the checkpoint's directory)")
@@ -61,7 +66,7 @@ def add_parser(sub) -> None:
     p.add_argument("--format", choices=("text", "json", "md"), default="text",
                    help="what goes to stdout at the end: the findings table, the JSON report, or "
                         "the Markdown report (default text)")
-    p.set_defaults(func=main)
+    p.set_defaults(func=main, run_parser=p)
 
 
 def parse_faults(values: list[str]) -> list[str]:
@@ -122,18 +127,59 @@ def configs(args):
     return mcfg, tcfg, state, args.out or str(path.parent if Path(args.resume).is_file() else args.resume)
 
 
+def relaunch_argv(args) -> list[str]:
+    """The same `run` command without --nproc: what each torchrun worker parses."""
+    argv = ["run"]
+    for action in args.run_parser._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or action.dest in ("help", "nproc") or value in (None, action.default):
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            argv += [action.option_strings[0], str(v)]
+    return argv
+
+
 def main(args) -> int:
+    from tndebug.train import distributed
+    from tndebug.train.loop import autocast_factory, resolve_device
+
+    check_probes(args.probe)
+    autocast_factory(resolve_device(args.device), args.amp)   # bad --device/--amp: one line, no output yet
+    if args.nproc > 1 and not distributed.under_torchrun():
+        return distributed.launch(relaunch_argv(args), args.nproc, device=args.device)
+    mcfg, tcfg, state, out = configs(args)
+    dist = distributed.init_from_env(args.device, error_dir=out)   # LOCAL outside torchrun
+    try:
+        if not dist.is_main:                 # rank 0 alone reports; the others train
+            return _worker(mcfg, tcfg, state, args, dist)
+        return distributed.report_exit(_train(mcfg, tcfg, state, out, args, dist))
+    finally:
+        dist.close()
+
+
+def _worker(mcfg, tcfg, state, args, dist) -> int:
+    from tndebug.train import distributed, run_training
+    try:
+        run_training(mcfg, tcfg, probes=args.probe, resume=state, dist=dist)
+    except distributed.RankFailed as e:
+        print(f"tndebug: error: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _train(mcfg, tcfg, state, out, args, dist) -> int:
     from tndebug.reporters.session import ReportSession
     from tndebug.train import run_training
 
-    check_probes(args.probe)
-    mcfg, tcfg, state, out = configs(args)
     with ReportSession(out, fmt=args.format) as session:     # closes TensorBoard on any exit
         what = (f"{tcfg.task}, {preset_name(mcfg)} preset, {mcfg.norm}-LN"
                 + (f", faults {'+'.join(mcfg.faults)}" if mcfg.faults else "")
                 + (f", resuming at step {int(state['global_step'])}" if state else ""))
         print(f"tndebug run: {what}; {tcfg.steps} steps -> {out}", file=sys.stderr)
-        result = run_training(mcfg, tcfg, probes=args.probe, session=session, resume=state)
+        if dist.active:
+            print(f"tndebug run: {dist.world} processes ({dist.backend}), global batch "
+                  f"{tcfg.batch_size}", file=sys.stderr)
+        result = run_training(mcfg, tcfg, probes=args.probe, session=session, resume=state, dist=dist)
         report = result.report
         missing = [n for n, s in report.probes.items() if s.get("reason", "").startswith("not available")]
         if missing:
@@ -143,6 +189,9 @@ def main(args) -> int:
     status = report.run["status"]
     if status == "interrupted":
         return 130
+    if status == "failed":                   # a rank failed under DDP; the report says which
+        print(f"tndebug: error: {report.run['error']} (report: {out}/report.json)", file=sys.stderr)
+        return 3
     if status == "diverged":
         print(f"tndebug: training diverged (loss not finite) at step {report.run['stopped_at_step']}",
               file=sys.stderr)

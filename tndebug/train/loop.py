@@ -28,6 +28,7 @@ from tndebug.probes.engine import ProbeEngine
 from tndebug.report import Report
 from tndebug.subject import tndebug_subject
 from tndebug.train import checkpoint as ckpt
+from tndebug.train import distributed
 from tndebug.train.config import TrainConfig, apply_config_faults, preset_name
 from tndebug.train.evaluate import evaluate
 from tndebug.train.loss import LabelSmoothingLoss
@@ -96,7 +97,7 @@ def declared_schedule(cfg: ModelConfig, train_cfg: TrainConfig):
 # -- the loop ----------------------------------------------------------------------------------
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none", session=None,
                  out_dir: str | Path | None = None, resume: str | Path | dict | None = None,
-                 evaluate_at_end: bool = True) -> TrainResult:
+                 evaluate_at_end: bool = True, dist: distributed.Dist | None = None) -> TrainResult:
     """Train `train_cfg.steps` steps with probes attached; evaluate; write the checkpoint.
 
     Args:
@@ -108,6 +109,8 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
         resume: a run directory, checkpoint file, or loaded checkpoint dict to continue from;
             `train_cfg.steps` more steps are taken and the lr schedule continues where it stopped.
         evaluate_at_end: greedy-decode the held-out set (exact match, token accuracy).
+        dist: the process group under torchrun (`distributed.init_from_env`); None: one process.
+            Every rank calls this; only rank 0 writes the checkpoint and gets all findings.
 
     Returns:
         TrainResult(report, model, optimizer, engine, checkpoint). `report.run` holds the
@@ -119,15 +122,20 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
     if (model_cfg.src_vocab, model_cfg.tgt_vocab) != (task.src_vocab, task.tgt_vocab):
         raise ValueError(f"model vocabularies {model_cfg.src_vocab}/{model_cfg.tgt_vocab} do not fit "
                          f"task {task.name!r} ({task.src_vocab}/{task.tgt_vocab}); use model_config()")
+    dist = dist or distributed.LOCAL
+    dist.check_batch(train_cfg.batch_size)
     device = resolve_device(train_cfg.device)
     autocast = autocast_factory(device, train_cfg.amp)
     if out_dir is None and session is not None:
         out_dir = session.out_dir
+    if not dist.is_main:
+        out_dir = None                       # rank 0 alone writes the checkpoint
 
     torch.manual_seed(train_cfg.seed)
     g = data_generator(train_cfg.seed, "train")
     model = make_model(model_cfg).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9,
+                           fused=device.type == "cuda")   # fused: GradScaler needs no host sync
     scaler = torch.amp.GradScaler("cuda") if train_cfg.amp == "fp16" else None
     schedule = declared_schedule(model_cfg, train_cfg)
     criterion = LabelSmoothingLoss(train_cfg.label_smoothing, model_cfg.pad_id,
@@ -139,7 +147,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
     if resume is not None:
         state = resume if isinstance(resume, dict) else ckpt.load_checkpoint(resume, device)
         try:
-            model.load_state_dict(state["model"])
+            model.load_state_dict(distributed.unwrap_state_dict(state["model"]))
         except RuntimeError as e:
             raise UsageError(f"checkpoint does not fit this model: {str(e).splitlines()[0]}") from None
         global_step, last_lr = int(state["global_step"]), state.get("last_lr")
@@ -159,22 +167,27 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                      lr_schedule=schedule, compute_dtype=compute_dtype, device=str(device),
                      total_steps=end_step)
     probe_list, unavailable = build_probes(probes)
-    engine = ProbeEngine(probe_list, run, sinks=getattr(session, "sinks", ()))
+    engine = ProbeEngine(probe_list, run, sinks=getattr(session, "sinks", ()), reducer=dist.reducer)
+    train_model = dist.wrap(model)           # probes stay on `model` (ddp.module)
+    losses = distributed.LossLog(dist)       # the loss stays on the device until read
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
     history: dict[str, list] = {"step": [], "loss": [], "lr": []}
-    status, tokens, acc = "completed", 0, None
+    status, tokens, acc, error = "completed", 0, None, None
+    lrs: dict[int, float] = {}
+    every_step = distributed.reads_loss_every_step(device, dist)   # else at log steps only
     rng_devices = [device] if device.type == "cuda" else []
     progress = session.progress(end_step) if session is not None else contextlib.nullcontext()
     t_train, cpu_train = time.perf_counter(), time.process_time()
-    with engine, progress as bar:
+    with engine, progress as bar, dist.terminable():
         with torch.random.fork_rng(devices=rng_devices):   # probes never shift the training RNG
             engine.setup()
             if state is not None:
                 engine.resume(ResumeInfo(global_step, lr_before=last_lr,
                                          had_optimizer_state=bool(opt.state)))
         model.train()
+        step = global_step
         try:
             for step in range(global_step, end_step):
                 lr = schedule(sched_step)
@@ -182,11 +195,14 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                     group["lr"] = lr
                 batch = task.batch(g, train_cfg.batch_size, train_cfg.pad_share)
                 tokens += batch.ntokens                    # counted on the host, before the copy
-                src, tgt_in, tgt_out = batch.to(device)
+                part = dist.shard(batch)                   # this rank's rows of the global batch
+                src, tgt_in, tgt_out = distributed.to_device(part, device)
                 engine.begin_step(step, src, tgt_in)
                 with autocast():
-                    logits = model(src, tgt_in)                                  # [B, T, V]
+                    logits = train_model(src, tgt_in)                            # [B, T, V]
                 loss = criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
+                if dist.active:                            # DDP's mean gradient = the global batch's
+                    loss = loss * dist.loss_weight(batch, part)
                 opt.zero_grad(set_to_none=True)
                 if scaler is not None:
                     scaler.scale(loss).backward()
@@ -195,13 +211,19 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                     loss.backward()
                 engine.end_step(StepInfo(step, lr=lr, loss=loss.detach(), logits=logits.detach(),
                                          src=src, tgt_in=tgt_in, tgt_out=tgt_out))
-                loss_value = loss.item()
-                history["step"].append(step)
-                history["loss"].append(loss_value)
-                history["lr"].append(lr)
-                if not math.isfinite(loss_value):
-                    status = "diverged"            # stop before the optimizer takes the NaN
-                    break
+                losses.add(step, loss)
+                lrs[step] = lr
+                loss_value = None
+                if every_step or step % train_cfg.log_every == 0 or step + 1 == end_step:
+                    flushed = losses.flush()               # one host sync (one all-reduce in DDP)
+                    for s, value in flushed:
+                        history["step"].append(s)
+                        history["loss"].append(value)
+                        history["lr"].append(lrs.pop(s))
+                    loss_value = flushed[-1][1]
+                    if not all(math.isfinite(v) for _, v in flushed):
+                        status = "diverged"        # every rank sees the same mean: all stop here
+                        break
                 if scaler is not None:
                     scaler.step(opt)
                     scaler.update()
@@ -216,9 +238,13 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                     bar.update(step + 1, loss=loss_value, lr=lr, acc=acc)
         except KeyboardInterrupt:
             status = "interrupted"
+        except Exception as e:  # noqa: BLE001 - under DDP rank 0 still writes the report
+            if not dist.active:
+                raise
+            status, error = "failed", dist.failed(e, step)   # other ranks raise RankFailed here
         train_s = time.perf_counter() - t_train
         train_cpu_s = time.process_time() - cpu_train   # all threads; an upper bound on idle wall time
-        findings = engine.finish()
+        findings = dist.gather_findings(engine.finish())
 
     path = None
     if out_dir is not None:
@@ -231,7 +257,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
 
     scores: dict[str, Any] = {"exact_match": None, "token_accuracy": None}
     t_eval = time.perf_counter()
-    if evaluate_at_end and status != "interrupted":
+    if evaluate_at_end and status not in ("interrupted", "failed") and dist.is_main:
         held_out = eval_set(task, train_cfg.eval_size, train_cfg.seed, train_cfg.pad_share)
         with torch.random.fork_rng(devices=rng_devices):
             scores = evaluate(model, held_out, autocast=autocast if train_cfg.amp != "none" else None)
@@ -257,10 +283,12 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
         "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 else None,
         "peak_gpu_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "checkpoint": str(path) if path else None,
+        "world_size": dist.world, "error": error,
     }
     statuses = engine.statuses()
     statuses.update({n: {"status": "skipped", "reason": why} for n, why in unavailable.items()})
-    report = Report(run=run_info, findings=findings, probes=statuses, first_sign=engine.first_sign,
+    sign = distributed.first_sign(findings) if dist.active else engine.first_sign
+    report = Report(run=run_info, findings=findings, probes=statuses, first_sign=sign,
                     history=history)
     return TrainResult(report, model, opt, engine, path)
 

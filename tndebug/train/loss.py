@@ -35,7 +35,8 @@ class LabelSmoothingLoss(nn.Module):
         true.scatter_(1, target[:, None], 1.0 - self.eps)
         if not self.smooth_pad:
             true[:, self.pad_id] = 0.0
-        true[target == self.pad_id] = 0.0          # pad rows: no mass, no gradient
+        # pad rows: no mass, no gradient (masked_fill: boolean indexing would sync with the GPU)
+        true.masked_fill_((target == self.pad_id)[:, None], 0.0)
         return true
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
