@@ -145,9 +145,10 @@ def main(args) -> int:
 
     check_probes(args.probe)
     autocast_factory(resolve_device(args.device), args.amp)   # bad --device/--amp: one line, no output yet
-    if args.nproc > 1 and not distributed.under_torchrun():
-        return distributed.launch(relaunch_argv(args), args.nproc, device=args.device)
     mcfg, tcfg, state, out = configs(args)
+    if args.nproc > 1 and not distributed.under_torchrun():
+        distributed.Dist(world=args.nproc).check_batch(tcfg.batch_size)
+        return distributed.launch(relaunch_argv(args), args.nproc, device=args.device)
     dist = distributed.init_from_env(args.device, error_dir=out)   # LOCAL outside torchrun
     try:
         if not dist.is_main:                 # rank 0 alone reports; the others train

@@ -22,8 +22,9 @@ How a run over N processes stays comparable with the one-process run:
   state dict: no `module.` prefix); findings are gathered to rank 0 with their rank.
 * failure: a rank that raises writes a one-line error file into the run directory and exits;
   the others' collectives fail (gloo: the peer's socket closes; NCCL: torchrun stops them, or
-  the process-group timeout), rank 0 writes the report with status "failed" and the first
-  error. SIGTERM from torchrun becomes an exception only inside `terminable()`.
+  the process-group timeout, TNDEBUG_DIST_TIMEOUT_S, default 180 s), rank 0 writes the report
+  with status "failed" and the first error. SIGTERM from torchrun becomes an exception only
+  inside `terminable()`.
 """
 from __future__ import annotations
 
