@@ -94,7 +94,10 @@ def make_arm_probes(arm: str, only: str | None = None):
     from tndebug.probes.schedule import every
     if arm == "none":
         return [], {}
-    names = [only] if only else list(PROBE_NAMES)
+    if only and only.startswith("not:"):              # every probe but this one
+        names = [n for n in PROBE_NAMES if n != only[4:]]
+    else:
+        names = [only] if only else list(PROBE_NAMES)
     probes = make_probes(names)
     costs: dict[str, dict] = {}
     for p in probes:
@@ -229,8 +232,8 @@ def parse_args(argv=None):
     ap.add_argument("--memory-steps", type=int, default=30)
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--profile", nargs="*", default=None, metavar="PROBE",
-                    help="also these probes alone (all when none named) on their default schedule and on "
-                         "every step, each against a fresh no-probe run, one round")
+                    help="also these probes alone (all when none named; 'not:NAME': every probe but NAME) on "
+                         "their default schedule and on every step, each against a fresh no-probe run")
     ap.add_argument("--profile-arms", nargs="+", default=["default", "every1"], choices=["default", "every1"])
     ap.add_argument("--out", default=str(RESULT))
     ap.add_argument("--_memory-arm", dest="memory_arm", default=None, help=argparse.SUPPRESS)
