@@ -92,6 +92,29 @@ def cli_args(case: str, paths: dict, out: Path) -> list[str]:
     return args
 
 
+def probe_breakdown(paths: dict) -> dict:
+    """CPU seconds of each triage probe's setup alone on the base model, one thread."""
+    from tndebug.probes import make_probes
+    from tndebug.probes.base import RunContext
+    from tndebug.subject import tndebug_subject
+    from tndebug.triage.run import TRIAGE_PROBES
+    from tndebug.triage.loading import load_checkpoint
+
+    torch.set_num_threads(1)
+    ck = load_checkpoint(paths["tndebug"])
+    model = make_model(ModelConfig.from_dict(ck.config)).eval()
+    model.load_state_dict(ck.state_dict)
+    run = RunContext(tndebug_subject(model), mode="triage")
+    out = {}
+    for name in TRIAGE_PROBES:
+        (probe,) = make_probes([name])
+        c0 = time.process_time()
+        probe.setup(run)
+        out[name] = round(time.process_time() - c0, 2)
+        print(f"  setup {name:20s} {out[name]:6.2f} s cpu")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -100,6 +123,9 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2",
                     help="torch thread counts to time (1: the CPU time is the single-core cost, "
                          "free of spin-waits)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time each probe's setup alone (1 thread, tndebug case)")
+    ap.add_argument("--merge", action="store_true", help="update --out instead of replacing it")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
@@ -107,7 +133,8 @@ def main() -> None:
     load0 = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_checkpoints(Path(tmp))
-        for threads, case in [(int(n), c) for n in args.threads.split(",") for c in args.cases.split(",")]:
+        breakdown = probe_breakdown(paths) if args.breakdown else None
+        for threads, case in [(int(n), c) for n in args.threads.split(",") for c in args.cases.split(",") if c]:
             torch.set_num_threads(threads)
             walls, cpus, stages = [], [], []
             for _ in range(args.reps):
@@ -141,6 +168,12 @@ def main() -> None:
                    "(other processes do not add to it, except through shared caches), so "
                    "cpu_s <= 20 with one thread means <= 20 s wall on 2 idle cores",
            "results": results}
+    if breakdown is not None:
+        doc["probe_setup_cpu_s_1_thread"] = breakdown
+    if args.merge and args.out.exists():
+        old = json.loads(args.out.read_text())
+        doc = {**old, **{k: v for k, v in doc.items() if k != "results"},
+               "results": {**old.get("results", {}), **results}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")
