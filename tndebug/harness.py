@@ -44,7 +44,7 @@ def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps: float = 0.1, 
 
 def train_with_probes(cfg: ModelConfig, probes="all", steps: int = 50, *, seed: int = 0,
                       batch: int = 32, length: int = 10, warmup: int = 100, lr_factor: float = 1.0,
-                      sinks=()):
+                      sinks=(), before_step=None):
     """Train `steps` steps with probes attached; return (engine, findings, model)."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
@@ -61,13 +61,19 @@ def train_with_probes(cfg: ModelConfig, probes="all", steps: int = 50, *, seed: 
             for group in opt.param_groups:
                 group["lr"] = schedule(step)
             src, tgt_in, tgt_out = copy_batch(g, batch, length, cfg.src_vocab)
+            if before_step is not None:
+                before_step(step, model)
             engine.begin_step(step, src, tgt_in)
             logits = model(src, tgt_in)
             loss = run.criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            engine.end_step(StepInfo(step, lr=opt.param_groups[0]["lr"], loss=loss.detach(),
-                                     logits=logits.detach(), src=src, tgt_in=tgt_in, tgt_out=tgt_out))
+            info = StepInfo(step, lr=opt.param_groups[0]["lr"], loss=loss.detach(),
+                            logits=logits.detach(), src=src, tgt_in=tgt_in, tgt_out=tgt_out)
+            engine.end_step(info)
+            if not torch.isfinite(loss):     # a sync per step: fine for tests, not for the trainer
+                engine.diverged(info)
+                break
             opt.step()
         findings = engine.finish()
     return engine, findings, model

@@ -117,3 +117,22 @@ def test_nonfinite_gradient_with_finite_forward_is_named():
     findings = run_probe(tndebug_subject(model), NanScores(), steps=1)
     assert [(f.severity, f.where, f.step) for f in findings] == [("error", "decoder.hook_out", 0)]
     assert "gradient is NaN/Inf in backward while the forward is finite" in findings[0].message
+
+
+def test_a_nan_between_probed_steps_is_named_on_divergence():
+    """nan-scores probes sparsely; the divergence hook replays the batch and names the op."""
+    from tndebug.config import ModelConfig
+    from tndebug.harness import train_with_probes
+
+    def poison(step, model):
+        if step == 5:                        # not a probed step (log-spaced: 0, 1, 2, 4, 8, ...)
+            with torch.no_grad():
+                model.encoder.layers[1].ffn.w_1.weight.fill_(float("nan"))
+
+    probe = NanScores()
+    assert not probe.schedule(5)
+    _, findings, _ = train_with_probes(ModelConfig.tiny(), [probe], steps=12, batch=8,
+                                       before_step=poison)
+    errors = [f for f in findings if f.severity == "error"]
+    assert errors and errors[0].step == 5
+    assert "encoder.layers.1.ffn" in errors[0].where or "encoder.layers.1.ffn" in errors[0].message

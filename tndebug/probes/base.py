@@ -10,7 +10,9 @@ A probe is one class in one file: a `name`, the trace parts it `reads`, a `sched
   all probes together); accumulate, emit metrics with `self.metric`, findings with `self.report`.
 * `finish(run)`     the verdict at the end; may add findings.
 
-`on_resume(run, info)` is called when training continues from a checkpoint.
+`on_resume(run, info)` is called when training continues from a checkpoint, and
+`on_divergence(run, info)` when the loss turns non-finite (on any step, scheduled or not), so
+that a probe can replay the batch and name the first sign without probing every step.
 Probes decide from tensors and behaviour only: never from config flags or fault switches.
 """
 from __future__ import annotations
@@ -94,6 +96,9 @@ class Probe:
         pass
 
     def on_resume(self, run: RunContext, info: ResumeInfo) -> None:
+        pass
+
+    def on_divergence(self, run: RunContext, info: StepInfo) -> None:
         pass
 
     def finish(self, run: RunContext) -> None:

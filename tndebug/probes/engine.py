@@ -76,6 +76,17 @@ class ProbeEngine:
             self._guard(p, "on_resume", p.on_resume, self.run, info)
         self._note_findings()
 
+    def diverged(self, info: StepInfo) -> None:
+        """The loss went non-finite: let every probe look at the batch (replays may sync)."""
+        if self._trace is not None:         # a capture still open from begin_step
+            self._stack.close()
+            self._stack = contextlib.ExitStack()
+            self._trace = None
+        for p in self.probes:
+            self._guard(p, "on_divergence", p.on_divergence, self.run, info)
+        self._note_findings()
+        self._drain_metrics()
+
     def wants(self, step: int) -> bool:
         return any(p.schedule(step) for p in self.probes)
 

@@ -10,7 +10,7 @@ from torch import nn
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._attn_stats import fully_masked_rows, masked_entries, probe_batch, roles
 from tndebug.probes.base import Probe, RunContext, StepInfo
-from tndebug.probes.schedule import every
+from tndebug.probes.schedule import log_spaced
 from tndebug.trace import Trace
 
 FP16_MAX = 65504.0                      # torch.finfo(torch.float16).max
@@ -130,7 +130,10 @@ class NanScores(Probe):
     summary = "first NaN/Inf in execution order; fully-masked rows; fp16-unsafe mask fill and LayerNorm eps"
     reads = ("attn.out", "stream", "logits", "grad.stream")
     fix = FIX_NAN
-    default_schedule = staticmethod(lambda: every(1))
+    # Sparse: a full isfinite sweep costs ~12% of a small CPU step (bench/results/overhead.json).
+    # A NaN between probed steps still gets named: the trainer calls on_divergence, which
+    # replays that batch with every tap.
+    default_schedule = staticmethod(lambda: log_spaced(50))
 
     def __init__(self, schedule=None) -> None:
         super().__init__(schedule)
@@ -290,6 +293,20 @@ class NanScores(Probe):
             self.report("error", f"{gbad[0]}: gradient is NaN/Inf in backward while the forward "
                         f"is finite ({len(gbad)} stream points)", where=gbad[0], step=info.step,
                         evidence={"grads_nonfinite": gbad, "threshold": "any non-finite gradient"})
+
+    def on_divergence(self, run: RunContext, info: StepInfo) -> None:
+        if self._forward_done:
+            return
+        self._run = self._run or run
+        found = self._replay(info)
+        if found is not None:
+            self._report_nonfinite(found, info.step, "the diverged step's batch, replayed with every tap")
+        else:
+            self._forward_done = True
+            self.report("error", "loss became NaN/Inf while a replay of the batch is finite: the "
+                        "update diverged (gradients or learning rate), not the forward pass",
+                        where="loss", step=info.step,
+                        evidence={"threshold": "finite loss", "replay": "finite"})
 
     def _replay(self, info: StepInfo) -> dict | None:
         """Re-run the step's batch with every tap (eval, no grad) to name the op."""

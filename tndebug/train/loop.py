@@ -223,6 +223,8 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                     loss_value = flushed[-1][1]
                     if not all(math.isfinite(v) for _, v in flushed):
                         status = "diverged"        # every rank sees the same mean: all stop here
+                        engine.diverged(StepInfo(step, lr=lr, loss=loss.detach(), src=src,
+                                                 tgt_in=tgt_in, tgt_out=tgt_out))
                         break
                 if scaler is not None:
                     scaler.step(opt)
