@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-COMMON = ["--preset", "tiny", "--task", "copy", "--steps", "150", "--seed", "0",
+COMMON = ["--preset", "tiny", "--task", "copy", "--steps", "120", "--seed", "0",
           "--probe", "all", "--fail-on", "never"]
 
 # name -> extra arguments.  Two healthy runs, then one fault for each probe of the design card.
@@ -39,7 +39,11 @@ def regenerate(name: str, root: Path = HERE) -> Path:
     from contextlib import redirect_stdout
     import io
 
+    import torch
+
     from tndebug.cli import main
+
+    torch.set_num_threads(1)                  # tiny models: one thread is fastest and reproducible
 
     out = root / name
     if out.exists():
