@@ -102,3 +102,13 @@ def test_truncated_safetensors(tmp_path):
     p.write_bytes(p.read_bytes()[:40])
     with pytest.raises(UsageError, match="not a readable .safetensors"):
         load_checkpoint(p)
+
+
+def test_a_text_file_is_not_a_checkpoint_rather_than_unsafe_code(tmp_path):
+    from tndebug.errors import UsageError
+    from tndebug.triage.loading import load_checkpoint
+
+    p = tmp_path / "notes.pt"
+    p.write_text("these are my notes, not a checkpoint\n")
+    with pytest.raises(UsageError, match="is not a PyTorch checkpoint"):
+        load_checkpoint(p)

@@ -97,11 +97,13 @@ def _torch_load(p: Path, trust: bool):
         # mmap: tensors are read when touched (an optimizer state is never read whole)
         return torch.load(p, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(p))
     except Exception as e:  # noqa: BLE001 - unpickling fails in many types
-        msg = str(e)
-        if "Weights only load failed" not in msg:
+        if "Weights only load failed" not in str(e):
             raise UsageError(_describe_load_error(p, e)) from None
+        failure = e
     unsafe = unsafe_globals(p)
     if not trust:
+        if not unsafe:   # no global to blame: the bytes themselves are not a checkpoint
+            raise UsageError(_describe_load_error(p, failure)) from None
         raise UnsafeCheckpoint(p, unsafe)
     try:
         return torch.load(p, map_location="cpu", weights_only=False)
@@ -149,6 +151,8 @@ def _describe_load_error(p: Path, e: Exception) -> str:
     head = p.read_bytes()[:2]
     if head[:1] == b"\x80" or head == b"PK":
         return f"{p} is truncated or corrupt ({msg[:120]}); copy or save it again"
+    if "Weights only load failed" in msg:   # torch's long advice, not about these bytes
+        msg = "neither a pickle nor a zip archive"
     return (f"{p} is not a PyTorch checkpoint ({type(e).__name__}: {msg[:120]}); "
             f"pass a file written by torch.save or a .safetensors file")
 
