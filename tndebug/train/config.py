@@ -14,7 +14,7 @@ AMPS = ("none", "bf16", "fp16")
 @dataclass(frozen=True)
 class TrainConfig:
     task: str = "copy"            # copy | reverse | sort | translate (tndebug.data.TASKS)
-    steps: int = 350              # optimizer steps to take (on resume: steps *more*); see bench/default_run.py
+    steps: int = 400              # optimizer steps to take (on resume: steps *more*); see bench/default_run.py
     batch_size: int = 64          # sequences per step
     warmup: int = 20              # Noam warmup steps (short: the copy task is learnt in a few hundred)
     lr_factor: float = 0.2        # Noam factor: lr = factor * d_model^-0.5 * min(s^-0.5, s*warmup^-1.5);
