@@ -220,6 +220,17 @@ def _summarise(runs: list[dict], args) -> tuple[dict, dict, dict]:
     return summary, ratios, per_probe
 
 
+def _code_identity() -> dict:
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+    return {"git_head": git("rev-parse", "HEAD"), "tndebug_dirty": bool(git("status", "--porcelain", "--", "tndebug"))}
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
@@ -294,6 +305,7 @@ def main(argv=None) -> int:
     result = {
         "bench": "overhead", "command": " ".join([Path(sys.executable).name] + sys.argv),
         "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "code": _code_identity(),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "cpus": os.cpu_count(), "threads": args.threads,
                     "load_start": [round(x, 2) for x in load_start],
