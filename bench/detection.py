@@ -24,7 +24,10 @@ Runs:
 
 Jobs are ordered round-robin by seed index (evaluation first, calibration last) so that a run
 stopped early still covers every configuration. Two worker processes at most, one torch thread
-each, OMP_WAIT_POLICY=PASSIVE (a shared, loaded machine).
+each, OMP_WAIT_POLICY=PASSIVE (a shared, loaded machine). The workers import a copy of tndebug/
+taken at the start (its git HEAD and content hash go into the JSONL's meta line), so edits made
+to the tree during a long benchmark do not mix code versions (`--workers 1` runs in process,
+on the tree as imported).
 """
 from __future__ import annotations
 
@@ -113,7 +116,8 @@ def run_job(job: dict) -> dict:
 
     t0, c0 = time.perf_counter(), time.process_time()
     load0 = os.getloadavg()
-    rec = dict(job, key=job_key(job))
+    import tndebug
+    rec = dict(job, key=job_key(job), code_path=str(Path(tndebug.__file__).parent.parent))
     try:
         kw = {}
         if job["variant"] == "dropout0":
@@ -161,6 +165,30 @@ def run_job(job: dict) -> dict:
 
 
 # -- driver ------------------------------------------------------------------------------------
+def snapshot_code(root: Path) -> tuple[Path, dict]:
+    """Copy tndebug/ to a temporary directory, so that every worker runs the same code while
+    others edit the tree; returns (directory to put first on PYTHONPATH, its identity)."""
+    import hashlib
+    import shutil
+    import subprocess
+    dest = Path(tempfile.mkdtemp(prefix="tndebug-bench-code-"))
+    shutil.copytree(root / "tndebug", dest / "tndebug",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    h = hashlib.sha256()
+    for f in sorted((dest / "tndebug").rglob("*.py")):
+        h.update(str(f.relative_to(dest)).encode())
+        h.update(f.read_bytes())
+
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+    ident = {"git_head": git("rev-parse", "HEAD"),
+             "tndebug_dirty": bool(git("status", "--porcelain", "--", "tndebug")),
+             "tndebug_sha256": h.hexdigest()[:16]}
+    return dest, ident
+
 def done_keys(path: Path) -> set[str]:
     keys = set()
     if path.exists():
@@ -176,10 +204,10 @@ def done_keys(path: Path) -> set[str]:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60, help="optimizer steps per run (both legs together)")
-    ap.add_argument("--resume-at", type=int, default=30, help="first-leg steps of resume runs")
+    ap.add_argument("--steps", type=int, default=200, help="optimizer steps per run (both legs together)")
+    ap.add_argument("--resume-at", type=int, default=100, help="first-leg steps of resume runs")
     ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--eval-size", type=int, default=300, help="held-out sequences for exact match")
+    ap.add_argument("--eval-size", type=int, default=500, help="held-out sequences for exact match")
     ap.add_argument("--fault-task", default="copy", help="task of the fault and benign runs")
     ap.add_argument("--healthy-tasks", nargs="+", default=["copy", "reverse"])
     ap.add_argument("--norms", nargs="+", default=["pre", "post"])
@@ -190,8 +218,8 @@ def parse_args(argv=None):
     ap.add_argument("--eval-benign-seeds", type=int, nargs="*", default=[10, 11, 12])
     ap.add_argument("--calib-seeds", type=int, nargs="*", default=[0, 1, 2], help="healthy calibration seeds")
     ap.add_argument("--calib-benign-seeds", type=int, nargs="*", default=[0])
-    ap.add_argument("--calib-fault-seeds", type=int, nargs="*", default=[],
-                    help="fault calibration seeds (none by default: too slow on a shared 2-core machine)")
+    ap.add_argument("--calib-fault-seeds", type=int, nargs="*", default=[0],
+                    help="fault calibration seeds (run last; drop them on a busy machine)")
     ap.add_argument("--kinds", nargs="+", default=["fault", "healthy", "benign"],
                     choices=["fault", "healthy", "benign"])
     ap.add_argument("--workers", type=int, default=2, choices=(1, 2))
@@ -213,7 +241,11 @@ def main(argv=None) -> int:
         for j in todo:
             print(job_key(j))
         return 0
-    meta = {"meta": True, "argv": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    code_dir, code = snapshot_code(Path(__file__).resolve().parent.parent)
+    old_pythonpath = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(code_dir)] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
+    sys.path.insert(0, str(code_dir))
+    meta = {"meta": True, "argv": sys.argv, "code": code, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "load": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
             "planned": len(jobs), "todo": len(todo), "workers": args.workers}
     with out.open("a") as fh:
@@ -246,6 +278,13 @@ def main(argv=None) -> int:
             else:
                 pool.close()
             pool.join()
+        import shutil
+        shutil.rmtree(code_dir, ignore_errors=True)
+        sys.path.remove(str(code_dir))
+        if old_pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_pythonpath
     return 130 if stopped else 0
 
 

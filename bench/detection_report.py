@@ -304,8 +304,12 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
                     for r in healthy + benign for f in alarms(r)]
 
     calib = by_split.get("calibration", [])
+    calib_faults = [r for r in calib if r["kind"] == "fault" and FAULTS[r["fault"]].probe]
     calib_out = {
         "runs": len(calib),
+        "fault_recall": rate(sum(bool(alarms(r, FAULTS[r["fault"]].probe)) for r in calib_faults),
+                             len(calib_faults)),
+        "fault_misses": sorted({r["key"] for r in calib_faults if not alarms(r, FAULTS[r["fault"]].probe)}),
         "fp_healthy": fp_table([r for r in calib if r["kind"] == "healthy"]),
         "fp_benign": fp_table([r for r in calib if r["kind"] == "benign"]),
         "false_alarms": [{"key": r["key"], "probe": f["probe"], "severity": f["severity"],
@@ -359,6 +363,7 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
             "benign_variants": sorted({r["variant"] for r in benign}),
         },
         "commands": [" ".join(m["argv"]) for m in metas],
+        "code": [m.get("code") for m in metas],
         "machine": {"cpus": metas[-1]["cpus"] if metas else None,
                     "load_at_starts": [m["load"] for m in metas],
                     "load_1min_during_runs": quartiles(loads),
@@ -417,7 +422,10 @@ def markdown(d: dict) -> str:
          f"* Machine: {m['cpus']} CPUs shared with other work; 1-min load during runs median "
          f"{_q(m['load_1min_during_runs'])}; per run wall {_q(m['run_wall_s'])} s, CPU {_q(m['run_cpu_s'])} s "
          "(one torch thread per worker, 2 workers).",
-         "* Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(d["commands"])), "",
+         "* Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(d["commands"])),
+         "* Code (tndebug/ as the workers imported it): " + "; ".join(
+             f"HEAD {c['git_head'][:8]}{' + uncommitted edits' if c['tndebug_dirty'] else ''} "
+             f"(sha256 {c['tndebug_sha256']})" for c in d.get("code", []) if c), "",
          "## Targets", "",
          f"* Recall >= 95% per fault: missed by {t['faults_missing_recall'] or 'none'}.",
          f"* 100% at the activation step where an exact test exists: missed by {t['faults_missing_exact'] or 'none'}.",
@@ -462,7 +470,8 @@ def markdown(d: dict) -> str:
     c = d["calibration"]
     if c["runs"]:
         L += ["", f"Calibration runs ({c['runs']}): any alarm on healthy {_pct(c['fp_healthy']['any'])}, "
-                  f"on benign {_pct(c['fp_benign']['any'])}."]
+                  f"on benign {_pct(c['fp_benign']['any'])}; faults caught by their probe "
+                  f"{_pct(c['fault_recall'])}" + (f", missed: {c['fault_misses']}" if c["fault_misses"] else "") + "."]
         for f in c["false_alarms"][:20]:
             L.append(f"* `{f['key']}` {f['probe']} {f['severity']} at step {f['step']} `{f['where']}`: "
                      f"{f['message'][:200]}")
