@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from tndebug.trace import StreamPoint, Trace
 
@@ -228,3 +229,42 @@ def probe_batch(subject, width: int | None = None, length: int = 12):
     """A random batch with enough non-pad tokens (> 2·width) for the null-vector test."""
     batch = 16 if width is None else min(256, max(16, -(-3 * width // length)))
     return subject.random_batch(batch, length, length, pad_share=0.3)
+
+
+SETUP_TRACE = "depth_stats.setup_trace"      # RunContext.extras key: one trace for both probes
+
+
+def setup_trace(run) -> Trace:
+    """The residual stream and its gradients on a random batch wide enough for the null-vector
+    test (eval mode, forward and backward; parameter .grad untouched).
+
+    `variance-drift` and `ln-placement` both start from it, so it is computed once per run and
+    kept in `run.extras` (on a 512-wide model the batch is 128 sequences: ~2 s of CPU each)."""
+    cached = run.extras.get(SETUP_TRACE)
+    if cached is not None:
+        return cached
+    subject, model = run.subject, run.subject.model
+    src, tgt = probe_batch(subject)
+    with subject.evaluating():
+        first = subject.trace(src, tgt, reads=("stream",))
+    if not first.streams:
+        return first                             # nothing to test; the probes skip
+    src, tgt = probe_batch(subject, first.streams[-1].x.shape[-1])
+    trace = Trace(src=src, tgt=tgt, pad_id=subject.pad_id)
+    was = model.training
+    model.eval()
+    try:
+        with torch.enable_grad(), subject.capture.recording(("stream", "grad.stream"), trace):
+            logits = subject.logits(src, tgt)                  # [B, T, V]
+        trace.logits = logits.detach()
+        params = [p for p in model.parameters() if p.requires_grad]
+        if logits.requires_grad and params:
+            V = logits.shape[-1]
+            pred, gold = logits[:, :-1].reshape(-1, V), tgt[:, 1:].reshape(-1)
+            loss = (run.criterion(pred, gold) if run.criterion is not None
+                    else F.cross_entropy(pred, gold, ignore_index=subject.pad_id))
+            torch.autograd.grad(loss, params, allow_unused=True)   # fills trace.grads
+    finally:
+        model.train(was)
+    run.extras[SETUP_TRACE] = trace
+    return trace

@@ -37,6 +37,7 @@ class ProbeEngine:
         self._due: list[Probe] = []
         self.first_sign: Finding | None = None   # the earliest warning/error, for diverged runs
         self.probe_seconds = 0.0
+        self.seconds_by_probe: dict[str, float] = {p.name: 0.0 for p in self.probes}
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "ProbeEngine":
@@ -48,12 +49,16 @@ class ProbeEngine:
 
     def _guard(self, probe: Probe, what: str, fn, *args):
         """Run one probe moment; a crashing probe is skipped, never the whole run."""
+        t0 = time.perf_counter()
         try:
             return fn(*args)
         except Exception as e:  # noqa: BLE001 - a probe's bug must not kill training
             if probe.skipped is None:
                 probe.skip(f"{what} raised {type(e).__name__}: {e}")
             return None
+        finally:
+            self.seconds_by_probe[probe.name] = self.seconds_by_probe.get(probe.name, 0.0) + \
+                time.perf_counter() - t0
 
     def _note_findings(self) -> None:
         if self.first_sign is None:

@@ -23,9 +23,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
 from tndebug.probes.base import Probe, RunContext, StepInfo
@@ -70,7 +67,7 @@ class LnPlacement(Probe):
             self.skip("the model exposes no residual-stream capture")
             return
         try:
-            trace = self._init_trace(run)
+            trace = ds.setup_trace(run)
         except Exception as e:  # noqa: BLE001 - a model that cannot run a random batch
             self.skip(f"setup forward failed: {type(e).__name__}: {e}")
             return
@@ -107,31 +104,6 @@ class LnPlacement(Probe):
             self._warmup_verdict()
 
     # -- placement -------------------------------------------------------------------------
-    def _init_trace(self, run: RunContext) -> Trace:
-        """One eval-mode forward on a random batch, and a backward for the stream gradients."""
-        subject, model = run.subject, run.subject.model
-        src, tgt = ds.probe_batch(subject)
-        with subject.evaluating():
-            width = subject.trace(src, tgt, reads=("stream",)).streams[-1].x.shape[-1]
-        src, tgt = ds.probe_batch(subject, width)
-        trace = Trace(src=src, tgt=tgt, pad_id=subject.pad_id)
-        was = model.training
-        model.eval()
-        try:
-            with torch.enable_grad(), subject.capture.recording(("stream", "grad.stream"), trace):
-                logits = subject.logits(src, tgt)                  # [B, T, V]
-            trace.logits = logits.detach()
-            params = [p for p in model.parameters() if p.requires_grad]
-            if logits.requires_grad and params:
-                V = logits.shape[-1]
-                pred, gold = logits[:, :-1].reshape(-1, V), tgt[:, 1:].reshape(-1)
-                loss = (run.criterion(pred, gold) if run.criterion is not None
-                        else F.cross_entropy(pred, gold, ignore_index=subject.pad_id))
-                torch.autograd.grad(loss, params, allow_unused=True)   # fills trace.grads; .grad untouched
-        finally:
-            model.train(was)
-        return trace
-
     def _decide(self, trace: Trace, step: int, run: RunContext) -> None:
         label, ev = ds.detect_placement(trace)
         ev.update(self._grad_profile(trace))

@@ -81,18 +81,12 @@ class VarianceDrift(Probe):
             self.skip("the model exposes no residual-stream capture")
             return
         try:
-            src, tgt = ds.probe_batch(subject)
-            with subject.evaluating():
-                trace = subject.trace(src, tgt, reads=("stream",))
-            if not trace.streams:
-                self.skip("the capture gives no residual-stream points")
-                return
-            width = trace.streams[-1].x.shape[-1]
-            src, tgt = ds.probe_batch(subject, width)
-            with subject.evaluating():
-                trace = subject.trace(src, tgt, reads=("stream",))
+            trace = ds.setup_trace(run)
         except Exception as e:  # noqa: BLE001 - a model that cannot run a random batch
             self.skip(f"setup forward failed: {type(e).__name__}: {e}")
+            return
+        if not trace.streams:
+            self.skip("the capture gives no residual-stream points")
             return
         self._detect_placement(trace)
         stats = self.observe(trace, None)

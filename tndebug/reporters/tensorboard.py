@@ -39,6 +39,7 @@ _GRAD = re.compile(r"grad/(\w+)/layer\d+/norm")
 RESULT_KEYS = ("exact_match", "token_accuracy", "wall_s", "train_s", "eval_s", "probe_s",
                "tokens_per_s", "peak_gpu_mem_bytes", "stopped_at_step", "stopped_at")
 RESULT_PREFIXES = ("final_", "best_")
+RESULT_SUFFIXES = ("_s", "_s_by_probe")        # timings; per-probe dicts are not hyperparameters
 
 
 class TensorBoardSink:
@@ -233,7 +234,7 @@ def _chart_order(title: str):
 
 
 def _is_result(key: str) -> bool:
-    return key in RESULT_KEYS or key.startswith(RESULT_PREFIXES)
+    return key in RESULT_KEYS or key.startswith(RESULT_PREFIXES) or key.endswith(RESULT_SUFFIXES)
 
 
 def _flat_hparams(run: dict, prefix: str = "") -> dict:

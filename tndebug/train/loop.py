@@ -282,6 +282,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
         "wall_s": round(time.perf_counter() - t_start, 3), "train_s": round(train_s, 3),
         "train_cpu_s": round(train_cpu_s, 3),
         "eval_s": round(eval_s, 3), "probe_s": round(engine.probe_seconds, 3),
+        "probe_s_by_probe": {k: round(v, 3) for k, v in engine.seconds_by_probe.items()},
         "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 else None,
         "peak_gpu_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "checkpoint": str(path) if path else None,

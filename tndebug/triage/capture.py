@@ -175,6 +175,7 @@ class GenericCapture:
                 yield trace
         finally:
             state.finalise()
+            state.release()
 
     @contextmanager
     def scaling(self, alpha: float):
@@ -203,15 +204,30 @@ class GenericCapture:
                 h.remove()
 
 
+class _Layout:
+    """Batch-first or sequence-first, as far as the recording has seen (no model reference)."""
+
+    def __init__(self, seq_first: bool | None, mha_seq_first: bool) -> None:
+        self.seq_first, self.mha_seq_first = seq_first, mha_seq_first
+
+    def bt(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, B, d] -> [B, T, d] for sequence-first models."""
+        seq_first = self.seq_first if self.seq_first is not None else self.mha_seq_first
+        return x.transpose(0, 1) if seq_first and x.dim() == 3 else x
+
+
 class _State:
     """What one recording has seen so far."""
 
     def __init__(self, cap: GenericCapture, trace: Trace | None, reads: frozenset) -> None:
         self.cap, self.trace, self.reads = cap, trace, reads
+        # every module's output, in order (NaN provenance, head-split fit): only for readers of
+        # the stream; holding them all costs ~1 GB per 64x32 batch on a 512-wide model
+        self.keep_order = bool(reads & {"stream", "all", "attn.out"})
         self.alpha: float | None = None
         self.calls: list[_AttnCall] = []       # attention modules currently running
         self.busy = False                      # inside our own tensor work: no interception
-        self.seq_first: bool | None = cap.seq_first_hint
+        self.layout = _Layout(cap.seq_first_hint, cap.mha_seq_first)
         self.tok: dict[str, torch.Tensor] = {}        # "src"/"tgt" -> token part (raw layout)
         self.tok_site: dict[str, str] = {}
         self.pos_calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []   # (path, in, out)
@@ -261,7 +277,8 @@ class _State:
             if not isinstance(out, torch.Tensor):
                 return None
             x = out.detach()
-            self.trace.order.append((name, x))
+            if self.keep_order:
+                self.trace.order.append((name, x))
             if name in cap.tok_wrappers:
                 self._token_embedding(name, args, kwargs, x)
             if name in cap.positional and args and isinstance(args[0], torch.Tensor) \
@@ -292,10 +309,10 @@ class _State:
                 first = True
             else:
                 continue
-            if self.seq_first is None and ids.shape[0] != ids.shape[1]:
-                self.seq_first = first
-            elif self.seq_first is None:
-                self.seq_first = first and not torch.equal(ids, ref)
+            if self.layout.seq_first is None and ids.shape[0] != ids.shape[1]:
+                self.layout.seq_first = first
+            elif self.layout.seq_first is None:
+                self.layout.seq_first = first and not torch.equal(ids, ref)
             self.tok[role], self.tok_site[role] = x, name
             return
 
@@ -304,8 +321,11 @@ class _State:
             return
         self.streams.append((name, stack, layer, kind, out.detach()))
         if "grad.stream" in self.reads and out.requires_grad:
-            trace = self.trace
-            out.register_hook(lambda g, name=name: trace.grads.__setitem__(name, self._bt(g.detach())))
+            # The hook lives in the autograd graph, which the user's model may keep (The
+            # Annotated Transformer stores `self.attn`): it must not reach the model, or the
+            # model, graph and hook hold each other out of the collector's sight.
+            trace, layout = self.trace, self.layout
+            out.register_hook(lambda g, name=name: trace.grads.__setitem__(name, layout.bt(g.detach())))
 
     # -- attention events ----------------------------------------------------------------------
     def current(self) -> _AttnCall | None:
@@ -402,19 +422,23 @@ class _State:
         rec = AttentionRecord(site, kind, layer)
         for f in ("q", "k", "v", "scores", "masked_scores", "probs", "z"):
             val = getattr(call, f)
-            setattr(rec, f, val.detach() if isinstance(val, torch.Tensor) else None)
+            if isinstance(val, torch.Tensor) and self.wants(f"attn.{f}"):   # as the taps do
+                setattr(rec, f, val.detach())
         if isinstance(module, nn.MultiheadAttention) and rec.q is not None \
                 and call.extra.get("product"):
             # its bmm path multiplies q by 1/sqrt(d_k) before q k^T: record q as projected
             rec.q = rec.q * math.sqrt(module.head_dim)
         out = output[0] if isinstance(output, (tuple, list)) else output
-        rec.out = out.detach() if isinstance(out, torch.Tensor) else None
+        rec.out = out.detach() if isinstance(out, torch.Tensor) and self.wants("attn.out") else None
         if rec.probs is None and isinstance(output, (tuple, list)) and len(output) > 1 \
-                and isinstance(output[1], torch.Tensor):
+                and isinstance(output[1], torch.Tensor) and self.wants("attn.probs"):
             w = output[1].detach()
             rec.probs, rec.head_averaged = (w, True) if w.dim() == 3 else (w, False)
         self.records.append((call, rec))
         t.attention[site] = rec
+
+    def wants(self, read: str) -> bool:
+        return read in self.reads or "all" in self.reads
 
     def _classify(self, call: _AttnCall) -> tuple[str, int | None]:
         layer = _layer_index(call.path)
@@ -437,15 +461,20 @@ class _State:
 
     # -- the end ----------------------------------------------------------------------------------
     def _bt(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, B, d] -> [B, T, d] for sequence-first models."""
-        seq_first = self.seq_first if self.seq_first is not None else self.cap.mha_seq_first
-        return x.transpose(0, 1) if seq_first and x.dim() == 3 else x
+        return self.layout.bt(x)
 
     def _heads(self, x: torch.Tensor | None, B: int | None) -> torch.Tensor | None:
         """[B*h, T, S] -> [B, h, T, S] (nn.MultiheadAttention's bmm path)."""
         if x is None or B is None or x.dim() != 3 or x.shape[0] == B or x.shape[0] % B:
             return x
         return x.reshape(B, x.shape[0] // B, *x.shape[1:])
+
+    def release(self) -> None:
+        """Drop every tensor the recording held. The gradient hooks on stream tensors keep this
+        object alive until backward; holding graph tensors (q, k, scores) here would make a
+        cycle through autograd that Python's collector cannot see (1.5 GB per base run)."""
+        self.calls, self.records, self.pos_calls, self.streams = [], [], [], []
+        self.tok, self.tok_site, self.stack_in = {}, {}, {}
 
     def finalise(self) -> None:
         t = self.trace

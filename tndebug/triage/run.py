@@ -90,7 +90,7 @@ def triage(opts: TriageOptions) -> Report:
     subject = target.subject
     lap("model")
 
-    engine_findings, statuses = _run_probes(subject, probe_names, batch, opts.pad_id)
+    engine_findings, statuses, probe_seconds = _run_probes(subject, probe_names, batch, opts.pad_id)
     findings += engine_findings
     lap("probes")
     findings += hygiene.duplicate_heads(target.attention_weights)
@@ -109,7 +109,7 @@ def triage(opts: TriageOptions) -> Report:
                                     if v.is_floating_point()}),
            "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
            "temperature_sweep": sweep_evidence, **target.run,
-           "timings_s": timings, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
+           "timings_s": timings, "probe_seconds": probe_seconds, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
     report = Report(run=run, findings=findings, probes=statuses)
     report.first_sign = next((f for f in findings if f.severity == "error"), None) or \
         next((f for f in findings if f.severity == "warning"), None)
@@ -353,10 +353,11 @@ def _run_probes(subject: Subject, names: list[str], batch, pad_id: int):
                                      tgt_in=tgt_in, tgt_out=tgt_out))
             findings = engine.finish()
             statuses = engine.statuses()
+            seconds = {k: round(v, 3) for k, v in engine.seconds_by_probe.items()}
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was)
-    return findings, statuses
+    return findings, statuses, seconds
 
 
 # -- findings -------------------------------------------------------------------------------------------
