@@ -174,6 +174,8 @@ class MissingScale(Probe):
             msg = (f"{site}: scale {c:.3f}, expected 1/sqrt({d_k})={1 / math.sqrt(d_k):.3f} "
                    f"({label}){tail}")
             fix = FAULT_NOTES["scale_by_d_model"][2] if label == "1/sqrt(d_model)" else self.fix
+            fix += (f" Here d_k = {d_k} (d_model {meta['d_model']}): divide the scores by "
+                    f"{math.sqrt(d_k):.4g}.")   # the notes' figures are the base model's
             self.report("error", msg, where=site, step=step, layer=meta["layer"], fix=fix, evidence={
                 "fitted_scale": c, "expected_scale": 1 / math.sqrt(d_k), "scale_x_sqrt_dk": c * math.sqrt(d_k),
                 "d_k": d_k, "d_model": meta["d_model"], "fit": meta["source"], "fit_residual": resid,
