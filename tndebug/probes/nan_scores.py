@@ -42,6 +42,25 @@ def _any_bad(x: torch.Tensor, role: str) -> torch.Tensor:
     return (~x.isfinite()).any().float()
 
 
+def _bad_flags(plain: list[torch.Tensor], masked: list[torch.Tensor]) -> torch.Tensor | None:
+    """[len(plain) + len(masked)] device flags, 1.0 where a tensor holds a bad entry.
+
+    max|x| is finite iff every entry is (NaN propagates through max; no overflow, unlike a
+    sum), and one fused `_foreach_norm(inf)` takes every tensor at once: per-tensor
+    isfinite/any ops were most of this probe's per-step cost. Masked scores may hold -inf,
+    so for them only NaN or +inf counts: max(x) is NaN or +inf exactly then."""
+    parts = []
+    plain = [x if x.numel() else x.new_zeros(()) for x in plain]          # order kept
+    if plain:
+        norms = torch._foreach_norm(plain, math.inf, dtype=torch.float32)
+        parts.append((~torch.stack(norms).isfinite()).float())
+    if masked:
+        top = torch.stack([x.float().amax() if x.numel() else x.new_zeros((), dtype=torch.float32)
+                           for x in masked])
+        parts.append((top.isnan() | (top == math.inf)).float())
+    return torch.cat(parts) if parts else None
+
+
 def first_nonfinite(trace: Trace) -> dict | None:
     """The first captured tensor, in execution order, holding NaN or Inf (host sync)."""
     role_of = roles(trace)
@@ -253,19 +272,18 @@ class NanScores(Probe):
     # -- every step --------------------------------------------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict:
         role_of = roles(trace)
-        names, flags = [], []
+        plain, masked = [], []          # masked scores may hold -inf; nothing else may
         for name, x in trace.order:
             if x.is_floating_point():
-                names.append(name)
-                flags.append(_any_bad(x, role_of.get(id(x), (name, ""))[1]))
-        gnames = list(trace.grads)
-        gflags = [_any_bad(g, "") for g in trace.grads.values()]
+                (masked if role_of.get(id(x), (name, ""))[1] == "masked_scores" else plain).append((name, x))
+        flags = _bad_flags([x for _, x in plain], [x for _, x in masked])
+        gflags = _bad_flags(list(trace.grads.values()), [])
         self._trace = trace
-        out: dict = {"names": names, "gnames": gnames}
-        if flags:
-            out["bad"] = torch.stack(flags)                 # [n_tensors], on device
-        if gflags:
-            out["gbad"] = torch.stack(gflags)               # [n_grads]
+        out: dict = {"names": [n for n, _ in plain + masked], "gnames": list(trace.grads)}
+        if flags is not None:
+            out["bad"] = flags                              # [n_tensors], on device
+        if gflags is not None:
+            out["gbad"] = gflags                            # [n_grads]
         if info.loss is not None:
             out["loss_bad"] = _any_bad(info.loss.detach(), "")
         return out

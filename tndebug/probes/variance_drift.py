@@ -97,19 +97,19 @@ class VarianceDrift(Probe):
     def observe(self, trace: Trace, info: StepInfo | None) -> dict[str, Any]:
         names, meta, vals = [], [], []
         for stack, points in ds.stack_groups(trace):
-            prev = None
-            for sp in points:
-                keep = ds.token_keep(trace, stack, sp.x)
-                kept = (ds.retention(prev, sp.x, keep) if prev is not None and prev.shape == sp.x.shape
-                        else sp.x.new_tensor(float("nan")))
-                vals.append(torch.stack([ds.mean_ratio(sp.x, keep), ds.token_rms(sp.x, keep),
-                                         kept.float()]))
-                names.append(sp.name)
-                meta.append((stack, sp.layer, sp.kind))
-                prev = sp.x
+            run: list = []                  # consecutive points of one shape, computed together
+            for sp in points + [None]:
+                if run and (sp is None or sp.x.shape != run[-1].x.shape):
+                    keep = ds.token_keep(trace, stack, run[0].x)
+                    vals.append(ds.depth_profile(torch.stack([p.x for p in run]), keep))
+                    run = []
+                if sp is not None:
+                    run.append(sp)
+                    names.append(sp.name)
+                    meta.append((stack, sp.layer, sp.kind))
         if not vals:
             return {}
-        return {"depth": torch.stack(vals), "names": names, "meta": meta}   # depth [n_points, 3]
+        return {"depth": torch.cat(vals), "names": names, "meta": meta}   # depth [n_points, 3]
 
     def update(self, stats: dict[str, Any], info: StepInfo) -> None:
         self._check(stats, info.step, emit=True)
