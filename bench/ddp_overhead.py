@@ -42,8 +42,9 @@ TARGET = 1.05
 NOTE = ("reduce_ms_per_step is the wall time rank 0 spends in the reducer, mostly waiting for the "
         "other rank to finish its probe work (without the reducer that wait moves into the next "
         "step's DDP gradient all-reduce); ratio_ddp - ratio_single is the reduction's own cost. "
-        "ratio_single is the probes' cost in one process: at the default schedules nan-scores "
-        "runs every step (explicit attention path, stream gradient hooks, one sync).")
+        "ratio_single is the probes' cost in one process: at the default schedules about one "
+        "step in eight is probed (log-spaced nan-scores and variance-drift, gradient-flow and "
+        "loss-health every 10 steps), the others only run lr-schedule's host-side check.")
 ARMS = {"none": "none", "default": "all"}
 
 
@@ -109,6 +110,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     t0 = time.monotonic()
+    load0 = round(os.getloadavg()[0], 2)
     ddp: dict[str, list] = {a: [] for a in ARMS}
     single: dict[str, list] = {a: [] for a in ARMS}
     reduce_ms: list[float] = []
@@ -139,6 +141,7 @@ def main(argv=None) -> int:
         "target": TARGET, "meets_target": ratio_ddp <= TARGET, "note": NOTE,
         "command": "python bench/ddp_overhead.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "wall_s": round(time.monotonic() - t0, 1),
+        "load_average_1m_at_start": load0, "load_average_1m_at_end": round(os.getloadavg()[0], 2),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("median_step_ms", "ratio_ddp", "ratio_single",
