@@ -59,6 +59,7 @@ EXPECTED_WHERE = {
     "neg_inf_fill_all_masked": r"^(encoder|decoder)\.layers\.\d+\.self_attn",   # pad query rows
     "fill_1e9_fp16": ATTN,
     "label_smoothing_on_pad": r"^criterion$",
+    "kl_raw_logits": r"^criterion$",
     "warmup_restart_on_resume": r"^(lr_schedule|optimizer(\.state)?)$",
     "no_warmup_high_lr": r"^(lr_schedule|optimizer|)$",        # the run's schedule (run level)
     "dead_relu_init": r"(^|\.)ffn(\.|$)",
@@ -70,7 +71,7 @@ EXACT_AT_ACTIVATION = {
     "view_without_transpose", "shared_qkv", "identical_head_init", "no_pos_encoding", "no_emb_scale",
     "pos_max_len_small", "no_residual", "pre_ln_no_final_norm", "tiny_ln_eps",
     "neg_inf_fill_all_masked", "fill_1e9_fp16", "label_smoothing_on_pad", "warmup_restart_on_resume",
-    "dead_relu_init",
+    "dead_relu_init", "kl_raw_logits",
 }
 RECALL_TARGET = 0.95
 

@@ -48,6 +48,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     _F("fill_1e9_fp16", "nan-scores", "attention", "mask filled with the literal -1e9, which overflows float16"),
     _F("label_smoothing_on_pad", "label-smoothing", "training",
        "label smoothing spreads eps over all V classes, pad included"),
+    _F("kl_raw_logits", "loss-health", "training",
+       "KLDivLoss (label smoothing) fed raw logits instead of log_softmax, as note 001's example does"),
     _F("warmup_restart_on_resume", "lr-schedule", "training",
        "on resume the scheduler step and Adam state start from zero: warmup restarts", needs="resume"),
     _F("no_warmup_high_lr", "ln-placement", "training", "constant lr 1e-3 from step 0, no warmup", norms=("post",)),

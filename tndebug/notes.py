@@ -170,6 +170,13 @@ FAULT_NOTES: dict[str, tuple[str, str, str]] = {
         "Spread eps over size-2 classes, zero true_dist[:, pad_idx] and rows with "
         "target==pad, else model learns to predict pad",
     ),
+    "kl_raw_logits": (
+        "Label-smoothing KLDivLoss called on the generator's raw logits (note 001's usage "
+        "example); the loss is unbounded below and training pushes the logits up forever",
+        "001,003",
+        "KLDivLoss expects log-probabilities: criterion(F.log_softmax(logits, dim=-1), "
+        "true_dist) (note 003: 'input is log_softmax, not logits')",
+    ),
     "warmup_restart_on_resume": (
         "Checkpoint omits step_num; after resume warmup restarts and lr jumps",
         "000",

@@ -108,3 +108,25 @@ def test_hand_nonfinite_loss_is_an_error_at_its_step():
     _, findings = probed_loop(subject, [LossHealthProbe(every(1))], steps=6, criterion=criterion)
     [f] = findings
     assert (f.severity, f.step) == ("error", 3) and f.evidence["loss"] == math.inf
+
+
+@pytest.mark.parametrize("criterion", [
+    # note 001's example: KLDivLoss given the generator's raw logits
+    lambda lg, t: F.kl_div(lg, F.one_hot(t, lg.shape[-1]).float() * 0.9 + 0.01, reduction="batchmean"),
+    # the same mistake with NLLLoss
+    lambda lg, t: F.nll_loss(lg, t, ignore_index=PAD),
+], ids=["kl_div", "nll_loss"])
+def test_a_criterion_fed_raw_logits_gives_a_negative_loss_error(criterion):
+    subject = tndebug_subject(make_model(ModelConfig.tiny()))
+    _, findings = probed_loop(subject, [LossHealthProbe(every(1))], steps=30, criterion=criterion)
+    bad = [f for f in findings if f.where == "criterion"]
+    assert len(bad) == 1 and bad[0].severity == "error"
+    assert bad[0].evidence["loss"] < loss_health.NEGATIVE_LOSS and "log_softmax" in bad[0].fix
+
+
+def test_a_healthy_kl_with_log_softmax_never_goes_negative():
+    crit = lambda lg, t: F.kl_div(lg.log_softmax(-1), F.one_hot(t, lg.shape[-1]).float() * 0.9 + 0.01,  # noqa: E731
+                                  reduction="batchmean")
+    subject = tndebug_subject(make_model(ModelConfig.tiny()))
+    _, findings = probed_loop(subject, [LossHealthProbe(every(1))], steps=30, criterion=crit)
+    assert not [f for f in findings if f.where == "criterion"]

@@ -61,3 +61,13 @@ def test_loss_is_float32_under_half_logits():
     target = torch.tensor([3, 4])
     loss = LabelSmoothingLoss(0.1, PAD)(torch.zeros(2, V, dtype=torch.bfloat16), target)
     assert loss.dtype == torch.float32 and math.isfinite(loss.item())
+
+
+def test_kl_raw_logits_fault_skips_the_log_softmax():
+    torch.manual_seed(0)
+    logits, target = torch.randn(12, 11), torch.randint(1, 11, (12,))
+    good = LabelSmoothingLoss(0.1, pad_id=0)
+    bad = LabelSmoothingLoss(0.1, pad_id=0, raw_logits=True)
+    assert good(logits, target) >= 0
+    assert bad(logits.log_softmax(-1), target) == pytest.approx(float(good(logits, target)))
+    assert bad(logits + 10.0, target) < 0            # unbounded below: larger logits, lower loss

@@ -10,6 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from tndebug.notes import FAULT_NOTES
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.trace import Trace
@@ -29,14 +30,20 @@ PLATEAU_SHARE = 0.95       # FAILURE_MODES 7e: CE > 0.95 ln V ...
 PLATEAU_STEPS = 500        # ... at 500 steps -> error; a shorter run is judged at its end if it
 PLATEAU_MIN_STEPS = 200    # ran 200 steps (healthy tiny/small runs are at <= 0.67 ln V by then)
 PLATEAU_LAST = 3           # judged on the mean of the last 3 probed CEs
+# A cross-entropy, an NLL of log-probabilities and a KL divergence are >= 0 exactly; float
+# rounding gives at worst ~-1e-7. Below this the criterion is fed something that is not
+# log-probabilities (raw logits into KLDivLoss or NLLLoss: note 001's example).
+NEGATIVE_LOSS = -1e-3
+_RAW_LOGITS_FIX = FAULT_NOTES["kl_raw_logits"][2] + " [notes 001, 003]"
 
 
 class LossHealthProbe(Probe):
     """Failure: an initialisation that makes the logits large (the model is confidently wrong before
     it has seen data), a training loop that does not learn (lr 0, optimizer not stepped, targets
-    not aligned), or a loss that goes to NaN/inf.
+    not aligned), a loss that goes to NaN/inf, or a criterion fed raw logits where it expects
+    log-probabilities (KLDivLoss without log_softmax, note 001's example).
     Symptom: the first loss is far above ln V; the loss sits near ln V for hundreds of steps
-    (note 000's "stuck at about 3.5"); NaN/inf.
+    (note 000's "stuck at about 3.5"); NaN/inf; a negative training loss.
     Fix: small output logits at init; check the optimizer, the lr and the target shift; for NaN,
     lower the lr and use warmup (note 002), LayerNorm eps 1e-5 (note 000).
     """
@@ -55,6 +62,7 @@ class LossHealthProbe(Probe):
         self._bad_step: int | None = None
         self._plateau_judged = False
         self._ln_v: float | None = None
+        self._negative_reported = False
 
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
         stats = {}
@@ -83,6 +91,15 @@ class LossHealthProbe(Probe):
                 self._bad_step = step
                 self.report("error", f"{what} is {value} at step {step}", step=step,
                             evidence={"loss": loss, "ce": ce, "step": step, "threshold": "finite"})
+        if loss is not None and math.isfinite(loss) and loss < NEGATIVE_LOSS \
+                and not self._negative_reported:
+            self._negative_reported = True
+            self.report("error", f"training loss is negative ({loss:.4g} at step {step}): a "
+                        f"cross-entropy or KL divergence cannot be; the criterion is given raw "
+                        f"logits where it expects log-probabilities", where="criterion", step=step,
+                        evidence={"loss": loss, "ce_from_logits": ce, "step": step,
+                                  "threshold": NEGATIVE_LOSS},
+                        fix=_RAW_LOGITS_FIX)
         if ce is None or self._bad_step is not None:
             return
         self._ln_v = ln_v = math.log(stats["vocab"])

@@ -101,7 +101,7 @@ class VarianceDrift(Probe):
             for sp in points + [None]:
                 if run and (sp is None or sp.x.shape != run[-1].x.shape):
                     keep = ds.token_keep(trace, stack, run[0].x)
-                    vals.append(ds.depth_profile(torch.stack([p.x for p in run]), keep))
+                    vals.append(ds.depth_profile([p.x for p in run], keep))
                     run = []
                 if sp is not None:
                     run.append(sp)

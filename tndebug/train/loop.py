@@ -139,7 +139,8 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
     scaler = torch.amp.GradScaler("cuda") if train_cfg.amp == "fp16" else None
     schedule = declared_schedule(model_cfg, train_cfg)
     criterion = LabelSmoothingLoss(train_cfg.label_smoothing, model_cfg.pad_id,
-                                   smooth_pad=model_cfg.has("label_smoothing_on_pad"))
+                                   smooth_pad=model_cfg.has("label_smoothing_on_pad"),
+                                   raw_logits=model_cfg.has("kl_raw_logits"))
 
     sched_step = global_step = 0
     last_lr = None
