@@ -298,3 +298,19 @@ def setup_trace(run) -> Trace:
         model.train(was)
     run.extras[SETUP_TRACE] = trace
     return trace
+
+
+def setup_trace_or_skip(probe, run) -> Trace | None:
+    """`setup_trace(run)`, or None once `probe.skip(reason)` says why the model gave none."""
+    if run.subject.capture is None:
+        probe.skip("the model exposes no residual-stream capture")
+        return None
+    try:
+        trace = setup_trace(run)
+    except Exception as e:  # noqa: BLE001 - a model that cannot run a random batch
+        probe.skip(f"setup forward failed: {type(e).__name__}: {e}")
+        return None
+    if not trace.streams:
+        probe.skip("the capture gives no residual-stream points")
+        return None
+    return trace

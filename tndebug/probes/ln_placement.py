@@ -62,17 +62,8 @@ class LnPlacement(Probe):
     # -- moments ---------------------------------------------------------------------------
     def setup(self, run: RunContext) -> None:
         self._run = run
-        subject = run.subject
-        if subject.capture is None:
-            self.skip("the model exposes no residual-stream capture")
-            return
-        try:
-            trace = ds.setup_trace(run)
-        except Exception as e:  # noqa: BLE001 - a model that cannot run a random batch
-            self.skip(f"setup forward failed: {type(e).__name__}: {e}")
-            return
-        if not trace.streams:
-            self.skip("the capture gives no residual-stream points")
+        trace = ds.setup_trace_or_skip(self, run)
+        if trace is None:
             return
         self._decide(trace, step=0, run=run)
 

@@ -76,17 +76,8 @@ class VarianceDrift(Probe):
 
     # -- moments ---------------------------------------------------------------------------
     def setup(self, run: RunContext) -> None:
-        subject = run.subject
-        if subject.capture is None:
-            self.skip("the model exposes no residual-stream capture")
-            return
-        try:
-            trace = ds.setup_trace(run)
-        except Exception as e:  # noqa: BLE001 - a model that cannot run a random batch
-            self.skip(f"setup forward failed: {type(e).__name__}: {e}")
-            return
-        if not trace.streams:
-            self.skip("the capture gives no residual-stream points")
+        trace = ds.setup_trace_or_skip(self, run)
+        if trace is None:
             return
         self._detect_placement(trace)
         stats = self.observe(trace, None)
