@@ -28,6 +28,7 @@ SAMPLES: dict[str, list[str]] = {
     "shared_qkv": ["--norm", "pre", "--fault", "shared_qkv"],                          # head-collapse
     "no_residual": ["--norm", "post", "--fault", "no_residual"],                       # variance-drift
     "pre_ln_no_final_norm": ["--norm", "pre", "--fault", "pre_ln_no_final_norm"],      # ln-placement
+    "kl_raw_logits": ["--norm", "pre", "--fault", "kl_raw_logits"],                    # loss-health
 }
 
 

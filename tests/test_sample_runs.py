@@ -44,7 +44,7 @@ def test_healthy_samples_are_clean_and_faulty_ones_name_their_probe():
     expected = {"no_scale": "missing-scale", "no_causal_mask": "mask-broadcast",
                 "pad_mask_query_axis": "mask-broadcast", "neg_inf_fill_all_masked": "nan-scores",
                 "shared_qkv": "head-collapse", "no_residual": "variance-drift",
-                "pre_ln_no_final_norm": "ln-placement"}
+                "pre_ln_no_final_norm": "ln-placement", "kl_raw_logits": "loss-health"}
     for name, probe in expected.items():
         report = json.loads((ROOT / name / "report.json").read_text())
         assert probe in {p for p, sev, _ in _signature(report) if sev == "error"}, name
