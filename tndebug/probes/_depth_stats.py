@@ -161,6 +161,7 @@ def norm_signature(x: torch.Tensor, keep: torch.Tensor) -> NormSignature:
 
 def _signature(x: torch.Tensor, keep: torch.Tensor) -> NormSignature:
     X = x.detach()[keep].to("cpu", torch.float64)           # [N, d]
+    X = X[X.isfinite().all(-1)]       # NaN rows say nothing of placement (and LAPACK rejects them)
     if X.shape[0] > MAX_SVD_TOKENS:
         X = X[torch.linspace(0, X.shape[0] - 1, MAX_SVD_TOKENS).long()]
     N, d = X.shape
