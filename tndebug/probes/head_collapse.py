@@ -30,6 +30,8 @@ import torch
 from torch import nn
 
 from tndebug.notes import FAULT_NOTES
+from tndebug.probes._head_stats import (FLAT, close, flat_scores, fmt_heads, head_stats,
+                                          n_heads, packed_slices, query_keep, weight_of)
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.trace import AttentionRecord, Trace
@@ -47,58 +49,8 @@ ASYM = 0.05           # ‖S−Sᵀ‖/‖S‖ below this: symmetric scores (4b)
 # init on padded random batches (‖q_j‖ > ‖q_i‖ beats q_i·q_i), so it is evidence, not a condition.
 SAME = 1e-6           # relative difference for "the same tensor"
 REDUNDANT_JS = 0.01   # every pair below this: redundant layer (info only, 4c)
-FLAT = 1e-3           # scores varying less than this over the keys (relative): tokens all alike
-JS_MAX_SEQ, JS_MAX_ROWS = 8, 64
-LN2 = math.log(2.0)
 
 _QKV = ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.masked_scores", "attn.probs")
-
-
-# -- statistics (device tensors) -------------------------------------------------------------
-def query_keep(trace: Trace, rec: AttentionRecord, B: int, T: int, device) -> torch.Tensor:
-    """Non-pad query rows [B, T]: source tokens for encoder self-attention, target otherwise."""
-    ids = trace.src if rec.kind == "enc_self" else trace.tgt
-    if ids is not None and tuple(ids.shape) == (B, T):
-        return (ids != trace.pad_id).to(device)
-    return torch.ones(B, T, dtype=torch.bool, device=device)
-
-
-def head_stats(P: torch.Tensor, keys: torch.Tensor | None, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per head (entropy/ln n, max prob, similarity = 1 − mean JS to the others) and JS [h, h].
-
-    P [B, h, T, S] probabilities; keys [B, h|1, T, S] allowed keys (None: P > 0);
-    rows [B, T] valid queries. Returns stats [h, 3] and js [h, h] in bits.
-    """
-    P = P.float()
-    keys = (P > 0) if keys is None else keys.expand_as(P)
-    n = keys.sum(-1)                                                    # [B, h, T]
-    H = -(P * P.clamp_min(1e-30).log()).sum(-1)                         # [B, h, T]
-    valid = rows[:, None, :] & (n >= 2)                                 # [B, h, T]
-    w = valid.float()
-    cnt = w.sum((0, 2)).clamp(min=1)                                    # [h]
-    ent = (H / n.clamp(min=2).float().log() * w).sum((0, 2)) / cnt      # [h]
-    maxp = (P.amax(-1) * w).sum((0, 2)) / cnt                           # [h]
-    js = pairwise_js(P[:JS_MAX_SEQ, :, :JS_MAX_ROWS], valid[:JS_MAX_SEQ, 0, :JS_MAX_ROWS])
-    h = P.shape[1]
-    off = ~torch.eye(h, dtype=torch.bool, device=P.device)
-    sim = 1.0 - (js * off).sum(-1) / max(h - 1, 1)                      # [h]
-    return torch.stack([ent, maxp, sim], dim=-1), js
-
-
-def pairwise_js(P: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Mean Jensen-Shannon divergence in bits between heads' rows.  P [B, h, T, S] -> [h, h]"""
-    h = P.shape[1]
-    w = valid.float()                                                   # [B, T]
-    logP = P.clamp_min(1e-30).log()
-    out = torch.zeros(h, h, device=P.device)
-    for a in range(h):
-        m = (P[:, a:a + 1] + P) / 2                                     # [B, h, T, S]
-        logm = m.clamp_min(1e-30).log()
-        kl_a = (P[:, a:a + 1] * (logP[:, a:a + 1] - logm)).sum(-1)      # [B, h, T]
-        kl_b = (P * (logP - logm)).sum(-1)
-        js = (kl_a + kl_b) / (2 * LN2)
-        out[a] = (js * w[:, None]).sum((0, 2)) / w.sum().clamp(min=1)
-    return out
 
 
 # -- the probe ------------------------------------------------------------------------------
@@ -158,8 +110,8 @@ class HeadCollapse(Probe):
             for name, y in calls:
                 if not name.startswith(site + ".") or y.dim() != 3 or tuple(y.shape) != (B, T, h * dk):
                     continue
-                if (_close(y.view(B, T, h, dk).transpose(1, 2), t)
-                        or _close(y.reshape(B, h, T, dk), t)):
+                if (close(y.view(B, T, h, dk).transpose(1, 2), t)
+                        or close(y.reshape(B, h, T, dk), t)):
                     roles[role] = name
                     break
         return roles
@@ -169,10 +121,10 @@ class HeadCollapse(Probe):
         # the same module, or the same weight tensor, produced q and k
         mods = {r: roles[r] for r in ("q", "k", "v") if r in roles}
         if "q" in mods and "k" in mods:
-            wq, wk = _weight(module, mods["q"], site), _weight(module, mods["k"], site)
+            wq, wk = weight_of(module, mods["q"], site), weight_of(module, mods["k"], site)
             if mods["q"] == mods["k"] or (wq is not None and wq is wk):
                 ev["same_projection"] = sorted(set(mods.values()))
-        packed = _packed_slices(module)
+        packed = packed_slices(module)
         if packed is not None and torch.equal(packed[0], packed[1]):
             ev["in_proj_q_equals_k"] = True
         self_attn = rec.kind != "cross"
@@ -181,7 +133,7 @@ class HeadCollapse(Probe):
             ev["q_minus_k_rel"] = round(diff, 8)
             if diff < SAME:
                 ev["q_equals_k"] = True
-        sym = self._symmetry(rec, trace) if self_attn and not _flat(rec) else None
+        sym = self._symmetry(rec, trace) if self_attn and not flat_scores(rec) else None
         if sym is not None:
             ev.update(sym)
         decisive = ev.get("same_projection") or ev.get("in_proj_q_equals_k") or ev.get("q_equals_k")
@@ -238,13 +190,13 @@ class HeadCollapse(Probe):
         return {"asymmetry": round(asym, 5), "self_argmax": round(frac, 4), "self_masked": self_masked}
 
     def _duplicates(self, site, rec, roles, module, trace) -> None:
-        h = _heads(rec, module)
+        h = n_heads(rec, module)
         if h is None or h < 2:
             return
         groups: dict[str, list] = {}
         max_cos: dict[str, float] = {}
-        weights = {r: _weight(module, roles[r], site) for r in ("q", "k", "v") if r in roles}
-        packed = _packed_slices(module)
+        weights = {r: weight_of(module, roles[r], site) for r in ("q", "k", "v") if r in roles}
+        packed = packed_slices(module)
         if packed is not None and not weights:
             weights = dict(zip(("q", "k", "v"), packed))
         rows = h * rec.q.shape[-1] if rec.q is not None and rec.q.dim() == 4 else None
@@ -261,7 +213,7 @@ class HeadCollapse(Probe):
                 groups[f"W_{role.upper()}"] = sorted({tuple(sorted(p)) for p in pairs})
         ev: dict[str, Any] = {"max_head_cosine": max_cos, "threshold_cosine": DUP_COS}
         if not groups and not weights and rec.probs is not None and not rec.head_averaged \
-                and not _flat(rec):
+                and not flat_scores(rec):
             B, _, T, _ = rec.probs.shape
             stats, js = head_stats(rec.probs, rec.key_keep(), query_keep(trace, rec, B, T, rec.probs.device))
             ent = stats[:, 0]
@@ -275,7 +227,7 @@ class HeadCollapse(Probe):
         if not groups:
             return
         heads = sorted({i for pairs in groups.values() for p in pairs for i in p})
-        where_ = ", ".join(f"{k} heads {_fmt_pairs(v)}" for k, v in groups.items())
+        where_ = ", ".join(f"{k} heads {fmt_heads(v)}" for k, v in groups.items())
         self.report("error", f"duplicated heads in {site}: {where_} are copies of each other",
                     where=site, step=0, layer=rec.layer, head=heads[0],
                     evidence={**ev, "duplicates": {k: [list(p) for p in v] for k, v in groups.items()},
@@ -364,59 +316,3 @@ class HeadCollapse(Probe):
                                   "threshold_above_start": ABOVE_START, "threshold_lost": LOST, "probes_in_a_row": RUN},
                         fix="Lower the learning rate or add warmup; bound the attention logits "
                             "(QK-norm, or check the 1/sqrt(d_k) scale). " + FAULT_NOTES["no_warmup_high_lr"][2])
-
-
-# -- helpers ---------------------------------------------------------------------------------
-def _flat(rec: AttentionRecord) -> bool:
-    """Scores that do not vary over the keys: every token alike (e.g. a rank-collapsed stream,
-    see variance-drift), so symmetric scores and identical maps say nothing about the heads."""
-    S = rec.scores if rec.scores is not None else rec.probs
-    if S is None:
-        return False
-    keys = rec.key_keep()
-    S = S.float()
-    if keys is not None:
-        S = torch.where(keys.expand_as(S), S, S.new_zeros(()))
-        n = keys.expand_as(S).sum(-1, keepdim=True).clamp(min=1)
-        mean = S.sum(-1, keepdim=True) / n
-        dev = torch.where(keys.expand_as(S), S - mean, S.new_zeros(()))
-    else:
-        dev = S - S.mean(-1, keepdim=True)
-    return bool(dev.norm() <= FLAT * S.norm().clamp(min=1e-30))
-
-
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape:
-        return False
-    return bool((a - b).norm() <= 1e-4 * b.norm().clamp(min=1e-30) + 1e-6)
-
-
-def _weight(module: nn.Module | None, path: str, site: str) -> torch.Tensor | None:
-    if module is None:
-        return None
-    try:
-        sub = module.get_submodule(path[len(site) + 1:])
-    except AttributeError:
-        return None
-    return getattr(sub, "weight", None)
-
-
-def _packed_slices(module: nn.Module | None):
-    """(W_q, W_k, W_v) from a packed in_proj weight [3E, E] (nn.MultiheadAttention), else None."""
-    W = getattr(module, "in_proj_weight", None) if module is not None else None
-    if isinstance(W, torch.Tensor) and W.dim() == 2 and W.shape[0] % 3 == 0:
-        return W.detach().chunk(3, dim=0)
-    return None
-
-
-def _heads(rec: AttentionRecord, module: nn.Module | None) -> int | None:
-    for t in (rec.q, rec.scores, rec.probs):
-        if t is not None and t.dim() == 4 and not (t is rec.probs and rec.head_averaged):
-            return t.shape[1]
-    h = getattr(module, "num_heads", None)     # nn.MultiheadAttention
-    return h if isinstance(h, int) else None
-
-
-def _fmt_pairs(pairs) -> str:
-    heads = sorted({i for p in pairs for i in p})
-    return ",".join(map(str, heads))

@@ -1,0 +1,117 @@
+"""Statistics and weight helpers of `head-collapse`: per-head entropy and similarity (JS),
+flat scores, and the per-head slices of Q/K/V projections, in a user's module or ours."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from tndebug.trace import AttentionRecord, Trace
+
+FLAT = 1e-3           # scores varying less than this over the keys (relative): tokens all alike
+JS_MAX_SEQ, JS_MAX_ROWS = 8, 64
+LN2 = math.log(2.0)
+
+
+# -- statistics (device tensors) -------------------------------------------------------------
+def query_keep(trace: Trace, rec: AttentionRecord, B: int, T: int, device) -> torch.Tensor:
+    """Non-pad query rows [B, T]: source tokens for encoder self-attention, target otherwise."""
+    ids = trace.src if rec.kind == "enc_self" else trace.tgt
+    if ids is not None and tuple(ids.shape) == (B, T):
+        return (ids != trace.pad_id).to(device)
+    return torch.ones(B, T, dtype=torch.bool, device=device)
+
+
+def head_stats(P: torch.Tensor, keys: torch.Tensor | None, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head (entropy/ln n, max prob, similarity = 1 − mean JS to the others) and JS [h, h].
+
+    P [B, h, T, S] probabilities; keys [B, h|1, T, S] allowed keys (None: P > 0);
+    rows [B, T] valid queries. Returns stats [h, 3] and js [h, h] in bits.
+    """
+    P = P.float()
+    keys = (P > 0) if keys is None else keys.expand_as(P)
+    n = keys.sum(-1)                                                    # [B, h, T]
+    H = -(P * P.clamp_min(1e-30).log()).sum(-1)                         # [B, h, T]
+    valid = rows[:, None, :] & (n >= 2)                                 # [B, h, T]
+    w = valid.float()
+    cnt = w.sum((0, 2)).clamp(min=1)                                    # [h]
+    ent = (H / n.clamp(min=2).float().log() * w).sum((0, 2)) / cnt      # [h]
+    maxp = (P.amax(-1) * w).sum((0, 2)) / cnt                           # [h]
+    js = pairwise_js(P[:JS_MAX_SEQ, :, :JS_MAX_ROWS], valid[:JS_MAX_SEQ, 0, :JS_MAX_ROWS])
+    h = P.shape[1]
+    off = ~torch.eye(h, dtype=torch.bool, device=P.device)
+    sim = 1.0 - (js * off).sum(-1) / max(h - 1, 1)                      # [h]
+    return torch.stack([ent, maxp, sim], dim=-1), js
+
+
+def pairwise_js(P: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Mean Jensen-Shannon divergence in bits between heads' rows.  P [B, h, T, S] -> [h, h]"""
+    h = P.shape[1]
+    w = valid.float()                                                   # [B, T]
+    logP = P.clamp_min(1e-30).log()
+    out = torch.zeros(h, h, device=P.device)
+    for a in range(h):
+        m = (P[:, a:a + 1] + P) / 2                                     # [B, h, T, S]
+        logm = m.clamp_min(1e-30).log()
+        kl_a = (P[:, a:a + 1] * (logP[:, a:a + 1] - logm)).sum(-1)      # [B, h, T]
+        kl_b = (P * (logP - logm)).sum(-1)
+        js = (kl_a + kl_b) / (2 * LN2)
+        out[a] = (js * w[:, None]).sum((0, 2)) / w.sum().clamp(min=1)
+    return out
+
+
+# -- weights and records ---------------------------------------------------------------------------------
+def flat_scores(rec: AttentionRecord) -> bool:
+    """Scores that do not vary over the keys: every token alike (e.g. a rank-collapsed stream,
+    see variance-drift), so symmetric scores and identical maps say nothing about the heads."""
+    S = rec.scores if rec.scores is not None else rec.probs
+    if S is None:
+        return False
+    keys = rec.key_keep()
+    S = S.float()
+    if keys is not None:
+        S = torch.where(keys.expand_as(S), S, S.new_zeros(()))
+        n = keys.expand_as(S).sum(-1, keepdim=True).clamp(min=1)
+        mean = S.sum(-1, keepdim=True) / n
+        dev = torch.where(keys.expand_as(S), S - mean, S.new_zeros(()))
+    else:
+        dev = S - S.mean(-1, keepdim=True)
+    return bool(dev.norm() <= FLAT * S.norm().clamp(min=1e-30))
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape:
+        return False
+    return bool((a - b).norm() <= 1e-4 * b.norm().clamp(min=1e-30) + 1e-6)
+
+
+def weight_of(module: nn.Module | None, path: str, site: str) -> torch.Tensor | None:
+    if module is None:
+        return None
+    try:
+        sub = module.get_submodule(path[len(site) + 1:])
+    except AttributeError:
+        return None
+    return getattr(sub, "weight", None)
+
+
+def packed_slices(module: nn.Module | None):
+    """(W_q, W_k, W_v) from a packed in_proj weight [3E, E] (nn.MultiheadAttention), else None."""
+    W = getattr(module, "in_proj_weight", None) if module is not None else None
+    if isinstance(W, torch.Tensor) and W.dim() == 2 and W.shape[0] % 3 == 0:
+        return W.detach().chunk(3, dim=0)
+    return None
+
+
+def n_heads(rec: AttentionRecord, module: nn.Module | None) -> int | None:
+    for t in (rec.q, rec.scores, rec.probs):
+        if t is not None and t.dim() == 4 and not (t is rec.probs and rec.head_averaged):
+            return t.shape[1]
+    h = getattr(module, "num_heads", None)     # nn.MultiheadAttention
+    return h if isinstance(h, int) else None
+
+
+def fmt_heads(pairs) -> str:
+    heads = sorted({i for p in pairs for i in p})
+    return ",".join(map(str, heads))
