@@ -218,3 +218,34 @@ def test_hand_written_healthy_is_clean():
     probe.setup(RunContext(subject=hand_subject(model)))
     assert alarms(probe.findings) == [] and probe.checked
     assert not math.isnan(probe.max_growth.get("decoder", float("nan")))
+
+
+def test_depth_profile_matches_the_definitions_point_by_point():
+    """r, RMS and retention as written in the module docstring, one point and one sequence
+    at a time with boolean indexing, against the one-pass version the probe uses."""
+    from tndebug.probes import _depth_stats as ds
+    torch.manual_seed(0)
+    xs = list(torch.randn(4, 3, 7, 16))
+    xs[2] = xs[1] + 0.1 * torch.randn(3, 7, 16)              # a residual-like successor
+    keep = torch.ones(3, 7, dtype=torch.bool)
+    keep[0, 5:] = False
+    keep[2, 1:] = False                                      # one real token: NaN for it
+    got = ds.depth_profile(xs, keep)
+
+    def centred(x, b):
+        t = x[b][keep[b]]
+        return t - t.mean(0)
+
+    for p, x in enumerate(xs):
+        seqs = [b for b in range(3) if keep[b].sum() >= 2]
+        r = sum(float(centred(x, b).norm() / x[b][keep[b]].norm()) for b in seqs) / len(seqs)
+        rms = float(x[keep].pow(2).mean().sqrt())
+        assert float(got[p, 0]) == pytest.approx(r, rel=1e-5)
+        assert float(got[p, 1]) == pytest.approx(rms, rel=1e-5)
+        if p == 0:
+            assert math.isnan(float(got[p, 2]))
+            continue
+        cos = [float(torch.dot(centred(xs[p - 1], b).flatten(), centred(x, b).flatten())
+                     / (centred(xs[p - 1], b).norm() * centred(x, b).norm())) for b in seqs]
+        assert float(got[p, 2]) == pytest.approx(sum(cos) / len(cos), rel=1e-4, abs=1e-6)
+    assert float(got[2, 2]) > 0.9 > float(got[1, 2])        # the residual-like point keeps its input

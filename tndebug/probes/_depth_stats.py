@@ -3,7 +3,8 @@
 Everything here reads `Trace.streams` only, so it works on any model whose capture fills
 the stream points. Shapes: x [B, T, d] at one stream point, keep [B, T] its non-pad tokens.
 
-* `centred_ratio`: r = ‖X − 1x̄ᵀ‖_F / ‖X‖_F per sequence (Dong et al. 2021; FAILURE_MODES 5a).
+* `depth_profile`: per stream point, r = ‖X − 1x̄ᵀ‖_F / ‖X‖_F per sequence (Dong et al. 2021;
+  FAILURE_MODES 5a), the token RMS, and the retention of the point before.
 * `norm_signature` / `is_normalised`: is x the output of a LayerNorm (or RMSNorm), whatever
   its learned gain and bias? (FAILURE_MODES 2.6, generalised to a trained affine.)
 * `detect_placement`: pre-LN vs post-LN from the block outputs.
@@ -62,40 +63,17 @@ def token_keep(trace: Trace, stack: str, x: torch.Tensor) -> torch.Tensor:
     return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
 
 
-def centred_ratio(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """r per sequence over its non-pad tokens; NaN for sequences with < 2 tokens.  # [B]"""
-    x = x.float()
-    w = keep.unsqueeze(-1).float()                           # [B, T, 1]
-    n = w.sum(1)                                             # [B, 1]
-    mean = (x * w).sum(1) / n.clamp(min=1)                   # [B, d]
-    num = ((x - mean.unsqueeze(1)) * w).pow(2).sum((1, 2))   # [B]
-    den = (x * w).pow(2).sum((1, 2)).clamp(min=1e-30)
-    r = (num / den).sqrt()
-    return torch.where(n.squeeze(1) >= 2, r, torch.full_like(r, float("nan")))
-
-
-def mean_ratio(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Mean r over sequences (a 0-d device tensor)."""
-    return centred_ratio(x, keep).nanmean()
-
-
-def retention(x_in: torch.Tensor, x_out: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """How much of a sublayer's input survives in its output: the cosine between the
-    token-centred input and output per sequence, averaged (0-d). ~1 with a residual add,
-    ~0 when the output is a fresh function of the input (x = f(x))."""
-    w = keep.unsqueeze(-1).float()                           # [B, T, 1]
-    n = w.sum(1, keepdim=True).clamp(min=1)
-    a = (x_in.float() - (x_in.float() * w).sum(1, keepdim=True) / n) * w
-    b = (x_out.float() - (x_out.float() * w).sum(1, keepdim=True) / n) * w
-    cos = (a * b).sum((1, 2)) / (a.norm(dim=(1, 2)) * b.norm(dim=(1, 2))).clamp(min=1e-30)
-    return torch.where(n.view(-1) >= 2, cos, torch.full_like(cos, float("nan"))).nanmean()
-
-
 def depth_profile(xs: list[torch.Tensor], keep: torch.Tensor) -> torch.Tensor:
-    """[P, 3] = (mean r, token RMS, retention from the point before) for P stream points of
-    one shape, each [B, T, d]: the numbers of `mean_ratio`, `token_rms` and `retention` point
-    by point (row 0's retention is NaN), in about a third of their passes over the data: each
-    point is centred once and its centred copy is reused for the next point's retention.
+    """[P, 3] per stream point of one shape (each [B, T, d], P of them, in depth order):
+
+    * r: ‖X − 1x̄ᵀ‖_F / ‖X‖_F over each sequence's non-pad tokens, averaged over sequences
+      (NaN for sequences with < 2 tokens);
+    * the RMS of the stream over non-pad tokens;
+    * retention: the cosine between the token-centred previous point and this one, averaged
+      over sequences; ~1 with a residual add, ~0 when x = f(x) (row 0: NaN).
+
+    Each point is centred once and reused for the next point's retention; no boolean
+    indexing, so no device sync.
     """
     w = keep.unsqueeze(-1).float()                           # [B, T, 1]
     n = w.sum(1, keepdim=True)                               # [B, 1, 1]
@@ -119,12 +97,6 @@ def depth_profile(xs: list[torch.Tensor], keep: torch.Tensor) -> torch.Tensor:
         rows.append(torch.stack([r, rms, kept]))
         prev, prev_norm = c, c_norm
     return torch.stack(rows)
-
-
-def token_rms(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """RMS of the stream over non-pad tokens (0-d; no boolean indexing, so no device sync)."""
-    w = keep.unsqueeze(-1).float()                           # [B, T, 1]
-    return ((x.float().pow(2) * w).sum() / (w.sum() * x.shape[-1]).clamp(min=1)).sqrt()
 
 
 @dataclass

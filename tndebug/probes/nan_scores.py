@@ -35,15 +35,9 @@ def _bad(x: torch.Tensor, role: str) -> torch.Tensor:
     return ~x.isfinite()
 
 
-def _any_bad(x: torch.Tensor, role: str) -> torch.Tensor:
-    """One device flag, 1.0 when x holds a bad entry (a float, so that flags add across processes)."""
-    if role == "masked_scores":
-        return (~(x.isfinite() | (x == -math.inf))).any().float()
-    return (~x.isfinite()).any().float()
-
-
 def _bad_flags(plain: list[torch.Tensor], masked: list[torch.Tensor]) -> torch.Tensor | None:
-    """[len(plain) + len(masked)] device flags, 1.0 where a tensor holds a bad entry.
+    """[len(plain) + len(masked)] device flags, 1.0 where a tensor holds a bad entry (floats,
+    so that flags add across processes); the same verdict as `_bad(x, role).any()`.
 
     One pass per tensor: its float32 sum is non-finite iff an entry is (NaN and ±inf
     propagate; a finite sum could overflow only past 3e38, and a false flag costs a replay
@@ -149,7 +143,8 @@ class NanScores(Probe):
     summary = "first NaN/Inf in execution order; fully-masked rows; fp16-unsafe mask fill and LayerNorm eps"
     reads = ("attn.out", "stream", "logits", "grad.stream")
     fix = FIX_NAN
-    # Sparse: a full isfinite sweep costs ~12% of a small CPU step (bench/results/overhead.json).
+    # Sparse: a sweep of every tensor (and the taps it turns on) cost ~12% of a small CPU step
+    # when measured with per-tensor isfinite checks; one sum per tensor now, still not free.
     # A NaN between probed steps still gets named: the trainer calls on_divergence, which
     # replays that batch with every tap.
     default_schedule = staticmethod(lambda: log_spaced(50))
@@ -285,7 +280,7 @@ class NanScores(Probe):
         if gflags is not None:
             out["gbad"] = gflags                            # [n_grads]
         if info.loss is not None:
-            out["loss_bad"] = _any_bad(info.loss.detach(), "")
+            out["loss_bad"] = _bad_flags([info.loss.detach()], [])[0]
         return out
 
     def update(self, stats: dict, info: StepInfo) -> None:

@@ -36,10 +36,9 @@ _DIVERSITY = re.compile(r"attn/(enc_self|dec_self|cross)/layer\d+/diversity")
 _RESID = re.compile(r"depth/(encoder|decoder)/layer\d+/(resid_rms|rank)")
 _GRAD = re.compile(r"grad/(\w+)/layer\d+/norm")
 # run keys that are results (HParams metrics); every other run key is a hyperparameter
-RESULT_KEYS = ("exact_match", "token_accuracy", "wall_s", "train_s", "eval_s", "probe_s",
-               "tokens_per_s", "peak_gpu_mem_bytes", "stopped_at_step", "stopped_at")
+RESULT_KEYS = ("exact_match", "token_accuracy", "peak_gpu_mem_bytes", "stopped_at_step", "stopped_at")
 RESULT_PREFIXES = ("final_", "best_")
-RESULT_SUFFIXES = ("_s", "_s_by_probe")        # timings; per-probe dicts are not hyperparameters
+RESULT_SUFFIXES = ("_s", "_s_by_probe")        # timings (wall_s, tokens_per_s, ...) and per-probe dicts
 
 
 class TensorBoardSink:

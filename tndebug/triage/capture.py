@@ -224,6 +224,10 @@ class _State:
         # every module's output, in order (NaN provenance, head-split fit): only for readers of
         # the stream; holding them all costs ~1 GB per 64x32 batch on a 512-wide model
         self.keep_order = bool(reads & {"stream", "all", "attn.out"})
+        # attention modules are followed only for readers of attention, and their insides (the
+        # patched matmul/softmax/SDPA, which may recompute the scores) only for readers of them
+        self.follow_attention = "all" in reads or any(r.startswith("attn.") for r in reads)
+        self.intercept = "all" in reads or any(r.startswith("attn.") and r != "attn.out" for r in reads)
         self.alpha: float | None = None
         self.calls: list[_AttnCall] = []       # attention modules currently running
         self.busy = False                      # inside our own tensor work: no interception
@@ -241,7 +245,7 @@ class _State:
         cap = self.cap
 
         def hook(module, args, kwargs):
-            if name in cap.attention:
+            if name in cap.attention and (self.follow_attention or self.alpha is not None):
                 query = args[0] if args else kwargs.get("query", kwargs.get("x"))
                 key = args[1] if len(args) > 1 else kwargs.get("key")
                 self.calls.append(_AttnCall(name, _t(query), _t(key)))
@@ -329,7 +333,10 @@ class _State:
 
     # -- attention events ----------------------------------------------------------------------
     def current(self) -> _AttnCall | None:
-        return self.calls[-1] if self.calls and not self.busy else None
+        """The attention module whose insides are being recorded (or scaled), if any."""
+        if self.busy or not self.calls or not (self.intercept or self.alpha is not None):
+            return None
+        return self.calls[-1]
 
     def on_product(self, a, b, out, b_is_kT: bool = True) -> None:
         call = self.current()
