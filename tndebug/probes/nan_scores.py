@@ -119,6 +119,14 @@ def _half_nonfinite(module: nn.Module) -> bool | None:
         return None
 
 
+def _portability(dtype: torch.dtype) -> str:
+    """Why an fp16 hazard is only an advisory in a model computing in `dtype`."""
+    if dtype == torch.bfloat16:
+        return "bf16 model, which has the fp32 range: only matters if you switch to fp16"
+    name = {torch.float32: "fp32", torch.float64: "fp64"}.get(dtype, str(dtype).removeprefix("torch."))
+    return f"{name} model: only matters if you switch on fp16 autocast"
+
+
 class NanScores(Probe):
     """NaN/Inf in scores, probabilities or activations, and the settings that produce them.
 
@@ -202,9 +210,15 @@ class NanScores(Probe):
                    f"a constant row gives 0/0 under fp16")
         else:
             msg = f"{first}: a float16 copy gives NaN/Inf on constant rows{tail}"
-        if not self._half:
-            msg += " (this run is not fp16: breaks when autocast is switched on)"
-        self.report("error" if self._half else "warning", msg, where=first, step=0,
+        # docs/severity.md: in an fp16 model a float16 norm that gives NaN is the defect shown
+        # (error), an eps that only rounds to 0 bites under this dtype (warning; nn.LayerNorm
+        # stays finite); in any other dtype it is an fp16 portability advisory (info)
+        if self._half:
+            severity = "error" if behaviour else "warning"
+        else:
+            severity = "info"
+            msg += f" ({_portability(self._run.compute_dtype)})"
+        self.report(severity, msg, where=first, step=0,
                     evidence={"eps": {n: eps_of.get(n) for n in flagged},
                               "eps_rounds_to_0_in_float16": static,
                               "fp16_constant_row_nonfinite": behaviour,
@@ -228,9 +242,9 @@ class NanScores(Probe):
             if dtype == torch.float16:
                 self.report("error", f"{sites[0]}: mask fill {fill:g} overflows float16 (max 65504){tail}",
                             where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2])
-            elif dtype in (torch.float32, torch.float64):
-                self.report("warning", f"{sites[0]}: mask fill {fill:g} will overflow under fp16 "
-                            f"autocast (float16 max 65504){tail}",
+            else:             # an fp16 portability advisory (docs/severity.md)
+                self.report("info", f"{sites[0]}: mask fill {fill:g} would overflow float16 "
+                            f"(max 65504){tail} ({_portability(dtype)})",
                             where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2])
 
     def _check_all_pad(self, src: torch.Tensor, tgt: torch.Tensor) -> None:
