@@ -51,6 +51,8 @@ class AttentionRecord:
     z: torch.Tensor | None = None              # [B, h, T, d_k]
     out: torch.Tensor | None = None            # [B, T, d_model]
     head_averaged: bool = False                # probs averaged over heads (nn.MultiheadAttention)
+    qk_source: str = "projection"              # "projection": q, k as projected (before any scale);
+                                               # "operands": the product's inputs, not traced back
 
     @property
     def tag(self) -> str:

@@ -62,7 +62,8 @@ def test_head_averaged_probs_without_scores_are_skipped_not_judged():
     probe = MissingScale(at(1))
     assert run_probe(hand_subject(HandModel(attn_cls=NoScale), fields=("q", "k", "probs"),
                                   head_average=True), probe, steps=0) == []
-    assert probe.status() == "skipped" and "enc.0.self_attn" in probe.skipped
+    assert probe.status() == "no verdict"
+    assert probe.coverage["enc.0.self_attn"]["status"] == "no verdict"
 
 
 def test_scale_lost_during_training_is_caught_on_schedule():

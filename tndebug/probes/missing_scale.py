@@ -18,21 +18,36 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def fit_sums(rec: AttentionRecord):
-    """(sums [<x,y>, <x,x>, <y,y>] as a device tensor, source) for the fit y = c * x; or None.
+    """(sums [<x,y>, <x,x>, <y,y>, sum q^2, n_q, sum k^2, n_k] as a device tensor, source); or None.
 
-    From the pre-mask scores: y = S, x = QK^T, so c = <S, QK^T> / ||QK^T||^2. From the
-    probabilities only: y = row-centred ln P, x = row-centred QK^T over kept entries (the row
-    constant ln Z cancels). Sums, not ratios, so that statistics add across processes.
+    From the scores (the softmax input before the mask): y = S, x = QK^T over the entries the
+    mask kept, each centred across the batch at its (head, query, key) position. Centring
+    removes any term that does not depend on the sequence (a relative position bias, ALiBi, an
+    additive causal mask), so the fit sees the scale alone: S = c QK^T + B(h, t, s) gives c
+    exactly. From the probabilities only: y = row-centred ln P, x = row-centred QK^T over kept
+    entries (the row constant ln Z cancels). Sums, not ratios, so that statistics add across
+    processes.
     # q [B, h, T, d_k], k [B, h, S, d_k]
     """
     q, k = rec.q, rec.k
     if q is None or k is None or q.dim() != 4 or k.dim() != 4:
         return None
     qk = (q.float() @ k.float().transpose(-2, -1)).double()              # [B, h, T, S]
+    masked = masked_entries(rec)
     if rec.scores is not None and rec.scores.shape == qk.shape:
         y = rec.scores.double()
         use = y.isfinite() & qk.isfinite()
-        x, y = qk.where(use, 0.0), y.where(use, 0.0)
+        if masked is not None:
+            use &= ~masked
+        if qk.shape[0] >= 2:
+            n = use.sum(0, keepdim=True)                                   # [1, h, T, S]
+            use &= n >= 2
+            n = n.clamp_min(1)
+            x, y = qk.where(use, 0.0), y.where(use, 0.0)
+            x = (x - x.sum(0, keepdim=True) / n).where(use, 0.0)
+            y = (y - y.sum(0, keepdim=True) / n).where(use, 0.0)
+        else:
+            x, y = qk.where(use, 0.0), y.where(use, 0.0)
         source = "scores"
     else:
         p = rec.probs
@@ -40,7 +55,6 @@ def fit_sums(rec: AttentionRecord):
             return None
         p = p.double()
         use = p.isfinite() & (p > P_FLOOR) & qk.isfinite()
-        masked = masked_entries(rec)
         if masked is not None:
             use &= ~masked
         n = use.sum(-1, keepdim=True)                                      # [B, h, T, 1]
@@ -50,7 +64,11 @@ def fit_sums(rec: AttentionRecord):
         x = (x - x.sum(-1, keepdim=True) / n).where(use, 0.0)
         y = (y - y.sum(-1, keepdim=True) / n).where(use, 0.0)
         source = "log-probs"
-    return torch.stack([(x * y).sum(), (x * x).sum(), (y * y).sum()]), source
+    qf, kf = q.double(), k.double()
+    qf, kf = qf.where(qf.isfinite(), 0.0), kf.where(kf.isfinite(), 0.0)
+    one = qk.new_ones(())
+    return torch.stack([(x * y).sum(), (x * x).sum(), (y * y).sum(),
+                        (qf * qf).sum(), one * q.numel(), (kf * kf).sum(), one * k.numel()]), source
 
 
 def fit_from_sums(sxy: float, sxx: float, syy: float) -> tuple[float, float]:
@@ -124,29 +142,31 @@ class MissingScale(Probe):
 
     # -- internals ---------------------------------------------------------------------------
     def _fit(self, trace: Trace):
-        """[(site, meta, [sxy, sxx, syy, max_p sum, entropy sum, rows] device tensor)]."""
-        rows, skipped = [], []
+        """[(site, meta, [sxy, sxx, syy, sqq, nq, skk, nk, max_p sum, entropy sum, rows])]."""
+        rows = []
         for rec in trace.records():
+            if rec.qk_source != "projection":
+                self.cover(rec.site, "no verdict",
+                           "q and k at the score product could not be traced to the projections' "
+                           "outputs, so a scale folded into them would be invisible")
+                continue
             fit = fit_sums(rec)
             if fit is None:
-                skipped.append(rec.site)
+                self.cover(rec.site, "no verdict", "no q/k with scores or per-head probabilities")
                 continue
             sums, source = fit
             masked = masked_entries(rec)
             sat = (saturation_sums(rec.probs, None if masked is None else ~masked)
                    if rec.probs is not None else sums.new_zeros(3))
-            meta = dict(kind=rec.kind, layer=rec.layer, d_k=rec.q.shape[-1],
+            meta = dict(kind=rec.kind, layer=rec.layer, d_k=rec.q.shape[-1], heads=rec.q.shape[1],
                         d_model=rec.q.shape[1] * rec.q.shape[-1], source=source,
                         half=rec.q.dtype in HALF)
             rows.append((rec.site, meta, torch.cat([sums, sat.to(sums.dtype)])))
-        if skipped and not rows:
-            self.skip(f"no q/k with scores or per-head probabilities in {', '.join(skipped)}")
         return rows
 
     def _judge(self, rows, step: int) -> None:
-        groups: dict[str, list] = {}
-        for site, meta, (sxy, sxx, syy, max_p, ent, n) in rows:
-            self.checked = True
+        groups: dict[tuple[str, str], list] = {}
+        for site, meta, (sxy, sxx, syy, sqq, nq, skk, nk, max_p, ent, n) in rows:
             c, resid = fit_from_sums(sxy, sxx, syy)
             max_p, ent = (max_p / n, ent / n) if n else (math.nan, math.nan)
             d_k = meta["d_k"]
@@ -157,28 +177,68 @@ class MissingScale(Probe):
                 self.metric(step, f"{tag}/mean_max_prob", max_p)
                 self.metric(step, f"{tag}/norm_entropy", ent)
             tol = TOL[self._half_run or meta["half"]]
-            if math.isfinite(ratio) and resid > FIT_RESIDUAL:
-                self.skip(f"{site}: scores are not c*QK^T (fit residual {resid:.2g} > {FIT_RESIDUAL:g}; "
-                          f"a bias or learned temperature?): no verdict")
-            if not (math.isfinite(ratio) and resid <= FIT_RESIDUAL) or abs(ratio - 1) <= tol:
+            if not math.isfinite(ratio):
+                self.cover(site, "no verdict", "no finite scores to fit")
                 continue
-            if site in self._reported:
+            if resid > FIT_RESIDUAL:
+                self.cover(site, "no verdict",
+                           f"the scores are not c*QK^T plus a batch-independent bias (fit residual "
+                           f"{resid:.2g} > {FIT_RESIDUAL:g}: a learned temperature or a per-sequence "
+                           f"bias?)")
+                continue
+            self.checked = True
+            self.cover(site, "checked")
+            if abs(ratio - 1) <= tol or site in self._reported:
                 continue
             label = diagnose(c, d_k, meta["d_model"], tol)
-            groups.setdefault(label, []).append((site, meta, c, resid, max_p, ent, tol))
-        for label, items in groups.items():
+            rms_q = math.sqrt(sqq / nq) if nq else math.nan
+            rms_k = math.sqrt(skk / nk) if nk else math.nan
+            severity = "error"
+            if label == "no 1/sqrt(d_k)" and _folded_into_weights(rms_q, rms_k, d_k):
+                severity = "info"
+            groups.setdefault((label, severity), []).append(
+                (site, meta, c, resid, max_p, ent, tol, rms_q, rms_k))
+        for (label, severity), items in groups.items():
             self._reported.update(it[0] for it in items)
-            site, meta, c, resid, max_p, ent, tol = items[0]
-            d_k = meta["d_k"]
+            site, meta, c, resid, max_p, ent, tol, rms_q, rms_k = items[0]
+            d_k, d_model, h = meta["d_k"], meta["d_model"], meta["heads"]
             tail = f" (+{len(items) - 1} more attention modules)" if len(items) > 1 else ""
             msg = (f"{site}: scale {c:.3f}, expected 1/sqrt({d_k})={1 / math.sqrt(d_k):.3f} "
                    f"({label}){tail}")
-            fix = FAULT_NOTES["scale_by_d_model"][2] if label == "1/sqrt(d_model)" else self.fix
-            fix += (f" Here d_k = {d_k} (d_model {meta['d_model']}): divide the scores by "
-                    f"{math.sqrt(d_k):.4g}.")   # the notes' figures are the base model's
-            self.report("error", msg, where=site, step=step, layer=meta["layer"], fix=fix, evidence={
+            evidence = {
                 "fitted_scale": c, "expected_scale": 1 / math.sqrt(d_k), "scale_x_sqrt_dk": c * math.sqrt(d_k),
-                "d_k": d_k, "d_model": meta["d_model"], "fit": meta["source"], "fit_residual": resid,
-                "mean_max_prob": max_p, "normalised_entropy": ent,
+                "d_k": d_k, "d_model": d_model, "heads": h, "fit": meta["source"], "fit_residual": resid,
+                "mean_max_prob": max_p, "normalised_entropy": ent, "rms_q": rms_q, "rms_k": rms_k,
                 "modules": {s: round(cc * math.sqrt(m["d_k"]), 6) for s, m, cc, *_ in items},
-                "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}"})
+                "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}"}
+            if severity == "info":
+                msg += (f"; by design: q is {rms_k / rms_q:.3g}x smaller than k (sqrt(d_k) = "
+                        f"{math.sqrt(d_k):.3g}), so the weights carry the 1/sqrt(d_k), as T5's "
+                        f"initialisation does")
+                fix = ("Nothing to fix if this is deliberate (T5-style: the query projection is "
+                       "initialised sqrt(d_k) smaller). If you change the initialisation or the "
+                       f"attention code, divide the scores by {math.sqrt(d_k):.4g} (sqrt(d_k)).")
+            else:
+                what = ("math.sqrt(d_k), the per-head width, not math.sqrt(d_model)"
+                        if label == "1/sqrt(d_model)" else "math.sqrt(d_k)")
+                fix = (f"Divide the scores q @ k.transpose(-2, -1) by {what} after the head split, "
+                       f"before the mask and the softmax: here d_k = {d_model} / {h} heads = {d_k}, "
+                       f"so divide by {math.sqrt(d_k):.4g} (or pass scale=None to "
+                       f"F.scaled_dot_product_attention).")
+            self.report(severity, msg, where=site, step=step, layer=meta["layer"], fix=fix,
+                        evidence=evidence)
+
+
+FOLD_BAND = math.sqrt(2)   # rms(q)/rms(k) within a factor sqrt(2) of 1/sqrt(d_k) (or its inverse)
+
+
+def _folded_into_weights(rms_q: float, rms_k: float, d_k: int) -> bool:
+    """Unscaled scores whose q (or k) is sqrt(d_k) smaller than the other: the weights carry the
+    scale (T5 initialises W_Q with std (d_model d_k)^-1/2 and W_K with d_model^-1/2), so the
+    scores have the variance the scale would give. A model that merely lacks the scale has q and
+    k of one size. Only decisive when the band around 1/sqrt(d_k) excludes 1 (d_k > 2)."""
+    if not (rms_q > 0 and rms_k > 0) or d_k <= 2:
+        return False
+    r = min(rms_q, rms_k) / max(rms_q, rms_k)
+    target = 1 / math.sqrt(d_k)
+    return target / FOLD_BAND <= r <= target * FOLD_BAND and target * FOLD_BAND < 1

@@ -92,6 +92,11 @@ class _AttnCall:
     z: torch.Tensor | None = None
     softmaxed: bool = False
     scaled: bool = False                      # the temperature was applied in this call
+    add_pre: torch.Tensor | None = None       # the scores before the first addition (bias, mask)
+    add_terms: list = field(default_factory=list)   # what was added to them, in order
+    chain_out: torch.Tensor | None = None     # the result of the last such addition
+    nested: bool = False                      # an attention module inside this one was recorded
+    linears: list = field(default_factory=list)     # (input, output) of every linear map run
     extra: dict = field(default_factory=dict)
 
 
@@ -272,7 +277,9 @@ class _State:
                 if self.trace is not None:
                     self.busy = True
                     try:
-                        self._finish_attention(call, module, output)
+                        if self._finish_attention(call, module, output):
+                            for outer in self.calls:       # wrappers around a site are not sites
+                                outer.nested = True
                     finally:
                         self.busy = False
             if self.trace is None:
@@ -342,11 +349,41 @@ class _State:
         call = self.current()
         if call is None or not isinstance(out, torch.Tensor) or out.dim() < 3:
             return
+        if isinstance(b, torch.Tensor) and b.dim() == 2:     # x @ W: a projection, not q k^T
+            if self.trace is not None:
+                call.linears.append((a.detach(), out.detach()))
+            return
         if not call.softmaxed and call.raw is None:
             call.q, call.k, call.raw = a, (b.transpose(-2, -1) if b_is_kT else b), out
             call.extra["product"] = True
         elif call.softmaxed and call.z is None:
             call.v, call.z = b, out
+
+    def on_add(self, a, b, out) -> None:
+        """`scores + mask` / `scores + bias`: remember what was added to the scores."""
+        call = self.current()
+        if call is None or call.raw is None or call.softmaxed or call.masked_scores is not None:
+            return
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() < 3:
+            return
+        if call.chain_out is not None and (a is call.chain_out or b is call.chain_out):
+            term = b if a is call.chain_out else a
+        else:                                    # a new chain: the full-shape operand is the scores
+            if isinstance(a, torch.Tensor) and a.shape == out.shape:
+                chain, term = a, b
+            elif isinstance(b, torch.Tensor) and b.shape == out.shape:
+                chain, term = b, a
+            else:
+                return
+            call.add_pre, call.add_terms = chain.detach(), []
+        call.add_terms.append(term)
+        call.chain_out = out
+
+    def on_linear(self, x, out) -> None:
+        if self.trace is None or self.busy or not self.calls or not self.intercept:
+            return
+        if isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor):
+            self.calls[-1].linears.append((x.detach(), out.detach()))
 
     def on_masked_fill(self, x, mask, out) -> None:
         call = self.current()
@@ -373,7 +410,18 @@ class _State:
             return
         call.softmaxed = True
         call.probs = out
-        if call.masked_scores is None:
+        if call.masked_scores is None and call.chain_out is not None and x is call.chain_out:
+            # the mask (and any position bias) was added to the scores: the mask is the part of
+            # the added terms that removes keys; the rest (a bias) stays in the scores
+            self.busy = True
+            try:
+                added = sum(t.detach() if isinstance(t, torch.Tensor) else t for t in call.add_terms)
+                removed = masked_by_addition(added, x.shape)
+                call.scores = x.where(~removed, call.add_pre) if removed is not None else x
+                call.masked_scores = x
+            finally:
+                self.busy = False
+        elif call.masked_scores is None:
             call.scores = call.masked_scores = x
         elif x is not call.masked_scores and x.shape == call.masked_scores.shape:
             # scaled (or otherwise changed) after the mask: keep what the softmax saw
@@ -410,16 +458,27 @@ class _State:
                 masked = masked.masked_fill(~keep, float("-inf"))
             if attn_mask is not None:
                 m = attn_mask.detach()
-                masked = (masked.masked_fill(~m, float("-inf")) if m.dtype == torch.bool
-                          else masked + m)
+                if m.dtype == torch.bool:
+                    masked = masked.masked_fill(~m, float("-inf"))
+                else:       # a float mask may carry a bias too: only what removes keys is mask
+                    removed = masked_by_addition(m, masked.shape)
+                    masked = masked + m
+                    scores = masked if removed is None else masked.where(~removed, scores)
             call.q, call.k, call.v, call.raw = qd, kd, v.detach(), raw
             call.scores, call.masked_scores = scores, masked
             call.probs, call.z, call.softmaxed = masked.softmax(-1), out.detach(), True
         finally:
             self.busy = False
 
-    def _finish_attention(self, call: _AttnCall, module, output) -> None:
+    def _finish_attention(self, call: _AttnCall, module, output) -> bool:
+        """Record `call` as an attention site; False when it is only a wrapper around one (the
+        softmax or SDPA call happened in an attention module inside it, or nowhere)."""
         t = self.trace
+        if call.raw is None and not call.softmaxed:
+            weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+            if call.nested or not _looks_like_probs(weights):
+                return False
+        self._link_projections(call)
         kind, layer = self._classify(call)
         site = call.path
         n = self.seen_sites.get(site, 0)
@@ -431,10 +490,7 @@ class _State:
             val = getattr(call, f)
             if isinstance(val, torch.Tensor) and self.wants(f"attn.{f}"):   # as the taps do
                 setattr(rec, f, val.detach())
-        if isinstance(module, nn.MultiheadAttention) and rec.q is not None \
-                and call.extra.get("product"):
-            # its bmm path multiplies q by 1/sqrt(d_k) before q k^T: record q as projected
-            rec.q = rec.q * math.sqrt(module.head_dim)
+        rec.qk_source = call.extra.get("qk_source", "operands")
         out = output[0] if isinstance(output, (tuple, list)) else output
         rec.out = out.detach() if isinstance(out, torch.Tensor) and self.wants("attn.out") else None
         if rec.probs is None and isinstance(output, (tuple, list)) and len(output) > 1 \
@@ -443,6 +499,30 @@ class _State:
             rec.probs, rec.head_averaged = (w, True) if w.dim() == 3 else (w, False)
         self.records.append((call, rec))
         t.attention[site] = rec
+        return True
+
+    def _link_projections(self, call: _AttnCall) -> None:
+        """Trace q and k at the product back to the linear maps that made them.
+
+        The scale that matters is the one between the projections' outputs and the softmax
+        input; a model may fold it into q or k before the product (`q * self.scaling`,
+        `(q / temperature) @ k.T`, nn.MultiheadAttention's `q_scaled`). An operand that is a
+        rearrangement of s * (a chunk of a linear map's output) is divided by s, so that q and k
+        are recorded as projected and the fitted scale is the whole scale applied.
+        """
+        if call.q is None or call.k is None:
+            return
+        pool = call.linears + [lin for outer in reversed(self.calls) for lin in outer.linears]
+        found = []
+        for operand in (call.q, call.k):
+            hit = _find_projection(operand, pool)
+            if hit is None:
+                return
+            found.append(hit)
+        (sq, q_in), (sk, k_in) = found
+        call.q, call.k = call.q / sq, call.k / sk
+        call.extra.update(qk_source="projection", q_fold=sq, k_fold=sk,
+                          kv_from_other_input=not _same(q_in, k_in))
 
     def wants(self, read: str) -> bool:
         return read in self.reads or "all" in self.reads
@@ -453,7 +533,10 @@ class _State:
         comparable = (q is not None and k is not None and q.is_floating_point()
                       and k.is_floating_point() and k.dim() == q.dim() and k.shape[-1] == q.shape[-1])
         differ = comparable and k is not q and (k.shape != q.shape or not torch.equal(k, q))
-        if differ or _CROSS_NAME.search(call.path.rpartition(".")[2]):
+        if "kv_from_other_input" in call.extra:      # behaviour: what the key projection was fed
+            if call.extra["kv_from_other_input"]:
+                return "cross", layer
+        elif differ or _CROSS_NAME.search(call.path.rpartition(".")[2]):
             return "cross", layer
         stack = _stack_of(call.path)
         if stack == "decoder":
@@ -544,6 +627,72 @@ def _t(x):
     return x if isinstance(x, torch.Tensor) else None
 
 
+MASK_NATS = 50.0   # an added term this far below its row's largest scales a key's weight by e^-50
+                   # (2e-22): the key is removed, whatever fill was used (-1e4, -1e9, -inf,
+                   # finfo.min); a position bias spans a few nats and stays in the scores
+
+
+def masked_by_addition(added, shape) -> torch.Tensor | None:
+    """Where an additive term removes keys.  # bool, broadcast to `shape` [B, h, T, S]"""
+    if not isinstance(added, torch.Tensor) or not added.is_floating_point() or added.dim() < 1:
+        return None
+    d = added.float()
+    top = d.amax(-1, keepdim=True)
+    removed = ~d.isfinite() | (d < top - MASK_NATS)
+    try:
+        return removed.expand(shape) if removed.any() else None
+    except RuntimeError:
+        return None
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a is b or (a.shape == b.shape and bool(torch.equal(a, b)))
+
+
+def _looks_like_probs(w) -> bool:
+    """Attention weights returned by a module: non-negative rows that sum to 1."""
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() < 3 or not w.numel():
+        return False
+    w = w.detach().float()
+    rows = w.sum(-1)
+    return bool((w >= 0).all()) and bool(((rows - 1).abs() < 1e-3).all())
+
+
+FOLD_TOL = {False: 1e-4, True: 1e-2}   # relative error of a sorted-value match; True: 16-bit
+
+
+def _find_projection(operand: torch.Tensor, pool: list) -> tuple[float, torch.Tensor] | None:
+    """(s, input) when `operand` holds exactly the values of s * a chunk of one linear map's
+    output, in any arrangement (a head split is a permutation of the entries); else None.
+
+    Sorted values are compared, so any reshape/transpose/view of the projection matches and
+    nothing else does: a RoPE rotation, a per-head norm or an interleaved split fails the test,
+    and the module then gets no fold correction (the fit sees the operands).
+    """
+    a = operand.detach().float().flatten()
+    if not a.numel():
+        return None
+    a_sorted = a.sort().values
+    a_norm = a_sorted.norm()
+    tol = FOLD_TOL[operand.dtype in (torch.float16, torch.bfloat16)]
+    for inp, out in reversed(pool):              # the most recent projection first
+        width = out.shape[-1]
+        for n in (1, 2, 3):                      # q alone, kv fused, qkv fused
+            if width % n or out.numel() // n != a.numel():
+                continue
+            w = width // n
+            for j in range(n):
+                chunk = out[..., j * w:(j + 1) * w].float().flatten().sort().values
+                c_norm = chunk.norm()
+                if not (c_norm > 0 and a_norm > 0):
+                    continue
+                s = float(a_norm / c_norm)
+                for sign, ref in ((1.0, chunk), (-1.0, chunk.flip(0))):
+                    if float((a_sorted - sign * s * ref).norm() / a_norm) <= tol:
+                        return sign * s, inp
+    return None
+
+
 def _position_only(pe: torch.Tensor, rel: float = 1e-4) -> bool:
     """Is `out - tok` the same for every row of the batch (a function of position only)?"""
     if pe.dim() != 3 or pe.shape[0] < 2:
@@ -592,6 +741,30 @@ def _patched(state: _State):
             return out
         return wrapper
 
+    def add(orig, inplace=False):
+        def wrapper(a, b, *args, **kwargs):
+            if state.current() is None:
+                return orig(a, b, *args, **kwargs)
+            before = a.clone() if inplace and isinstance(a, torch.Tensor) else a
+            state.busy = True
+            try:
+                out = orig(a, b, *args, **kwargs)
+            finally:
+                state.busy = False
+            if args or kwargs:                   # add(a, b, alpha=...): not a plain sum
+                return out
+            state.on_add(before, b, out)
+            return out
+        return wrapper
+
+    def linear(orig):
+        def wrapper(x, *args, **kwargs):
+            out = orig(x, *args, **kwargs)
+            if state.calls:
+                state.on_linear(x, out)
+            return out
+        return wrapper
+
     def baddbmm(orig):
         def wrapper(inp, b1, b2, *args, **kwargs):
             if state.current() is None:
@@ -621,7 +794,10 @@ def _patched(state: _State):
                 state.busy = False
             a, b = ops
             call = state.current()
-            if call is not None and out.dim() >= 3:
+            if call is not None and isinstance(b, torch.Tensor) and b.dim() == 2:
+                if state.trace is not None:                  # "btd,de->bte": a projection
+                    call.linears.append((a.detach(), out.detach()))
+            elif call is not None and out.dim() >= 3:
                 if not call.softmaxed and call.raw is None and a.shape[-1] == b.shape[-1]:
                     call.q, call.k, call.raw = a, b, out            # "...qd,...kd->...qk"
                 elif call.softmaxed and call.z is None:
@@ -685,6 +861,13 @@ def _patched(state: _State):
             patch(owner, "masked_fill", masked_fill)
             patch(owner, "softmax", softmax)
         patch(torch.Tensor, "__matmul__", product)
+        patch(torch, "add", add)
+        patch(torch.Tensor, "add", add)
+        patch(torch.Tensor, "__add__", add)
+        patch(torch.Tensor, "__radd__", add)
+        patch(torch.Tensor, "add_", lambda o: add(o, inplace=True))
+        patch(torch.Tensor, "__iadd__", lambda o: add(o, inplace=True))
+        patch(F, "linear", linear)
         patch(torch.Tensor, "masked_fill_", lambda o: masked_fill(o, inplace=True))
         patch(torch, "baddbmm", baddbmm)
         patch(torch, "einsum", einsum)
