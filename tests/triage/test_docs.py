@@ -63,7 +63,9 @@ def test_tutorial_adapter_example(tmp_path, capsys):
                                    "--config", json.dumps(cfg), "--fail-on", "error")
     assert code == 0, err
     flagged = {(f["probe"], f["severity"]) for f in report["findings"] if f["severity"] != "info"}
-    assert flagged == {("lr-schedule", "warning")}          # a bare state_dict: no resume state
+    assert flagged == set(), flagged                         # a healthy model, saved as a bare state_dict
+    assert any(f["probe"] == "lr-schedule" and f["severity"] == "info"   # no resume state: advisory
+               for f in report["findings"])
     # the same weights without the code, as the doc says
     code, err, report = triage_cli(tmp_path, capsys, tmp_path / "tutorial.pt", "--heads", "4",
                                    "--norm", "post", "--fail-on", "error")

@@ -61,7 +61,6 @@ BUGS = [
     ("annotated", {"pe": False}, "positional-encoding", "src_embed.0"),
     ("annotated", {"shared_qkv": True}, "head-collapse", "encoder.layers.0.self_attn"),
     ("annotated", {"final_norm": False}, "ln-placement", "encoder"),
-    ("annotated", {"fill": -1e9}, "nan-scores", "encoder.layers.0.self_attn"),
     ("torch_seq2seq", {"pe": False}, "positional-encoding", "src_tok_emb"),
     ("torch_seq2seq", {"causal": False}, "mask-broadcast", "transformer.decoder.layers.0.self_attn"),
     ("torch_seq2seq", {"memory_mask": False}, "mask-broadcast", "transformer.decoder.layers.0.multihead_attn"),
@@ -81,6 +80,17 @@ def test_bug_is_named_by_probe_and_module(tmp_path_factory, name, bugs, probe, w
     assert (probe, where) in flagged(report), report.findings
     if name != "sdpa_model":         # the exact set: nothing else fires
         assert probes_flagged(report) == {probe}, flagged(report)
+
+
+def test_fill_1e9_in_an_fp32_model_is_an_fp16_advisory(tmp_path_factory):
+    """The Annotated Transformer's own -1e9 fill: info on an fp32 checkpoint (docs/severity.md)."""
+    path, _ = checkpoint(tmp_path_factory, "annotated", {"fill": -1e9})
+    report = user_triage("annotated", path)
+    assert flagged(report) == set(), report.findings
+    (f,) = [f for f in report.findings if f.probe == "nan-scores"]
+    assert f.severity == "info" and f.where == "encoder.layers.0.self_attn"
+    assert "fp32 model: only matters if you switch on fp16 autocast" in f.message
+    assert report.run["compute_dtype"] == "float32"
 
 
 @pytest.mark.parametrize("name", ["annotated", "torch_seq2seq", "sdpa_model"])
@@ -114,7 +124,7 @@ def test_trained_healthy_checkpoint_is_clean_and_matched(tmp_path_factory, name)
     assert loss < 0.5
     report = user_triage(name, path)
     assert flagged(report) == set()
-    assert report.run["temperature_sweep"]["verdict"] == "matched"
+    assert report.run["temperature_sweep"]["verdict"] == "not applicable"   # its own code
 
 
 @pytest.mark.slow
@@ -137,10 +147,20 @@ def test_checkpoint_trained_without_the_scale(tmp_path_factory):
     path, loss = checkpoint(tmp_path_factory, "annotated", {"scale": False}, steps=300)
     assert loss < 0.5
     own = user_triage("annotated", path)
-    assert own.run["temperature_sweep"]["verdict"] == "matched"
+    assert own.run["temperature_sweep"]["verdict"] == "not applicable"     # matched by construction
     assert ("missing-scale", "encoder.layers.0.self_attn") in flagged(own)
     converted = triage(TriageOptions(str(path)))
     sweep = converted.run["temperature_sweep"]
     assert sweep["verdict"] == "mismatch" and sweep["best_alpha"] >= 2.0    # sqrt(8) = 2.83
+    assert sweep["significant"] and sweep["paired"]["share_better"] >= 0.75
     (f,) = [f for f in converted.findings if f.probe == "missing-scale" and f.severity == "error"]
     assert "without the 1/sqrt(d_k)" in f.message
+    # the same with the user's own held-out batches (here: the copy task written to a file)
+    from tndebug.data import eval_set, get_task
+    b = eval_set(get_task("copy"), n=32, seed=5)
+    torch.save({"src": b.src, "tgt": torch.cat([b.tgt_in[:, :1], b.tgt_out], 1)},
+               path.with_name("held_out.pt"))
+    with_data = triage(TriageOptions(str(path), data=str(path.with_name("held_out.pt"))))
+    sweep = with_data.run["temperature_sweep"]
+    assert sweep["verdict"] == "mismatch" and sweep["data"] == "--data" and sweep["paired"]["n"] == 32
+    assert with_data.run["data"].startswith("--data ") and with_data.run["task"] is None

@@ -17,6 +17,7 @@ EPILOG = """examples:
   tndebug triage model.pt --heads 8 --task reverse
   tndebug triage ckpt.pt --model mymodel.py:make_model --adapter annotated
   tndebug triage ckpt.pt --model seq2seq.py:build --adapter seq2seq.py:forward --config cfg.json
+  tndebug triage model.pt --data held_out.pt                # your own held-out batches
 see docs/triage.md"""
 
 
@@ -33,8 +34,15 @@ def add_parser(sub) -> None:
                    help="factory kwargs with --model; sizes/heads/norm without it")
     p.add_argument("--adapter", metavar="annotated|tndebug|FILE.py:FUNCTION",
                    help="how to call the model: forward(model, src, tgt, pad_id) -> logits")
+    p.add_argument("--data", metavar="FILE.pt|FILE.py:FUNCTION",
+                   help="your own held-out batches for every comparison triage makes (the "
+                        "temperature sweep, layout settling, the probes' batch): a torch.save "
+                        "file {'src': LongTensor[N,S], 'tgt': LongTensor[N,T]} with tgt BOS-led "
+                        "and right-padded with --pad-id, or a function returning that dict; "
+                        "triage feeds tgt[:, :-1] and scores tgt[:, 1:] (default: --task)")
     p.add_argument("--task", default="copy", choices=("copy", "reverse", "sort", "translate"),
-                   help="held-out data for the loss comparisons (default: copy)")
+                   help="built-in held-out data when --data is not given (default: copy; its "
+                        "token scheme is in docs/triage.md)")
     p.add_argument("--pad-id", type=int, default=0)
     p.add_argument("--bos-id", type=int, default=1)
     p.add_argument("--heads", type=int, help="number of attention heads (not in the weights)")
@@ -58,7 +66,7 @@ def main(args) -> int:
     opts = TriageOptions(args.checkpoint, model=args.model, config=args.config,
                          adapter=args.adapter, task=args.task, pad_id=args.pad_id,
                          bos_id=args.bos_id, heads=args.heads, norm=args.norm, probes=args.probe,
-                         trust=args.trust_checkpoint)
+                         trust=args.trust_checkpoint, data=args.data)
     out = args.out or output_name(args.checkpoint)
     try:
         report = triage(opts)

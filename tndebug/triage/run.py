@@ -5,11 +5,13 @@
 1. load the file safely; hygiene of the file (non-finite weights, resume state, config);
 2. without --model: recognise the layout, convert it into tndebug's instrumented model, settle
    what the weights cannot say (heads, Pre/Post-LN, embedding scale) from flags, the
-   checkpoint's config, or held-out loss on --task; with --model: build the user's module,
-   load the weights and wrap it with an adapter and the generic capture;
-3. run the probes that make sense for weights (RunContext(mode="triage")) on one held-out
-   batch, forward and backward, no optimizer step;
+   checkpoint's config, or held-out loss; with --model: build the user's module, load the
+   weights and wrap it with an adapter and the generic capture;
+3. run the probes that make sense for weights (RunContext(mode="triage"), compute dtype = the
+   weights' dtype) on one held-out batch, forward and backward, no optimizer step;
 4. hygiene of the weights and behaviour (duplicate heads, temperature sweep);
+
+Held-out data: the user's own with --data (`tndebug.triage.userdata`), else --task's eval set.
 5. findings in the checkpoint's own module naming, one Report.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tndebug.triage.adapters import (build_user_model, load_weights, parse_confi
                                      resolve_adapter)
 from tndebug.triage.capture import GenericCapture, is_attention
 from tndebug.triage.loading import Checkpoint, load_checkpoint
+from tndebug.triage.userdata import check_vocab as check_data_vocab, load_data
 
 # Probes that judge weights and code from one forward/backward; the others need a training run
 # (an optimizer, a declared schedule, the user's criterion, a loss curve).
@@ -58,6 +61,7 @@ class TriageOptions:
     norm: str | None = None
     probes: str | None = None           # None: TRIAGE_PROBES
     trust: bool = False
+    data: str | None = None             # FILE.pt or FILE.py:FUNCTION: the user's held-out batches
 
 
 @dataclass
@@ -82,20 +86,24 @@ def triage(opts: TriageOptions) -> Report:
     task = _task(opts.task)
     ckpt = load_checkpoint(opts.checkpoint, trust=opts.trust)
     findings = hygiene.non_finite(ckpt.state_dict) + hygiene.resume_state(ckpt)
+    # every comparison (layout settling, the probes' batch, the sweep) runs on these sequences
+    batch = (load_data(opts.data, opts.pad_id, opts.bos_id) if opts.data
+             else eval_set(task, n=HELD_OUT, seed=0))
     lap("load")
-    batch = eval_set(task, n=HELD_OUT, seed=0)
     target = (_user_target(ckpt, opts, batch, task) if opts.model
               else _layout_target(ckpt, opts, batch, task, probe_names))
     findings += target.findings
     subject = target.subject
     lap("model")
 
-    engine_findings, statuses, probe_seconds = _run_probes(subject, probe_names, batch, opts.pad_id)
+    engine_findings, statuses, probe_seconds = _run_probes(subject, probe_names, batch, opts.pad_id,
+                                                           weights_dtype(ckpt.state_dict))
     findings += engine_findings
     lap("probes")
     findings += hygiene.duplicate_heads(target.attention_weights)
     sweep, sweep_evidence = hygiene.temperature_sweep(
-        lambda s, t: subject.logits(s, t), target.scaled, batch, opts.pad_id, subject.tgt_vocab)
+        lambda s, t: subject.logits(s, t), target.scaled, batch, opts.pad_id, subject.tgt_vocab,
+        own_code=bool(opts.model), data="--data" if opts.data else "--task")
     findings += sweep
     lap("hygiene")
 
@@ -103,7 +111,12 @@ def triage(opts: TriageOptions) -> Report:
     statuses.update(_hygiene_statuses(findings, statuses))
     run = {"mode": "triage", "checkpoint": str(ckpt.path), "format": ckpt.fmt,
            "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
-           "task": task.name, "pad_id": opts.pad_id, "bos_id": opts.bos_id,
+           "task": None if opts.data else task.name,
+           "data": (f"--data {opts.data}" if opts.data
+                    else f"task {task.name} (built-in; not the model's own data)"),
+           "held_out_sequences": int(batch[0].shape[0]),
+           "compute_dtype": str(weights_dtype(ckpt.state_dict)).removeprefix("torch."),
+           "pad_id": opts.pad_id, "bos_id": opts.bos_id,
            "step": ckpt.step, "has_optimizer_state": ckpt.has_optimizer_state,
            "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in ckpt.state_dict.values()
                                     if v.is_floating_point()}),
@@ -133,7 +146,20 @@ def _task(name: str):
         raise UsageError(str(e)) from None
 
 
-def _check_vocab(src_vocab: int, tgt_vocab: int, task) -> None:
+def weights_dtype(sd: dict[str, torch.Tensor]) -> torch.dtype:
+    """The floating dtype holding most of the checkpoint's weights: what the model computes in
+    (RunContext.compute_dtype), float32 when there are none."""
+    count: dict[torch.dtype, int] = {}
+    for t in sd.values():
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            count[t.dtype] = count.get(t.dtype, 0) + t.numel()
+    return max(count, key=count.get) if count else torch.float32
+
+
+def _check_vocab(src_vocab: int, tgt_vocab: int, task, batch=None, data: str | None = None) -> None:
+    if data:                                 # --data: its ids must fit; the task is not used
+        check_data_vocab(batch, src_vocab, tgt_vocab, data)
+        return
     if src_vocab < task.src_vocab or tgt_vocab < task.tgt_vocab:
         raise UsageError(
             f"--task {task.name} uses token ids up to {max(task.src_vocab, task.tgt_vocab) - 1}, "
@@ -150,7 +176,7 @@ def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task, probe_nam
                          f"The Annotated Transformer's and torch.nn.Transformer's: pass "
                          f"--model FILE.py:FACTORY to triage your code")
     conv = layouts.convert(sd, layout)
-    _check_vocab(conv.sizes["src_vocab"], conv.sizes["tgt_vocab"], task)
+    _check_vocab(conv.sizes["src_vocab"], conv.sizes["tgt_vocab"], task, batch, opts.data)
     saved = layouts.normalise_config(ckpt.config)
     given = layouts.normalise_config(parse_config(opts.config))
     findings = hygiene.config_vs_weights(saved, conv.sizes, ckpt.config_key)
@@ -171,12 +197,13 @@ def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task, probe_nam
         fixed["emb_scale"] = given["emb_scale"]
     fixed["pad_id"] = opts.pad_id
     unknown = {k: v for k, v in conv.unknown.items() if k not in fixed}
-    model, chosen, tried = _settle(conv, fixed, unknown, batch, opts.pad_id)
+    source = "--data" if opts.data else "--task"
+    model, chosen, tried = _settle(conv, fixed, unknown, batch, opts.pad_id, source)
     cfg = model.cfg
     if tried:
         findings.append(Finding("checkpoint", "info",
                                 "inferred " + ", ".join(f"{k}={v}" for k, v in chosen.items())
-                                + f" from held-out loss on --task (tried {tried['n']} variants)",
+                                + f" from held-out loss on {source} (tried {tried['n']} variants)",
                                 evidence=tried, step=0))
     subject = tndebug_subject(model)
     subject.pad_id, subject.bos_id = opts.pad_id, opts.bos_id
@@ -199,7 +226,7 @@ def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task, probe_nam
 SOFT_DEFAULTS = {"emb_scale": True}    # what to assume when the loss cannot decide (the paper's)
 
 
-def _settle(conv, fixed: dict, unknown: dict, batch, pad_id: int):
+def _settle(conv, fixed: dict, unknown: dict, batch, pad_id: int, source: str = "--task"):
     """Build the model; try every combination of what is unknown, keep the lowest loss.
 
     Returns (model, chosen values, evidence of what was tried). Raises UsageError when the loss
@@ -228,7 +255,7 @@ def _settle(conv, fixed: dict, unknown: dict, batch, pad_id: int):
         if hard:
             flags = {"n_heads": "--heads N", "norm": "--norm pre|post"}
             raise UsageError(
-                f"cannot tell {', '.join(hard)} from the weights, and held-out loss on --task "
+                f"cannot tell {', '.join(hard)} from the weights, and held-out loss on {source} "
                 f"does not decide (best {best_loss:.2f}, next {second:.2f}, ln V {ln_v:.2f}): "
                 f"pass {', '.join(flags[n] for n in hard)}")
         best = {n: SOFT_DEFAULTS[n] for n in names}
@@ -275,8 +302,11 @@ def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
     model.eval()
     adapter = resolve_adapter(opts.adapter, model)
     capture = GenericCapture(model)
+    if opts.data:                            # ids beyond every embedding table: before any forward
+        sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
+        check_data_vocab(batch, max(sizes, default=None), max(sizes, default=None), opts.data)
     src_v, tgt_v = _user_vocab(model, adapter, batch, opts.pad_id)
-    _check_vocab(src_v, tgt_v, task)
+    _check_vocab(src_v, tgt_v, task, batch, opts.data)
     subject = Subject(model, adapter.forward, pad_id=opts.pad_id, bos_id=opts.bos_id,
                       src_vocab=src_v, tgt_vocab=tgt_v, encode=adapter.encode, capture=capture)
     run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
@@ -331,9 +361,10 @@ def _user_attention_weights(model: nn.Module) -> list:
 
 
 # -- probes -------------------------------------------------------------------------------------------
-def _run_probes(subject: Subject, names: list[str], batch, pad_id: int):
+def _run_probes(subject: Subject, names: list[str], batch, pad_id: int,
+                compute_dtype: torch.dtype = torch.float32):
     probes = make_probes(list(names))
-    run = RunContext(subject=subject, optimizer=None, mode="triage",
+    run = RunContext(subject=subject, optimizer=None, mode="triage", compute_dtype=compute_dtype,
                      criterion=lambda lg, t: F.cross_entropy(lg.float(), t, ignore_index=pad_id),
                      device=str(subject.device))
     src, tgt_in, tgt_out = (t[:8].to(subject.device) for t in batch)

@@ -1,0 +1,108 @@
+"""`triage --data`: the user's own held-out batches, for every comparison triage makes.
+
+    --data held_out.pt                 torch.save({"src": LongTensor[N, S], "tgt": LongTensor[N, T]})
+    --data make_data.py:held_out       a function of no arguments returning that dict
+
+`src` is the source, `tgt` the target *with* its BOS in column 0 (BOS target EOS, then pads),
+both right-padded with --pad-id. Triage feeds the decoder `tgt_in = tgt[:, :-1]` and scores
+`tgt_out = tgt[:, 1:]`, and sets `tgt_in` to pad wherever `tgt_out` is pad (the EOS of a short row
+is not fed on): exactly how `tndebug.data` forms its batches (tgt_in = BOS + target, tgt_out =
+target + EOS), so that `cat([tgt_in[:, :1], tgt_out], 1)` of any eval_set batch loads back as
+the same batch. The .pt file is read with torch.load(weights_only=True); nothing in it is run.
+"""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import torch
+
+from tndebug.data import Batch
+from tndebug.errors import UsageError
+
+MAX_SEQS = 64           # held-out sequences used (the first ones): 13 sweep forwards stay cheap
+
+
+def load_data(spec: str, pad_id: int, bos_id: int) -> Batch:
+    """`spec` (FILE.pt, or FILE.py:FUNCTION) -> a Batch of at most MAX_SEQS sequences."""
+    path_s, sep, name = spec.rpartition(":")
+    if sep and path_s.endswith(".py") and name:
+        data = _call(spec)
+    else:
+        data = _read(Path(spec))
+    return to_batch(data, pad_id, bos_id, spec)
+
+
+def _read(path: Path):
+    if not path.is_file():
+        raise UsageError(f"--data: no such file {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UsageError(f"--data {path}: holds pickled objects other than tensors; it was not "
+                         f"loaded. Save plain tensors: torch.save({{'src': src, 'tgt': tgt}}, "
+                         f"path)") from None
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file
+        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else ""
+        raise UsageError(f"--data {path}: not a torch.save file ({type(e).__name__}"
+                         f"{': ' + first if first else ''})") from None
+
+
+def _call(spec: str):
+    from tndebug.triage.adapters import load_callable
+    fn, _ = load_callable(spec, "--data")
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the user's function may raise anything
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+        raise UsageError(f"--data {spec} raised {type(e).__name__}{': ' + first if first else ''} "
+                         f"(it is called with no arguments and returns {{'src': ..., 'tgt': ...}})") from None
+
+
+def to_batch(data, pad_id: int, bos_id: int, spec: str) -> Batch:
+    """Check the dict and form (src, tgt_in, tgt_out); every problem is one UsageError line."""
+    want = "{'src': LongTensor[N, S], 'tgt': LongTensor[N, T]}"
+    if not isinstance(data, dict):
+        raise UsageError(f"--data {spec}: expected {want}, got {type(data).__name__}")
+    missing = [k for k in ("src", "tgt") if k not in data]
+    if missing:
+        keys = ", ".join(map(str, list(data)[:8])) or "none"
+        raise UsageError(f"--data {spec}: no {' and no '.join(repr(k) for k in missing)} key "
+                         f"(keys: {keys}); expected {want}")
+    src, tgt = data["src"], data["tgt"]
+    for key, t in (("src", src), ("tgt", tgt)):
+        if not isinstance(t, torch.Tensor):
+            raise UsageError(f"--data {spec}: {key!r} is a {type(t).__name__}, not a tensor; expected {want}")
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise UsageError(f"--data {spec}: {key!r} holds {str(t.dtype).removeprefix('torch.')}; "
+                             f"token ids must be integers (torch.long)")
+        if t.dim() != 2:
+            raise UsageError(f"--data {spec}: {key!r} has shape {tuple(t.shape)}; expected [N, length] "
+                             f"(batch first)")
+    if src.shape[0] != tgt.shape[0]:
+        raise UsageError(f"--data {spec}: src has {src.shape[0]} sequences but tgt has {tgt.shape[0]}")
+    if src.shape[0] < 2 or src.shape[1] < 1 or tgt.shape[1] < 2:
+        raise UsageError(f"--data {spec}: need at least 2 sequences, src length >= 1 and tgt length "
+                         f">= 2 (BOS + one token); got src {tuple(src.shape)}, tgt {tuple(tgt.shape)}")
+    src, tgt = src[:MAX_SEQS].long(), tgt[:MAX_SEQS].long()
+    low = min(int(src.min()), int(tgt.min()))
+    if low < 0:
+        raise UsageError(f"--data {spec}: negative token id {low}")
+    if not bool((tgt[:, 0] == bos_id).all()):
+        bad = int((tgt[:, 0] != bos_id).nonzero()[0, 0])
+        raise UsageError(f"--data {spec}: tgt must start with BOS (--bos-id {bos_id}) in column 0; "
+                         f"row {bad} starts with {int(tgt[bad, 0])}")
+    tgt_out = tgt[:, 1:]                                                   # [N, T-1]
+    tgt_in = tgt[:, :-1].masked_fill(tgt_out == pad_id, pad_id)            # [N, T-1]
+    if not bool((tgt_out != pad_id).any()) or not bool((src != pad_id).any()):
+        raise UsageError(f"--data {spec}: every {'target' if not bool((tgt_out != pad_id).any()) else 'source'} "
+                         f"token is --pad-id {pad_id}: nothing to compare")
+    return Batch(src.contiguous(), tgt_in.contiguous(), tgt_out.contiguous())
+
+
+def check_vocab(batch: Batch, src_vocab: int | None, tgt_vocab: int | None, spec: str) -> None:
+    """Ids must index the model's embeddings / logits."""
+    for name, t, v in (("src", batch.src, src_vocab), ("tgt", torch.cat([batch.tgt_in, batch.tgt_out], 1), tgt_vocab)):
+        if v is not None and int(t.max()) >= v:
+            raise UsageError(f"--data {spec}: {name} holds token id {int(t.max())}, outside the "
+                             f"model's {name} vocabulary of {v} (ids 0..{v - 1})")
