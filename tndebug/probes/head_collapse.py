@@ -92,12 +92,13 @@ class HeadCollapse(Probe):
         if not trace.attention:
             self.skip("the capture gives no attention records")
             return
-        self.checked = True
         for site, rec in trace.attention.items():
             module = modules.get(site)
             roles = self._projections(site, rec, calls, modules)
             self._shared(site, rec, roles, module, trace)
             self._duplicates(site, rec, roles, module, trace)
+            self.cover(site, "no verdict", "neither the Q/K/V projections nor q, k, scores or "
+                       "per-head probabilities could be examined")   # unless a test above ran
 
     def _projections(self, site: str, rec: AttentionRecord, calls, modules) -> dict[str, str]:
         """Which Linear module (by path) produced q, k and v: matched on the outputs."""
@@ -136,6 +137,8 @@ class HeadCollapse(Probe):
         sym = self._symmetry(rec, trace) if self_attn and not flat_scores(rec) else None
         if sym is not None:
             ev.update(sym)
+        if ("q" in mods and "k" in mods) or packed is not None or "q_minus_k_rel" in ev or sym is not None:
+            self.cover(site, "checked")
         decisive = ev.get("same_projection") or ev.get("in_proj_q_equals_k") or ev.get("q_equals_k")
         symmetric = sym is not None and sym["asymmetry"] < ASYM
         if not (decisive or symmetric):
@@ -208,6 +211,7 @@ class HeadCollapse(Probe):
             cos = unit @ unit.T                                               # [h, h]
             off = cos.masked_fill(torch.eye(h, dtype=torch.bool, device=cos.device), -1.0)
             max_cos[role] = round(float(off.max()), 5)
+            self.cover(site, "checked")
             pairs = (off > DUP_COS).nonzero().tolist()
             if pairs:
                 groups[f"W_{role.upper()}"] = sorted({tuple(sorted(p)) for p in pairs})
@@ -222,6 +226,7 @@ class HeadCollapse(Probe):
                      if a < b and ent[a] > DUP_MIN_ENT and ent[b] > DUP_MIN_ENT]
             ev = {"min_js_bits": round(float(off.min()), 8), "threshold_js_bits": DUP_JS,
                   "entropy": [round(float(e), 4) for e in ent]}
+            self.cover(site, "checked")
             if pairs:
                 groups["attention maps"] = pairs
         if not groups:
@@ -298,6 +303,7 @@ class HeadCollapse(Probe):
         return progress > 0.1 * abs(first) and (loss - low) > LOST * progress
 
     def _collapse(self, site, layer, st, unstable, loss, step) -> None:
+        self.cover(site, "checked")
         ent = st[:, 0]
         share = float((ent < ENT_LOW).float().mean())
         if share > COLLAPSED_SHARE and unstable:

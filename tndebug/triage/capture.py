@@ -156,18 +156,34 @@ class GenericCapture:
         return out
 
     def _ffn_outputs(self, modules: dict) -> dict[str, str]:
-        """Second-Linear path -> the key its input (the FFN hidden) is stored under."""
+        """Second-Linear path -> the key its input (the FFN hidden) is stored under.
+
+        From structure, not names: outside attention, a module whose own Linear children include
+        an expansion d -> f and a contraction f -> d (two Linears around an activation, or three
+        in a gated FFN such as T5's wi_0/wi_1/wo) is a feed-forward block; the contraction's
+        input is the hidden. When f == d the two cannot be told apart by shape, and the one
+        registered second is taken (every implementation we know defines w_1 before w_2).
+        The usual names (`w_2`, `linear2`, `fc2`, ...) count too.
+        """
         out = {}
-        for name, m in modules.items():
-            if not isinstance(m, nn.Linear):
+        for owner, m in modules.items():
+            if any(owner == a or owner.startswith(a + ".") for a in self.attention):
                 continue
-            owner, _, leaf = name.rpartition(".")
-            in_attn = any(owner == a or owner.startswith(a + ".") for a in self.attention)
-            if in_attn:
-                continue
-            if leaf in _FFN_OUT and (owner in self.layers or _FFN.search(owner.rpartition(".")[2])
-                                     or _FFN.search(type(modules.get(owner, m)).__name__)):
-                out[name] = owner if _FFN.search(owner.rpartition(".")[2] or "") else name
+            linears = [(n, c) for n, c in m.named_children() if isinstance(c, nn.Linear)]
+            for i, (n2, l2) in enumerate(linears):
+                pairs = [l1 for n1, l1 in linears if l1 is not l2
+                         and l1.out_features == l2.in_features and l1.in_features == l2.out_features]
+                contraction = l2.in_features > l2.out_features or (
+                    l2.in_features == l2.out_features and any(l1 is c for _, c in linears[:i]
+                                                              for l1 in pairs))
+                named = n2 in _FFN_OUT and (owner in self.layers or _FFN.search(owner.rpartition(".")[2])
+                                            or _FFN.search(type(m).__name__))
+                if not ((pairs and contraction) or named):
+                    continue
+                name = f"{owner}.{n2}" if owner else n2
+                holds_attention = any(c.startswith(owner + ".") for c in self.attention) if owner else True
+                block = owner and owner not in self.layers and not holds_attention
+                out[name] = owner if block else name
         return out
 
     # -- recording ---------------------------------------------------------------------------

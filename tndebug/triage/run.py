@@ -30,7 +30,7 @@ from tndebug.data import get_task, eval_set
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.probes import PROBE_NAMES, make_probes, parse_probe_spec
-from tndebug.probes.base import ProbeError, RunContext, StepInfo
+from tndebug.probes.base import COVERAGE, ProbeError, RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
 from tndebug.report import Report
 from tndebug.subject import Subject, tndebug_subject
@@ -108,6 +108,7 @@ def triage(opts: TriageOptions) -> Report:
     lap("hygiene")
 
     findings = _dedupe([_rename(f, target.user_path) for f in findings])
+    _rename_coverage(statuses, target.user_path)
     statuses.update(_hygiene_statuses(findings, statuses))
     run = {"mode": "triage", "checkpoint": str(ckpt.path), "format": ckpt.fmt,
            "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
@@ -402,6 +403,21 @@ def _rename(f: Finding, user_path) -> Finding:
     return replace(f, where=new, evidence={**f.evidence, "tndebug_where": f.where})
 
 
+def _rename_coverage(statuses: dict, user_path) -> None:
+    """Coverage in the user's module names, like the findings (the stronger entry where two
+    names meet)."""
+    for st in statuses.values():
+        if not st.get("coverage"):
+            continue
+        merged: dict[str, dict] = {}
+        for where, c in st["coverage"].items():
+            new = user_path(where) if where else where
+            old = merged.get(new)
+            if old is None or COVERAGE.index(c["status"]) > COVERAGE.index(old["status"]):
+                merged[new] = c
+        st["coverage"] = merged
+
+
 def _dedupe(findings: list[Finding]) -> list[Finding]:
     """One finding per (probe, where, severity); a probe's own beats hygiene's copy."""
     seen, out = set(), []
@@ -421,7 +437,7 @@ def _hygiene_statuses(findings: list[Finding], statuses: dict) -> dict:
         st = ("fail" if any(f.severity == "error" for f in mine) else
               "warn" if any(f.severity == "warning" for f in mine) else "pass")
         prev = statuses.get(name, {}).get("status")
-        order = ["skipped", "pass", "warn", "fail"]
+        order = ["skipped", "no verdict", "pass", "warn", "fail"]
         if prev is None or order.index(st) > order.index(prev):
             out[name] = {**statuses.get(name, {}), "status": st}
     return out
