@@ -3,8 +3,11 @@
     {"schema": "tndebug.report/1",
      "run": {...},                 # what ran: task, preset, norm, faults, seed, steps, device,
                                    # final_loss, exact_match, token_accuracy, wall_s, status, ...
-     "verdict": "clean" | "warnings" | "errors",
-     "probes": {name: {"status": "pass" | "warn" | "fail" | "skipped", "reason"?: str}},
+     "verdict": "clean" | "warnings" | "errors" | "unchecked",
+     "probes": {name: {"status": "pass" | "warn" | "fail" | "no verdict" | "skipped",
+                       "reason"?: str, "steps_observed"?: int,
+                       "coverage"?: {where: {"status": "checked" | "no verdict" | "not applicable",
+                                             "reason"?: str}}}},
      "first_sign": finding | null, # the earliest warning/error (what a diverged run saw first)
      "findings": [finding, ...]}
 Keys are stable: add, never rename.
@@ -31,8 +34,24 @@ class Report:
 
     @property
     def verdict(self) -> str:
+        """errors | warnings by the worst finding; else "unchecked" when nothing was checked
+        (no probe passed, or a probe that needs training steps observed none), else clean."""
         w = worst(self.findings)
-        return {None: "clean", "info": "clean", "warning": "warnings", "error": "errors"}[w]
+        if w in ("warning", "error"):
+            return {"warning": "warnings", "error": "errors"}[w]
+        return "unchecked" if self.unchecked() else "clean"
+
+    def unchecked(self) -> list[str]:
+        """Why the verdict cannot be clean: the probes that needed training steps and observed
+        none, or, when no probe passed, every probe ([] when the report's probes are unknown)."""
+        starved = [n for n, st in self.probes.items() if st.get("steps_observed") == 0
+                   and st.get("status") not in ("warn", "fail")]
+        if starved:
+            return starved
+        if self.probes and not any(st.get("status") in ("pass", "warn", "fail")
+                                   for st in self.probes.values()):
+            return list(self.probes)
+        return []
 
     def exit_code(self, fail_on: str = "error") -> int:
         if fail_on == "never":

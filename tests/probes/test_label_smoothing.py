@@ -90,7 +90,8 @@ def test_hand_ce_without_ignore_index_is_a_pad_row_error():
 
 def test_no_criterion_or_raw_logits_skip_with_a_reason():
     _, probe = _unit(None)
-    assert probe.status() == "skipped" and "criterion" in probe.skipped
+    assert probe.status() == "skipped" and "criterion" in probe.reason()
+    assert probe.coverage["criterion"]["status"] == "not applicable"
     raw = lambda lg, t: F.kl_div(lg, F.one_hot(t, V).float(), reduction="sum")   # no log_softmax
     findings, probe = _unit(raw)
     assert "log_softmax" in probe.skipped

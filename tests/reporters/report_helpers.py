@@ -50,6 +50,7 @@ class StandInAttention(Probe):
         return stats
 
     def update(self, stats, info):
+        self.cover("", "checked")                  # it reads every trace it is given
         for key, val in stats.items():
             if key.startswith("attn/"):
                 prefix, metric = key.rsplit("/", 1)
@@ -91,7 +92,7 @@ class Skipper(Probe):
         super().__init__(never())
 
     def setup(self, run):
-        self.skip("needs a GPU")
+        self.cover("", "not applicable", "needs a GPU")
 
 
 def run_tiny(session, steps: int = 9, probes=None, cfg: ModelConfig | None = None,

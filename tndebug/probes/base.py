@@ -14,6 +14,11 @@ A probe is one class in one file: a `name`, the trace parts it `reads`, a `sched
 `on_divergence(run, info)` when the loss turns non-finite (on any step, scheduled or not), so
 that a probe can replay the batch and name the first sign without probing every step.
 Probes decide from tensors and behaviour only: never from config flags or fault switches.
+
+Coverage: a probe says what it examined with `cover(where, status, reason)`, per module
+(`where` in the model's naming, "" for the run): "checked", "no verdict" (it was there but
+could not be decided, and why) or "not applicable". Its `status()` is "pass" only where
+something was checked; silence is not a pass.
 """
 from __future__ import annotations
 
@@ -65,12 +70,21 @@ class ProbeError(ValueError):
     """A probe is misdeclared (unknown tap, bad schedule)."""
 
 
+# Coverage of one place, weakest first: a later cover() for the same place only upgrades.
+COVERAGE = ("not applicable", "no verdict", "checked")
+NO_STEP = "never observed a training step"
+
+
 class Probe:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""       # one line for `tndebug probes`
     reads: ClassVar[tuple[str, ...]] = ()
     fix: ClassVar[str] = ""           # default fix text, from the notes
     default_schedule: ClassVar[Callable[[], Schedule]] = staticmethod(lambda: every(100))
+    # True when the probe's verdict rests on training steps (gradients, the loss, the lr): in a
+    # training run (mode "train") that observed none of its steps it has no verdict, whatever
+    # its setup examined, and the report is "unchecked".
+    needs_steps: ClassVar[bool] = False
 
     def __init__(self, schedule: Schedule | None = None) -> None:
         if not self.name:
@@ -84,6 +98,9 @@ class Probe:
         self.metrics: list[tuple[int, str, float]] = []   # (step, tag, value), drained by the engine
         self.skipped: str | None = None                   # reason, when nothing could be checked
         self.checked = False                              # something was actually examined
+        self.coverage: dict[str, dict[str, str]] = {}     # where -> {"status", "reason"?}
+        self.observed_steps = 0                           # training steps observed (the engine counts)
+        self.mode: str | None = None                      # run.mode, set by the engine
 
     # -- the four moments (override what you need) ---------------------------------------
     def setup(self, run: RunContext) -> None:
@@ -123,15 +140,79 @@ class Probe:
         """A scalar for the reporters, tag `family/stack/layerN/headM/metric`."""
         self.metrics.append((step, tag, float(value)))
 
-    def skip(self, reason: str) -> None:
-        self.skipped = reason
+    def cover(self, where: str, status: str, reason: str = "") -> None:
+        """Say what was examined at `where` (module path in the model's naming; "" = the run).
 
-    def status(self) -> str:
-        """pass | warn | fail | skipped."""
-        if any(f.severity == "error" for f in self.findings):
+        `status` is "checked", "no verdict" (there, but nothing could be decided: say why) or
+        "not applicable". A later call for the same `where` only upgrades it (checked beats
+        no verdict beats not applicable); the first reason at the kept status stays.
+        """
+        if status not in COVERAGE:
+            raise ProbeError(f"{self.name}: coverage status {status!r}; valid: {', '.join(COVERAGE)}")
+        old = self.coverage.get(where)
+        rank = COVERAGE.index(status)
+        if old is None or rank > COVERAGE.index(old["status"]):
+            self.coverage[where] = {"status": status, **({"reason": reason} if reason else {})}
+        elif rank == COVERAGE.index(old["status"]) and reason and "reason" not in old:
+            old["reason"] = reason
+        if status == "checked":
+            self.checked = True
+
+    def skip(self, reason: str, where: str | None = None) -> None:
+        """Nothing could be decided: at `where` (coverage "no verdict"), or, without `where`,
+        by the probe as a whole (`self.skipped`, the status's reason)."""
+        if where is not None:
+            self.cover(where, "no verdict", reason)
+        else:
+            self.skipped = reason
+
+    def status(self, findings: list[Finding] | None = None) -> str:
+        """fail | warn | pass | no verdict | skipped.
+
+        fail / warn from the findings (`findings`: another list to judge, e.g. every rank's
+        under DDP); else "pass" only if something was checked; "no verdict" when the probe was
+        applicable but decided nothing (or, with `needs_steps`, a training run gave it no
+        step); "skipped" when it never ran or nothing applied anywhere.
+        """
+        findings = self.findings if findings is None else findings
+        if any(f.severity == "error" for f in findings):
             return "fail"
-        if any(f.severity == "warning" for f in self.findings):
+        if any(f.severity == "warning" for f in findings):
             return "warn"
-        if self.skipped and not self.checked:
-            return "skipped"
-        return "pass"
+        if self._starved():
+            return "no verdict"
+        if self.checked:
+            return "pass"
+        if self.skipped or any(c["status"] == "no verdict" for c in self.coverage.values()):
+            return "no verdict"
+        return "skipped"
+
+    def _starved(self) -> bool:
+        return self.needs_steps and self.mode == "train" and self.observed_steps == 0
+
+    def reason(self) -> str:
+        """Why the status is what it is: the probe's own skip reason, else (for no verdict or
+        skipped) the first reason among its coverage at that level."""
+        if self._starved():
+            return NO_STEP
+        if self.skipped:
+            return self.skipped
+        if self.checked:
+            return ""
+        for level in ("no verdict", "not applicable"):
+            for c in self.coverage.values():
+                if c["status"] == level and c.get("reason"):
+                    return c["reason"]
+        return ""
+
+    def status_entry(self, findings: list[Finding] | None = None) -> dict:
+        """The report's `probes[name]`: {"status", "reason"?, "steps_observed"?, "coverage"?}."""
+        out: dict[str, Any] = {"status": self.status(findings)}
+        why = self.reason()
+        if why:
+            out["reason"] = why
+        if self.needs_steps and self.mode == "train":
+            out["steps_observed"] = self.observed_steps
+        if self.coverage:
+            out["coverage"] = {w: dict(c) for w, c in self.coverage.items()}
+        return out

@@ -38,6 +38,8 @@ class ProbeEngine:
         self.first_sign: Finding | None = None   # the earliest warning/error, for diverged runs
         self.probe_seconds = 0.0
         self.seconds_by_probe: dict[str, float] = {p.name: 0.0 for p in self.probes}
+        for p in self.probes:
+            p.mode = run.mode
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "ProbeEngine":
@@ -122,7 +124,7 @@ class ProbeEngine:
             collected.append((p, stats or {}))
         host = self._to_host(collected)
         for (p, _), stats in zip(collected, host):
-            p.checked = True
+            p.observed_steps += 1         # observed, not checked: the probe says what it examined
             self._guard(p, "update", p.update, stats, info)
         for sink in self.sinks:
             on_trace = getattr(sink, "on_trace", None)
@@ -142,9 +144,15 @@ class ProbeEngine:
     def findings(self) -> list[Finding]:
         return [f for p in self.probes for f in p.findings]
 
-    def statuses(self) -> dict[str, dict]:
-        return {p.name: {"status": p.status(), **({"reason": p.skipped} if p.skipped else {})}
-                for p in self.probes}
+    def statuses(self, findings: list[Finding] | None = None) -> dict[str, dict]:
+        """probe name -> {"status", "reason"?, "steps_observed"?, "coverage"?}.
+
+        `findings`: the list the report carries, when it is not the probes' own (under DDP,
+        every rank's, gathered to rank 0): fail / warn follow it. Coverage is this process's;
+        every rank runs the same setup on the same batches and probes the same steps."""
+        mine = None if findings is None else \
+            {p.name: [f for f in findings if f.probe == p.name] for p in self.probes}
+        return {p.name: p.status_entry(None if mine is None else mine[p.name]) for p in self.probes}
 
     # -- internals -------------------------------------------------------------------------
     def _to_host(self, collected):

@@ -56,6 +56,7 @@ class GradientFlowProbe(Probe):
     fix = ("Keep residual + LayerNorm around every sublayer and Xavier init (notes 002, 000); "
            "use warmup and gradient clipping when the lr is high [notes 000, 002]")
     default_schedule = staticmethod(lambda: every(10))
+    needs_steps = True           # the gradient checks need backward passes
 
     def __init__(self, schedule=None) -> None:
         super().__init__(schedule)
@@ -75,6 +76,10 @@ class GradientFlowProbe(Probe):
         subject = run.subject
         self._groups = group_parameters(subject.model)
         self._indexed = {g for g in self._groups if layer_group(g + ".")[2] is not None}
+        for group in self._groups:          # upgraded to checked when a gradient is examined
+            self.cover(group, "no verdict", "no gradient was observed")
+        if not self._groups:
+            self.cover("", "no verdict", "the model has no trainable parameters")
         ever: dict[str, torch.Tensor] = {}
         tokens = 0
         try:
@@ -89,18 +94,19 @@ class GradientFlowProbe(Probe):
                         act = (h > 0).reshape(-1, h.shape[-1]).any(0)              # [d_ff]
                         ever[site] = act if site not in ever else ever[site] | act
         except Exception as e:  # noqa: BLE001
-            self.skip(f"dead-unit test at init could not run: {first_reason(e)}")
+            self.skip(f"dead-unit test at init could not run: {first_reason(e)}", where="")
             return
-        if not ever:
-            self.skip("no FFN hidden activations in the trace; dead-unit test skipped")
+        if not ever:                # e.g. an FFN the capture does not recognise: say so
+            self.skip("no FFN found (no hidden activations in the trace); dead-unit test not run",
+                      where="")
             return
-        self.checked = True
         for site, act in ever.items():
             self._judge_dead(site, act.cpu(), tokens, 0, "on random inputs", DEAD_SHARE)
 
     def _judge_dead(self, site: str, ever_active: torch.Tensor, tokens: int, step: int,
                     when: str, threshold: float) -> None:
         dead = 1.0 - ever_active.float().mean().item()
+        self.cover(site, "checked")
         self.metric(step, metric_tag(site, "relu", "dead_fraction"), dead)
         if dead > threshold and not self.already(site):
             self.report("warning", f"{dead:.0%} of the FFN units in {site} never fire on "
@@ -157,6 +163,9 @@ class GradientFlowProbe(Probe):
     def _grads(self, norms: list[float], present: list[bool], step: int) -> None:
         names = list(self._groups)
         self._grad_steps += 1
+        for group, has in zip(names, present):
+            if has:
+                self.cover(group, "checked")
         finite = [math.isfinite(n) for n in norms]
         if not all(finite):
             if not self._nonfinite:
@@ -207,6 +216,7 @@ class GradientFlowProbe(Probe):
             return
         for group, zeros in self._zero_steps.items():
             if zeros == self._grad_steps and not self.already(group):
+                self.cover(group, "checked")      # judged: no gradient at any probed step
                 self.report("warning", f"no gradient reaches {group} at any of "
                             f"{self._grad_steps} probed steps", where=group,
                             evidence={"probed_steps": self._grad_steps, "zero_steps": zeros,

@@ -50,12 +50,13 @@ class LabelSmoothingProbe(Probe):
 
     def setup(self, run: RunContext) -> None:
         if run.criterion is None:
-            self.skip("no training criterion to test")
+            self.cover("criterion", "not applicable", "no training criterion to test")
             return
         subject = run.subject
         V, pad = subject.tgt_vocab, subject.pad_id
         if V < 4:
-            self.skip(f"vocabulary of {V} is too small to tell pad from other classes")
+            self.skip(f"vocabulary of {V} is too small to tell pad from other classes",
+                      where="criterion")
             return
         content = [c for c in range(V) if c not in (pad, subject.bos_id)]
         dev = subject.device
@@ -69,13 +70,13 @@ class LabelSmoothingProbe(Probe):
             z1[:, k] = 1.0
             g1 = self._grad(run.criterion, z1, target)
         except Exception as e:  # noqa: BLE001
-            self.skip(f"criterion unit test could not run: {first_reason(e)}")
+            self.skip(f"criterion unit test could not run: {first_reason(e)}", where="criterion")
             return
-        self.checked = True
         scale = g0.abs().max().item()
         if scale == 0:
-            self.skip("the criterion gives zero gradient at uniform logits")
+            self.skip("the criterion gives zero gradient at uniform logits", where="criterion")
             return
+        self.cover("criterion", "checked")     # pad rows at least; the pad column may not decide
         self._pad_rows(g0[~real], scale)
         self._pad_column(g0[real], g1[real], target[real], V, pad, k)
 
@@ -137,6 +138,7 @@ class LabelSmoothingProbe(Probe):
             return
         last = self._mass[-RUNTIME_LAST:]
         mass = sum(m for _, m in last) / len(last)
+        self.cover("", "checked")              # what the model learned to give <pad>
         if mass > PAD_MASS:
             self.report("warning", f"the model gives <pad> {mass:.2g} of its probability at real "
                         f"targets after {last[-1][0]} steps: it was trained to predict pad",

@@ -99,7 +99,10 @@ class LnPlacement(Probe):
         label, ev = ds.detect_placement(trace)
         ev.update(self._grad_profile(trace))
         self.placement, self.evidence = label, ev
-        self.checked = True
+        if label == "unknown":
+            self.cover("", "no verdict", "the block outputs could not be tested for a LayerNorm")
+        else:
+            self.cover("", "checked")          # the placement, from every block output
         words = {"post": "post-LN: every block output is a LayerNorm output",
                  "pre": "pre-LN: no block output is a LayerNorm output",
                  "mixed": "mixed: some block outputs are LayerNorm outputs, some not",
@@ -136,7 +139,11 @@ class LnPlacement(Probe):
                 sp = StreamPoint("memory", "encoder", None, "stack", memory)
                 outs.append(("encoder", "", ds.signature_at(trace, sp)))
         for stack, where, sig in outs:
-            if ds.is_normalised(sig) is not False:
+            normalised = ds.is_normalised(sig)
+            self.cover(where or stack, "checked" if normalised is not None else "no verdict",
+                       "" if normalised is not None else "cannot tell whether the stack output is "
+                       "normalised (fewer tokens than features, or a rank-deficient stream)")
+            if normalised is not False:
                 continue
             self.report(
                 "error", f"pre-LN {stack} without a final LayerNorm: its output is not normalised "

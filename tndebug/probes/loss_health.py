@@ -54,6 +54,7 @@ class LossHealthProbe(Probe):
     fix = ("Check the loss at init (~ln V), the optimizer and lr, and the target shift; a plateau "
            "near ln V points to missing PE or pads in attention, NaN to lr/warmup [notes 000, 002]")
     default_schedule = staticmethod(lambda: every(10))
+    needs_steps = True           # the loss of training steps is what it judges
 
     def __init__(self, schedule=None, *, plateau_steps: int = PLATEAU_STEPS) -> None:
         super().__init__(schedule)
@@ -86,6 +87,8 @@ class LossHealthProbe(Probe):
         ce = float(stats["ce"]) if "ce" in stats else None
         if loss is not None:
             self.metric(step, "loss/train", loss)
+        if loss is not None or ce is not None:
+            self.cover("", "checked")          # finite (and, with logits, the CE levels)
         for value, what in ((loss, "training loss"), (ce, "cross-entropy")):
             if value is not None and not math.isfinite(value) and self._bad_step is None:
                 self._bad_step = step

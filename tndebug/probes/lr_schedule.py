@@ -30,6 +30,7 @@ class LrScheduleProbe(Probe):
     reads = ()
     fix = _FIX
     default_schedule = staticmethod(lambda: every(1))   # host numbers only: no device sync
+    needs_steps = True           # the lr applied at training steps is what it judges
 
     def __init__(self, schedule=None) -> None:
         super().__init__(schedule)
@@ -41,7 +42,7 @@ class LrScheduleProbe(Probe):
     def setup(self, run: RunContext) -> None:
         self._run = run
         if run.lr_schedule is None:
-            self.skip("no declared lr schedule; only resume jumps are checked")
+            self.cover("optimizer", "not applicable", "no declared lr schedule; only resume jumps are checked")
 
     def observe(self, trace: Trace, info: StepInfo) -> dict:
         return {}
@@ -61,6 +62,7 @@ class LrScheduleProbe(Probe):
         if declared is not None:
             self.metric(step, "lr/declared", declared)
             rel = abs(lr - declared) / max(abs(declared), 1e-30)
+            self.cover("optimizer", "checked")
             if rel > MISMATCH and not self._resumed_badly and not self.already("optimizer"):
                 self.report("warning", f"lr in the optimizer {lr:.4g} differs from the declared "
                             f"schedule {declared:.4g} at step {step}", where="optimizer", step=step,
@@ -88,7 +90,7 @@ class LrScheduleProbe(Probe):
     def _judge_resume(self, lr_after: float, step: int) -> None:
         info, self._resume = self._resume, None
         run = self._run
-        self.checked = True
+        self.cover("", "checked")             # the resume: optimizer state and lr continuity
         opt = run.optimizer if run is not None else None
         if info.step > 0 and opt is not None and not any(opt.state.values()):
             self._missing_state(info.step, "the optimizer holds no state at the first step after it")

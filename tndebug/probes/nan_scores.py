@@ -175,7 +175,7 @@ class NanScores(Probe):
         src, tgt = probe_batch(subject)
         with subject.evaluating():
             trace = subject.trace(src, tgt, reads=("all",))
-        self.checked = True
+        self.cover("", "checked")              # every captured tensor of the setup batch
         found = first_nonfinite(trace)
         if found:
             self._report_nonfinite(found, step=0, context="setup batch, eval mode")
@@ -200,9 +200,10 @@ class NanScores(Probe):
             if _half_nonfinite(mod):
                 behaviour.append(name)
         flagged = list(dict.fromkeys(static + behaviour))
+        if eps_of or flagged:
+            self.cover("", "checked")          # the norms' eps against float16
         if not flagged:
             return
-        self.checked = True
         first, more = flagged[0], len(flagged) - 1
         tail = f" (+{more} more norm modules)" if more else ""
         if first in static:
@@ -299,6 +300,8 @@ class NanScores(Probe):
 
     def update(self, stats: dict, info: StepInfo) -> None:
         trace, self._trace = self._trace, None
+        if "bad" in stats or "loss_bad" in stats:
+            self.cover("", "checked")          # this step's tensors (or loss) flagged finite or not
         bad = [n for n, b in zip(stats["names"], stats["bad"].tolist()) if b > 0] if "bad" in stats else []
         loss_bad = "loss_bad" in stats and float(stats["loss_bad"]) > 0
         if (bad or loss_bad) and not self._forward_done:

@@ -81,9 +81,11 @@ class VarianceDrift(Probe):
             return
         self._detect_placement(trace)
         stats = self.observe(trace, None)
+        if "depth" not in stats:
+            self.skip("the capture's stream points could not be profiled")
+            return
         self._check({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in stats.items()},
                     step=0, emit=False)
-        self.checked = True
 
     def observe(self, trace: Trace, info: StepInfo | None) -> dict[str, Any]:
         names, meta, vals = [], [], []
@@ -115,6 +117,9 @@ class VarianceDrift(Probe):
         for name, (stack, layer, kind), (r, rms, rho) in rows:
             by_stack.setdefault(stack, []).append((name, layer, kind, r, rms, rho))
         for stack, pts in by_stack.items():
+            judged = any(kind != "embed" and not math.isnan(r) for _, _, kind, r, _, _ in pts)
+            self.cover(stack, "checked" if judged else "no verdict",
+                       "" if judged else "the rank ratio is undefined at every stream point")
             if emit:
                 self._metrics(step, stack, pts)
             self._rank(step, stack, pts)

@@ -289,7 +289,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
         "checkpoint": str(path) if path else None,
         "world_size": dist.world, "error": error,
     }
-    statuses = engine.statuses()
+    statuses = engine.statuses(findings)      # every rank's findings under DDP
     statuses.update({n: {"status": "skipped", "reason": why} for n, why in unavailable.items()})
     sign = distributed.first_sign(findings) if dist.active else engine.first_sign
     report = Report(run=run_info, findings=findings, probes=statuses, first_sign=sign,
