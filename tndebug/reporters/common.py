@@ -7,7 +7,7 @@ from tndebug.findings import Finding, severity_rank
 from tndebug.report import Report
 
 SEVERITY_WORD = {"error": "ERROR", "warning": "WARN", "info": "INFO"}
-VERDICT_WORD = {"clean": "CLEAN", "warnings": "WARNINGS", "errors": "ERRORS"}
+VERDICT_WORD = {"clean": "CLEAN", "warnings": "WARNINGS", "errors": "ERRORS", "unchecked": "UNCHECKED"}
 STATUS_KEYS = ("stopped_at_step", "stopped_at", "step")   # where run["status"] != completed stopped
 
 
@@ -108,8 +108,48 @@ def first_sign_text(report: Report) -> str | None:
 
 
 def probe_groups(report: Report) -> dict[str, list[tuple[str, str]]]:
-    """status -> [(probe, reason)] for pass | warn | fail | skipped."""
-    out: dict[str, list[tuple[str, str]]] = {"pass": [], "warn": [], "fail": [], "skipped": []}
+    """status -> [(probe, reason)] for pass | warn | fail | no verdict | skipped."""
+    out: dict[str, list[tuple[str, str]]] = {"pass": [], "warn": [], "fail": [], "no verdict": [],
+                                             "skipped": []}
     for name, st in report.probes.items():
         out.setdefault(st.get("status", "pass"), []).append((name, st.get("reason", "")))
     return out
+
+
+def coverage_counts(st: dict) -> dict[str, int]:
+    """{"checked", "no verdict", "not applicable"} -> how many places, from probes[name]."""
+    c = {"checked": 0, "no verdict": 0, "not applicable": 0}
+    for entry in st.get("coverage", {}).values():
+        c[entry["status"]] = c.get(entry["status"], 0) + 1
+    return c
+
+
+def no_verdict_places(st: dict) -> list[tuple[str, str]]:
+    """[(where, reason)] of the places a probe could not decide ("(run)" for "")."""
+    return [(w or "(run)", c.get("reason", "")) for w, c in st.get("coverage", {}).items()
+            if c["status"] == "no verdict"]
+
+
+def reasons_text(places: list[tuple[str, str]], limit: int = 2) -> str:
+    """`a, b: why; c: other reason (+3 more)`: places grouped by reason, at most `limit` reasons."""
+    by: dict[str, list[str]] = {}
+    for where, why in places:
+        by.setdefault(why or "no reason given", []).append(where)
+    parts = []
+    for why, wheres in list(by.items())[:limit]:
+        shown = ", ".join(wheres[:2]) + (f" (+{len(wheres) - 2} more)" if len(wheres) > 2 else "")
+        parts.append(f"{shown}: {why}")
+    rest = sum(len(w) for w in list(by.values())[limit:])
+    return "; ".join(parts) + (f" (+{rest} more)" if rest else "")
+
+
+def unchecked_text(report: Report) -> str | None:
+    """What an "unchecked" verdict means, in one sentence; None for any other verdict."""
+    if report.verdict != "unchecked":
+        return None
+    names = report.unchecked()
+    starved = [n for n in names if report.probes[n].get("steps_observed") == 0]
+    if starved:
+        return (f"{len(starved)} probe{'s' * (len(starved) != 1)} that need training "
+                f"observed no step: {', '.join(starved)}")
+    return "nothing was checked: no probe reached a verdict"

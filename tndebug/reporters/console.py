@@ -21,11 +21,13 @@ from rich.table import Table
 from rich.text import Text
 
 from tndebug.report import Report
-from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, evidence_text, \
-    first_sign_text, fmt_value, probe_groups, sorted_findings, status_text, where_text
+from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
+    evidence_text, first_sign_text, fmt_value, no_verdict_places, probe_groups, reasons_text, \
+    sorted_findings, status_text, unchecked_text, where_text
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-VERDICT_STYLE = {"clean": "bold green", "warnings": "bold yellow", "errors": "bold red"}
+VERDICT_STYLE = {"clean": "bold green", "warnings": "bold yellow", "errors": "bold red",
+                 "unchecked": "bold magenta"}
 PLAIN_WIDTH = 160            # not a terminal (CI logs, pipes): rich's 80 columns squeeze the table
 
 
@@ -174,6 +176,9 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
     head.append(VERDICT_WORD[report.verdict], style=VERDICT_STYLE[report.verdict])
     head.append(f"  ({counts_text(report)})")
     parts.append(head)
+    unchecked = unchecked_text(report)
+    if unchecked:
+        parts.append(Text(f"UNCHECKED: {unchecked}", style="bold"))
     stopped = status_text(report)
     sign = first_sign_text(report)
     if stopped or sign:
@@ -195,13 +200,41 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
             line = Text(f"probes {label} ({len(groups[status])}): ", style=style)
             line.append(", ".join(n for n, _ in groups[status]), style="default")
             parts.append(line)
-    if groups.get("skipped"):
-        parts.append(Text(f"probes skipped ({len(groups['skipped'])}):", style="dim"))
-        for name, reason in groups["skipped"]:
-            parts.append(Text(f"  SKIPPED {name}: {reason or 'no reason given'}"))
+    for status, label, word, style in (("no verdict", "probes with no verdict", "NO VERDICT", "magenta"),
+                                       ("partial", "partly checked", "", "dim"),
+                                       ("skipped", "probes skipped", "SKIPPED", "dim")):
+        rows = _partly_checked(report) if status == "partial" else groups.get(status, [])
+        if rows:
+            parts.append(Text(f"{label} ({len(rows)}):", style=style))
+            parts.append(_reasons(rows, word))
     for label, path in (paths or {}).items():
         parts.append(Text(f"{label}: {path}", style="dim"))
     return Group(*parts)
+
+
+def _reasons(rows: list[tuple[str, str]], word: str) -> Table:
+    """`  WORD probe: reason`, the reason wrapping under itself (a hanging indent)."""
+    t = Table.grid(padding=(0, 1))
+    t.add_column(no_wrap=True)
+    t.add_column(overflow="fold")
+    for name, reason in rows:
+        t.add_row(f"  {word + ' ' if word else ''}{name}:", reason or "no reason given")
+    return t
+
+
+def _partly_checked(report: Report) -> list[tuple[str, str]]:
+    """(probe, `4 of 6 places checked; 2 no verdict: where: why`) for probes with a verdict
+    that could not decide everywhere."""
+    out = []
+    for name, st in report.probes.items():
+        places = no_verdict_places(st)
+        if st.get("status") not in ("pass", "warn", "fail") or not places:
+            continue
+        c = coverage_counts(st)
+        total = c["checked"] + c["no verdict"]
+        out.append((name, f"{c['checked']} of {total} places checked; {c['no verdict']} no "
+                          f"verdict: {reasons_text(places, limit=1)}"))
+    return out
 
 
 def print_summary(report: Report, console: Console, paths: dict[str, str] | None = None) -> None:

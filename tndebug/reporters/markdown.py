@@ -5,13 +5,15 @@ from __future__ import annotations
 from tndebug.findings import Finding
 from tndebug.notes import PROBE_CAUSES
 from tndebug.report import Report
-from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, first_sign_text, \
-    fmt_value, sorted_findings, status_text
+from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
+    first_sign_text, fmt_value, no_verdict_places, reasons_text, sorted_findings, status_text, \
+    unchecked_text
 from tndebug.reporters.plots import Plot
 
 RUN_KEYS_FIRST = ("status", "task", "preset", "norm", "faults", "probes", "seed", "steps",
                   "device", "final_loss", "exact_match", "token_accuracy", "wall_s")
-STATUS_MARK = {"pass": "pass", "warn": "**WARN**", "fail": "**FAIL**", "skipped": "skipped"}
+STATUS_MARK = {"pass": "pass", "warn": "**WARN**", "fail": "**FAIL**", "no verdict": "*no verdict*",
+               "skipped": "skipped"}
 
 
 def _md(text) -> str:
@@ -23,6 +25,9 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
            with_figures: bool = True) -> str:
     out = [f"# tndebug report: {VERDICT_WORD[report.verdict]}", ""]
     out.append(f"**Verdict: {VERDICT_WORD[report.verdict]}** ({counts_text(report)}).")
+    unchecked = unchecked_text(report)
+    if unchecked:
+        out += ["", f"> **Unchecked:** {unchecked}."]
     stopped, sign = status_text(report), first_sign_text(report)
     if stopped or sign:
         out.append("")
@@ -46,6 +51,7 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
     for name, st in report.probes.items():
         status = st.get("status", "pass")
         out.append(f"| `{name}` | {STATUS_MARK.get(status, status)} | {_md(st.get('reason', ''))} |")
+    out += _coverage(report)
 
     if with_figures and plots:
         out += ["", "## Figures", ""]
@@ -57,6 +63,22 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
     elif not with_figures:
         out += ["", "*Figures: see report.md and figures/ in the run directory.*"]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _coverage(report: Report) -> list[str]:
+    """Per probe, how many places (modules, stacks, the run) were checked, gave no verdict, or
+    did not apply; with the reasons for no verdict."""
+    rows = [(name, st) for name, st in report.probes.items() if st.get("coverage")]
+    if not rows:
+        return []
+    out = ["", "### Coverage", "",
+           "Places each probe examined: modules in the model's naming, `(run)` for the whole run.", "",
+           "| probe | checked | no verdict | n/a | why no verdict |", "|---|---|---|---|---|"]
+    for name, st in rows:
+        c = coverage_counts(st)
+        why = reasons_text(no_verdict_places(st), limit=3)
+        out.append(f"| `{name}` | {c['checked']} | {c['no verdict']} | {c['not applicable']} | {_md(why)} |")
+    return out
 
 
 def evidence_lines(evidence: dict) -> list[str]:
