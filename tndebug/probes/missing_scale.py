@@ -99,11 +99,18 @@ class MissingScale(Probe):
     The loss still falls on easy tasks, so nothing looks wrong.
     Fix: divide by math.sqrt(q.size(-1)) after the head split (notes 000, 001, 002).
 
-    Test: the scale applied is fitted from the captured tensors, c = <S, QK^T>/||QK^T||^2 with
-    S the pre-mask scores (or, with probabilities only, row-centred ln P on row-centred QK^T).
-    |c*sqrt(d_k) - 1| > 1e-3 (1e-2 in 16-bit) is an error. At setup (eval, a random batch)
-    and on a sparse schedule during training. A learned temperature or additive position
-    bias breaks the fit (residual > 1e-2): those modules get no verdict.
+    Test: the scale applied between the projections' outputs and the softmax input is fitted
+    from the captured tensors, c = <S, QK^T>/||QK^T||^2, with S the softmax input before the
+    mask (any additive bias kept in it), over the entries the mask kept, each centred across
+    the batch so that a bias shared by every sequence (T5's relative positions, ALiBi) drops
+    out; with probabilities only, row-centred ln P on row-centred QK^T. Q and K are the
+    projections' outputs: the generic capture traces the product's operands back to them, so a
+    scale folded into q or k (`q * self.scaling`) counts. |c*sqrt(d_k) - 1| > 1e-3 (1e-2 in
+    16-bit) is an error; unscaled attention whose q is sqrt(d_k) smaller than k (the weights
+    carry the scale, as T5's initialisation does) is info. At setup (eval, a random batch) and
+    on a sparse schedule during training. A module whose scores are not c*QK^T plus a shared
+    bias (residual > 1e-2: a learned temperature, a per-sequence bias), or whose q/k cannot be
+    traced to the projections, gets no verdict, listed in the coverage.
     """
 
     name = "missing-scale"
