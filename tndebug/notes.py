@@ -205,9 +205,11 @@ FAULT_NOTES: dict[str, tuple[str, str, str]] = {
 
 PROBE_CAUSES: dict[str, str] = {
     "nan-scores": (
-        "A LayerNorm eps that is too small, or QK^T overflowing when d_k is large, gives NaN "
-        "(fix: eps 1e-5, clamp scores) [note 000]. Filling masks with -inf makes softmax "
-        "NaN, so use -1e9; a too-high lr also sends loss to NaN [note 002]."
+        "Filling masks with -inf gives NaN on rows whose every key is masked (an all-pad "
+        "sequence, or pad queries masked too) [notes 000, 002]; -1e9 is finite but overflows "
+        "fp16, so fill with torch.finfo(dtype).min. A LayerNorm eps that rounds to 0 in fp16 "
+        "(1e-8, 1e-12) gives 0/0 on constant rows there, never in fp32 [note 000, as measured]; "
+        "a too-high lr also sends the loss to NaN [note 002]."
     ),
     "missing-scale": (
         "The / sqrt(d_k) was dropped, so Var(q.k) grows with d_k (std ~8 at d_k=64) and "
@@ -221,26 +223,27 @@ PROBE_CAUSES: dict[str, str] = {
         "inverted [notes 003, 001]."
     ),
     "head-collapse": (
-        "With dropout=0.0 all heads of a layer collapsed to one pattern, and dropout=0.1 "
-        "restored them [note 000]. A multi-head output equal to the single-head one means "
-        "W_q=W_k=W_v or one Linear reused [note 001]."
+        "A multi-head output equal to the single-head one means W_q=W_k=W_v or one Linear "
+        "reused [note 001]; heads initialised from one copy stay copies (FAILURE_MODES 4b); "
+        "attention entropy collapses together with an unstable loss, from a high lr without "
+        "warmup (FAILURE_MODES 4a)."
     ),
     "variance-drift": (
-        "Note 000 says LN placement sets the layer variance: after the residual it stays at "
-        "0.9-1.1, before it it can pass 5.0 by layer 3 [note 000]. Pre-LN growth with "
-        "depth is expected (our sim: 2.15 at layer 3); a large eps (1e-3) gives a jagged "
-        "loss [note 000]."
+        "A sublayer whose output replaces the stream (x = sublayer(x), no residual add) "
+        "stops gradients and collapses the tokens, and without residual+LayerNorm a deep "
+        "Transformer cannot be trained [note 002]. Pre-LN growth of the stream with depth is "
+        "expected (our sim: 2.15 at layer 3)."
     ),
     "ln-placement": (
-        "The paper is Post-LN norm(x + sublayer(x)); notes 000/001 call pre-norm a bug, "
-        "while the annotated code is pre-norm for brevity [notes 000, 001, 003]. Pre-LN "
-        "trains more stably without warmup, and Post-LN must be restored to reproduce "
-        "the paper [notes 002, 003]."
+        "The paper is Post-LN norm(x + sublayer(x)); the annotated code is pre-norm for "
+        "brevity and then needs a final LayerNorm [note 003]. Pre-LN trains more stably "
+        "without warmup, and Post-LN needs warmup and a modest lr [notes 002, 003]."
     ),
     "positional-encoding": (
-        "Loss stuck at about 3.5 means the PE was never added to the embeddings, or pads "
-        "take part in attention [note 000]. Also check the embeddings are scaled by "
-        "sqrt(d_model) and max_len exceeds the sequence length [notes 001, 000, 002]."
+        "The PE was never added to the embeddings, so the encoder cannot see token order, or "
+        "pads take part in attention [notes 000, 002]. Also check that the embeddings are "
+        "scaled by sqrt(d_model) and that max_len exceeds the sequence length [notes 001, 000, "
+        "002]."
     ),
     "gradient-flow": (
         "Residual connections let gradients go straight back to earlier layers, and without "
@@ -248,9 +251,9 @@ PROBE_CAUSES: dict[str, str] = {
         "order or a bad init (use Xavier) destabilises gradients [notes 000, 001, 002]."
     ),
     "loss-health": (
-        "A plateau at about 3.5 points to missing PE or attention to pads, and early inf/NaN "
-        "points to lr/warmup [notes 000, 002]. The notes take a failed overfit of a tiny "
-        "dataset or the copy task as proof of a code bug [notes 002, 003]."
+        "A plateau near ln V points to missing PE or attention to pads, and early inf/NaN "
+        "points to lr/warmup [notes 000, 002]; a KLDivLoss given raw logits instead of "
+        "log_softmax makes the loss unbounded below [notes 001, 003]."
     ),
     "lr-schedule": (
         "Use Noam with warmup_steps=4000 and step_num counted from 1; resuming without "
@@ -351,7 +354,9 @@ NOTE_CLAIMS: list[dict] = [
         "quote": "dropout=0.0时，第4层所有头均坍缩，启用dropout=0.1后恢复多样性",
         "checkable_how": "Pairwise head JS divergence/entropy per layer, dropout 0 vs 0.1, "
                          "several seeds",
-        "flag": "unsupported; FAILURE_MODES: redundant heads are normal, only exact "
+        "flag": "wrong (measured, copy task, dropout 0 vs 0.1, tiny 400 steps x 4 seeds and "
+                "small 300 x 3: mean pairwise head JS 0.28 vs 0.23 bits and 0.59 vs 0.59, no "
+                "layer below 0.01 bits); FAILURE_MODES: redundant heads are normal, only exact "
                 "duplication is a bug",
     },
     {

@@ -14,7 +14,7 @@ from tndebug.model import make_model
 from tndebug.model.hooks import HookPoint, name_hook_points
 from tndebug.probes import probe_class
 from tndebug.probes.base import RunContext, StepInfo
-from tndebug.probes.head_collapse import HeadCollapse
+from tndebug.probes.head_collapse import EXACT_ASYM, HeadCollapse
 from tndebug.subject import Subject, tndebug_subject
 from tndebug.trace import AttentionRecord, TapCapture, Trace
 
@@ -300,3 +300,59 @@ def test_hand_written_duplicate_heads_in_nn_multihead_attention(copies):
         assert f.severity == "error" and f.where == "attn" and f.evidence["heads"] == [0, 1, 2, 3]
     else:
         assert found == [] and probe.checked
+
+
+# -- the claim follows the evidence (issue 10: "Q and K come from one projection" while q and k
+# differed by 42%) -------------------------------------------------------------------------------
+class BiasedAttention(HandAttention):
+    """Separate Q and K, plus a large symmetric position bias -20|i - j| in the scores (as a
+    relative-position scheme may add): the scores are nearly symmetric, q and k are not equal."""
+
+    def forward(self, xq, xkv, keep):
+        q = self.hook_q(self.heads(self.proj_q(xq)))
+        k = self.hook_k(self.heads(self.proj_k(xkv)))
+        v = self.hook_v(self.heads(self.proj_v(xkv)))
+        T, S = q.shape[-2], k.shape[-2]
+        bias = -20.0 * (torch.arange(T)[:, None] - torch.arange(S)[None, :]).abs().float()   # [T, S]
+        s = self.hook_scores(q @ k.transpose(-1, -2) / math.sqrt(self.dk) + bias)            # [B, h, T, S]
+        s = self.hook_masked_scores(s.masked_fill(~keep, -1e9))
+        p = self.hook_probs(s.softmax(-1))
+        B, _, T, _ = p.shape
+        return self.proj_o((p @ v).transpose(1, 2).reshape(B, T, -1))
+
+
+def biased_model():
+    model = HandModel(shared=False)
+    model.encoder.layers[0].self_attn.__class__ = BiasedAttention
+    return model
+
+
+def test_symmetric_scores_with_measured_different_q_and_k_are_not_called_shared():
+    probe = HeadCollapse()
+    probe.setup(RunContext(subject=tap_subject(biased_model())))
+    assert alarms(probe.findings) == []
+    (f,) = [f for f in probe.findings if f.where == "encoder.layers.0.self_attn"]
+    assert f.severity == "info" and "one projection" not in f.message.replace("not one projection", "")
+    assert f.evidence["asymmetry"] < f.evidence["threshold_asymmetry"]
+    assert f.evidence["q_minus_k_rel"] >= f.evidence["threshold_same"]
+    assert f"{f.evidence['q_minus_k_rel']:.2g}" in f.message and "Q and K are not one projection" in f.message
+
+
+def test_nearly_symmetric_scores_without_q_and_k_are_a_warning_not_a_claim():
+    model = biased_model()
+    probe = HeadCollapse()
+    probe.setup(RunContext(subject=Subject(model, lambda m, s, t, pad: m(s, t), src_vocab=11,
+                                           tgt_vocab=11, capture=ScoresOnly(model))))
+    (f,) = [f for f in probe.findings if f.where == "encoder.layers.0.self_attn"]
+    assert EXACT_ASYM <= f.evidence["asymmetry"] < f.evidence["threshold_asymmetry"]
+    assert f.severity == "warning" and "q and k were not captured to confirm" in f.message
+    assert f.message.startswith("Q and K may come from one projection")
+
+
+def test_shared_projection_message_says_what_to_do():
+    probe = HeadCollapse()
+    probe.setup(RunContext(subject=tap_subject(HandModel(shared=True))))
+    f = next(f for f in probe.findings if f.where == "encoder.layers.0.self_attn")
+    assert "one module computes both" not in f.message
+    assert "encoder.layers.0.self_attn.proj_q computes q, k and v: give each its own nn.Linear" in f.message
+    assert "q equals k (relative difference 0 < 1e-06)" in f.message
