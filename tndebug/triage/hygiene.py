@@ -133,8 +133,9 @@ def duplicate_heads(sites: Iterable[tuple[str, torch.Tensor, torch.Tensor, torch
         if wq.shape == wk.shape and torch.equal(wq, wk):
             same_v = wv.shape == wq.shape and torch.equal(wq, wv)
             out.append(_f("head-collapse", "error",
-                          f"{where}: W_Q and W_K{' and W_V' if same_v else ''} are the same weights: "
-                          f"every head's scores are symmetric", where=where,
+                          f"{where}: W_Q and W_K{' and W_V' if same_v else ''} are the same weights "
+                          f"(torch.equal): on one input (self-attention) every head's scores are "
+                          f"symmetric", where=where,
                           evidence={"shared": "qkv" if same_v else "qk"},
                           fix="give Q, K and V their own projections (nn.Linear each)"))
             continue
