@@ -8,9 +8,14 @@ and, optionally, in the same file,
 
     def encode(model, src, pad_id) -> memory            # [B, S, d]
 
+A user's adapter may also return a tuple (its first tensor is taken: `(logits, attn)`), an
+object with `.logits` (a Hugging Face output), or flattened logits [B*T, V]; anything else is a
+UsageError naming the shape.
+
 Built in: `annotated` (The Annotated Transformer's call: `model(src, tgt, src_mask, tgt_mask)`
-then `model.generator`, masks as its `Batch` builds them) and `tndebug` (`model(src, tgt)`).
-Anything else: `--adapter FILE.py:FUNCTION`.
+then `model.generator`, masks built by the model module's own `Batch.make_std_mask` /
+`subsequent_mask` where it defines them, else by tndebug, which `Adapter.note` then says) and
+`tndebug` (`model(src, tgt)`). Anything else: `--adapter FILE.py:FUNCTION`.
 """
 from __future__ import annotations
 
@@ -36,9 +41,43 @@ def subsequent_mask(size: int, device=None) -> torch.Tensor:
     return torch.ones(1, size, size, dtype=torch.bool, device=device).tril()
 
 
-def annotated_forward(model, src, tgt, pad_id):
+TNDEBUG_MASKS_NOTE = ("masks built by tndebug: the model's module defines neither subsequent_mask "
+                      "nor Batch.make_std_mask, so the model's own mask code was not exercised")
+
+
+def _model_module(model: nn.Module):
+    """The module the model's class was defined in (the user's file), or None."""
+    return sys.modules.get(type(model).__module__)
+
+
+def annotated_mask_source(model: nn.Module) -> str:
+    """Where the annotated adapter's decoder mask comes from: 'Batch.make_std_mask',
+    'subsequent_mask' (the user's own functions) or 'tndebug'."""
+    mod = _model_module(model)
+    if callable(getattr(getattr(mod, "Batch", None), "make_std_mask", None)):
+        return "Batch.make_std_mask"
+    if callable(getattr(mod, "subsequent_mask", None)):
+        return "subsequent_mask"
+    return "tndebug"
+
+
+def annotated_masks(model: nn.Module, src, tgt, pad_id):
+    """(src_mask [B, 1, S], tgt_mask [B, T, T]) as The Annotated Transformer's `Batch` builds them,
+    with the user's own mask functions when the model's module defines them (a bug in them is
+    then exercised, not hidden)."""
     src_mask = (src != pad_id).unsqueeze(-2)                                   # [B, 1, S]
-    tgt_mask = (tgt != pad_id).unsqueeze(-2) & subsequent_mask(tgt.shape[-1], tgt.device)  # [B, T, T]
+    source, mod = annotated_mask_source(model), _model_module(model)
+    if source == "Batch.make_std_mask":
+        tgt_mask = mod.Batch.make_std_mask(tgt, pad_id)
+    elif source == "subsequent_mask":
+        tgt_mask = (tgt != pad_id).unsqueeze(-2) & mod.subsequent_mask(tgt.shape[-1]).to(tgt.device).bool()
+    else:
+        tgt_mask = (tgt != pad_id).unsqueeze(-2) & subsequent_mask(tgt.shape[-1], tgt.device)
+    return src_mask, tgt_mask.to(tgt.device)                                   # [B, T, T]
+
+
+def annotated_forward(model, src, tgt, pad_id):
+    src_mask, tgt_mask = annotated_masks(model, src, tgt, pad_id)
     return model.generator(model(src, tgt, src_mask, tgt_mask))               # [B, T, V]
 
 
@@ -59,14 +98,51 @@ class Adapter:
     name: str
     forward: Callable
     encode: Callable | None = None
+    note: str | None = None          # what the report should say about how the model was called
 
 
-def builtin_adapter(name: str) -> Adapter:
+def builtin_adapter(name: str, model: nn.Module | None = None) -> Adapter:
     if name == "annotated":
-        return Adapter("annotated", annotated_forward, annotated_encode)
+        note = None
+        if model is not None and annotated_mask_source(model) == "tndebug":
+            note = TNDEBUG_MASKS_NOTE
+        return Adapter("annotated", annotated_forward, annotated_encode, note)
     if name == "tndebug":
         return Adapter("tndebug", tndebug_forward, tndebug_encode)
     raise UsageError(f"unknown adapter {name!r}; use annotated, tndebug or FILE.py:FUNCTION")
+
+
+def as_logits(out, tgt: torch.Tensor, name: str) -> torch.Tensor:
+    """A user adapter's output -> logits [B, T, V]: the first tensor of a tuple or list, `.logits`
+    of an output object, [B*T, V] reshaped; otherwise a UsageError naming what came back."""
+    if isinstance(out, (tuple, list)):
+        out = next((o for o in out if isinstance(o, torch.Tensor)), out)
+    elif not isinstance(out, torch.Tensor) and isinstance(getattr(out, "logits", None), torch.Tensor):
+        out = out.logits
+    B, T = tgt.shape[:2]
+    if isinstance(out, torch.Tensor):
+        if out.dim() == 3 and tuple(out.shape[:2]) == (B, T):
+            return out
+        if out.dim() == 2 and out.shape[0] == B * T:
+            return out.reshape(B, T, out.shape[1])                            # [B*T, V] -> [B, T, V]
+        hint = (" (it looks sequence-first: return logits.transpose(0, 1))"
+                if out.dim() == 3 and tuple(out.shape[:2]) == (T, B) else "")
+        got = f"a tensor of shape {tuple(out.shape)}"
+    else:
+        got = (f"a {type(out).__name__} with no tensor in it" if isinstance(out, (tuple, list))
+               else f"a {type(out).__name__}")
+        hint = ""
+    raise UsageError(f"the adapter {name} returned {got}; expected logits [B, T, V] = [{B}, {T}, V] "
+                     f"(batch first), flattened [B*T, V] = [{B * T}, V], or a tuple whose first "
+                     f"tensor is one of these{hint}")
+
+
+def _normalised(fn: Callable, name: str) -> Callable:
+    def forward(model, src, tgt, pad_id):
+        return as_logits(fn(model, src, tgt, pad_id), tgt, name)
+    forward.__wrapped__ = fn
+    forward.__doc__ = fn.__doc__
+    return forward
 
 
 def guess_adapter(model: nn.Module) -> str | None:
@@ -88,12 +164,12 @@ def resolve_adapter(spec: str | None, model: nn.Module) -> Adapter:
             raise UsageError(
                 f"do not know how to call {type(model).__name__}: pass --adapter FILE.py:FUNCTION "
                 f"with def forward(model, src, tgt, pad_id) -> logits (see docs/triage.md)")
-        return builtin_adapter(guess)
+        return builtin_adapter(guess, model)
     if spec in BUILTIN:
-        return builtin_adapter(spec)
+        return builtin_adapter(spec, model)
     fn, module = load_callable(spec, "--adapter")
     enc = getattr(module, "encode", None)
-    return Adapter(spec, fn, enc if callable(enc) and enc is not fn else None)
+    return Adapter(spec, _normalised(fn, spec), enc if callable(enc) and enc is not fn else None)
 
 
 # -- user code ------------------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""The foreign-code corpus: model files written the way other people write them (tests/foreign/
+*.py), each with healthy variants and named bugs, saved and triaged exactly as a user would:
+
+    tndebug triage CKPT --model tests/foreign/FILE.py:build --adapter tests/foreign/FILE.py:forward
+
+Shared by tests/foreign/test_corpus.py and bench/foreign.py.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tndebug.triage import TriageOptions, triage
+from tndebug.triage.adapters import as_logits, import_file
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+# The probe that owns each bug's failure mode (FAILURE_MODES / docs/triage.md).
+EXPECTED_PROBE = {
+    "no_scale": "missing-scale",
+    "no_causal": "mask-broadcast",
+    "inverted_pad_mask": "mask-broadcast",
+    "no_emb_scale": "positional-encoding",
+    "shared_qkv": "head-collapse",
+    "zero_positions": "positional-encoding",
+}
+
+
+@dataclass(frozen=True)
+class Style:
+    """One model file: its healthy variants (kwargs) and the bugs it can carry."""
+    name: str
+    file: str
+    bugs: tuple[str, ...]
+    variants: dict = field(default_factory=lambda: {"default": {}})
+    bug_variants: tuple[str, ...] = ("default",)   # the variants the bugs are injected into
+
+    @property
+    def path(self) -> Path:
+        return HERE / self.file
+
+    def spec(self, fn: str) -> str:
+        return f"{self.path}:{fn}"
+
+
+def _hf_styles() -> list[Style]:
+    if importlib.util.find_spec("transformers") is None:
+        return []
+    bugs = {"bart": ("no_scale", "no_causal", "inverted_pad_mask", "zero_positions", "shared_qkv"),
+            "marian": ("no_scale", "no_causal", "inverted_pad_mask", "zero_positions",
+                       "no_emb_scale", "shared_qkv"),
+            "t5": ("no_causal", "inverted_pad_mask", "zero_positions", "shared_qkv")}
+    return [Style(f"hf-{arch}", "hf_models.py", bugs[arch],
+                  {impl: {"arch": arch, "attn_implementation": impl} for impl in ("eager", "sdpa")},
+                  ("eager", "sdpa"))
+            for arch in ("bart", "marian", "t5")]
+
+
+FILL_VARIANTS = {f"{fill}-{how}": {"fill": fill, "masking": how}
+                 for fill in ("-1e4", "-1e9", "-inf", "finfo") for how in ("masked_fill", "additive")}
+
+STYLES: list[Style] = _hf_styles() + [
+    Style("prescaled_q", "prescaled_q.py",
+          ("no_scale", "no_causal", "inverted_pad_mask", "no_emb_scale", "shared_qkv", "zero_positions")),
+    Style("seq_first", "seq_first.py",
+          ("no_scale", "no_causal", "inverted_pad_mask", "no_emb_scale", "shared_qkv")),
+    Style("relbias", "relbias.py",
+          ("no_scale", "no_causal", "inverted_pad_mask", "shared_qkv", "zero_positions")),
+    Style("tied_fused", "tied_fused.py",
+          ("no_scale", "no_causal", "inverted_pad_mask", "no_emb_scale", "shared_qkv")),
+    Style("mask_fills", "mask_fills.py",
+          ("no_scale", "no_causal", "inverted_pad_mask", "no_emb_scale", "shared_qkv"),
+          FILL_VARIANTS, ("-1e9-masked_fill",)),
+]
+BY_NAME = {s.name: s for s in STYLES}
+
+
+def healthy_cases(seeds=(0, 1, 2)) -> list[tuple[str, str, int]]:
+    return [(s.name, v, seed) for s in STYLES for v in s.variants for seed in seeds]
+
+
+def bug_cases() -> list[tuple[str, str, str]]:
+    return [(s.name, v, bug) for s in STYLES for v in s.bug_variants for bug in s.bugs]
+
+
+def make_checkpoint(style: str, variant: str, bug: str | None, seed: int, folder: Path,
+                    steps: int = 10) -> Path:
+    """Build the user's model (init seed `seed`), train it `steps` steps on copy with Adam, and
+    save it as users do: {"model", "optimizer", "step", "config"}, all plain data."""
+    zoo_train = import_file(ROOT / "tests" / "zoo" / "train.py")
+    s = BY_NAME[style]
+    module = import_file(s.path)
+    config = {**s.variants[variant], "bug": bug}
+    torch.manual_seed(seed)
+    model = module.build(**config)
+    forward = lambda m, src, tgt, pad: as_logits(module.forward(m, src, tgt, pad), tgt, s.file)
+    model, opt, _ = zoo_train.train(model, forward, steps=steps, batch=16, seed=seed)
+    path = Path(folder) / f"{style}-{variant}-{bug or 'healthy'}-{seed}.pt"
+    zoo_train.save(path, model, opt, steps, config)
+    return path
+
+
+def run_triage(style: str, path: Path, **kw):
+    s = BY_NAME[style]
+    return triage(TriageOptions(str(path), model=s.spec("build"), adapter=s.spec("forward"), **kw))
+
+
+def flagged(report, severities=("warning", "error")) -> list:
+    return [f for f in report.findings if f.severity in severities]
+
+
+def describe(findings) -> str:
+    return "\n".join(f"  {f.severity:7s} {f.probe:20s} {f.where or '(run)'}: {f.message}"
+                     for f in findings) or "  (none)"
