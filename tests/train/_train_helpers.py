@@ -39,6 +39,7 @@ class Spy(Probe):
 
     def update(self, stats, info):
         self.calls.append("update")
+        self.cover("", "checked")                  # it judged the loss finite or not
         if not torch.isfinite(stats["loss"]).all():
             self.report("warning", "loss is not finite", step=info.step)
 

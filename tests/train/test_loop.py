@@ -55,6 +55,19 @@ def test_ctrl_c_gives_interrupted_and_keeps_the_checkpoint(tmp_path):
     assert (tmp_path / "checkpoint.pt").is_file()
 
 
+def test_a_run_interrupted_before_its_first_step_is_unchecked():
+    """Issue 12: nothing trained, so the probes that need training have no verdict."""
+    def interrupt(trace, info):
+        raise KeyboardInterrupt
+    from tndebug.probes.loss_health import LossHealthProbe
+    report = tiny_run(steps=5, probes=[Spy(on_observe=interrupt), LossHealthProbe()],
+                      evaluate_at_end=False).report
+    assert report.run["status"] == "interrupted" and report.run["stopped_at_step"] == 0
+    assert report.probes["loss-health"]["status"] == "no verdict"
+    assert report.probes["loss-health"]["steps_observed"] == 0
+    assert report.verdict == "unchecked"
+
+
 def test_no_dropout_fault_sets_dropout_zero():
     assert model_config("copy", "tiny", faults=("no_dropout",)).dropout == 0.0
     assert model_config("copy", "tiny").dropout == 0.1

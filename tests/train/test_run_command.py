@@ -24,6 +24,27 @@ def test_tiny_run_writes_checkpoint_and_report(tmp_path, capsys):
     assert state["global_step"] == 5
 
 
+def test_zero_steps_is_unchecked_not_clean(tmp_path, capsys, monkeypatch):
+    """Issue 12: `--steps 0` checks the model at setup, but the probes that need training
+    observe nothing: the verdict is UNCHECKED (exit 0), and the console says which."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / "run"
+    probes = "mask-broadcast,gradient-flow,loss-health,lr-schedule"
+    assert main(["run", "--preset", "tiny", "--probe", probes, "--steps", "0", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "unchecked"
+    assert report["probes"]["mask-broadcast"]["status"] == "pass"          # its setup tests ran
+    for name in ("gradient-flow", "loss-health", "lr-schedule"):
+        assert report["probes"][name]["status"] == "no verdict", name
+        assert report["probes"][name]["steps_observed"] == 0
+    text = "".join(capsys.readouterr())
+    assert "verdict: UNCHECKED" in text and "CLEAN" not in text
+    assert "probes passed (1): mask-broadcast" in text
+    assert "NO VERDICT loss-health" in text and "never observed a training step" in text
+    assert "> **Unchecked:**" in (out / "report.md").read_text()
+
+
 def test_resume_through_the_cli(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(TINY + ["--steps", "3", "--out", str(out), "--task", "reverse"]) == 0

@@ -185,6 +185,8 @@ class Probe:
             return "pass"
         if self.skipped or any(c["status"] == "no verdict" for c in self.coverage.values()):
             return "no verdict"
+        if self.observed_steps and not self.coverage:
+            return "no verdict"             # it ran, and said nothing about what it examined
         return "skipped"
 
     def _starved(self) -> bool:
@@ -203,6 +205,8 @@ class Probe:
             for c in self.coverage.values():
                 if c["status"] == level and c.get("reason"):
                     return c["reason"]
+        if self.observed_steps and not self.coverage:
+            return f"observed {self.observed_steps} steps but reported nothing it checked"
         return ""
 
     def status_entry(self, findings: list[Finding] | None = None) -> dict:
