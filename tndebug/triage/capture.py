@@ -186,6 +186,87 @@ class GenericCapture:
                 out[name] = owner if block else name
         return out
 
+    # -- discovery ---------------------------------------------------------------------------
+    def discover(self, run) -> set[str]:
+        """Run `run()` (one forward) and add, as attention modules, the innermost modules in which
+        a softmax follows a product of two activations (q k^T, not x W), or an SDPA call happens,
+        whatever their class is called (`Head`, `Mixer`). A softmax module (`nn.Softmax`)
+        stands for its parent. Returns the modules added."""
+        stack: list[str] = []
+        producted: set[str] = set()              # modules that multiplied two activations
+        found: set[str] = set()
+        modules = dict(self.model.named_modules())
+
+        def innermost() -> str | None:
+            for name in reversed(stack):
+                m = modules[name]
+                if not (isinstance(m, nn.Softmax) or "softmax" in type(m).__name__.lower()):
+                    return name or None
+            return None
+
+        def on_softmax(x, sdpa=False) -> None:
+            name = innermost()
+            if name and (sdpa or (isinstance(x, torch.Tensor) and x.dim() >= 3 and name in producted)):
+                found.add(name)
+
+        def on_product(a, b) -> None:
+            name = innermost()
+            if name and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (a, b)):
+                producted.add(name)
+
+        handles = []
+        for name, m in modules.items():
+            handles.append(m.register_forward_pre_hook(lambda mod, a, name=name: stack.append(name)))
+            handles.append(m.register_forward_hook(lambda mod, a, o: (stack.pop(), None)[1]))
+
+        def softmax(orig):
+            def wrapper(x, *args, **kwargs):
+                on_softmax(x)
+                return orig(x, *args, **kwargs)
+            return wrapper
+
+        def sdpa(orig):
+            def wrapper(*args, **kwargs):
+                on_softmax(None, sdpa=True)
+                return orig(*args, **kwargs)
+            return wrapper
+
+        def product(orig):
+            def wrapper(a, b, *args, **kwargs):
+                on_product(a, b)
+                return orig(a, b, *args, **kwargs)
+            return wrapper
+
+        def einsum(orig):
+            def wrapper(eq, *ops, **kwargs):
+                flat = ops[0] if len(ops) == 1 and isinstance(ops[0], (list, tuple)) else ops
+                if len(flat) == 2:
+                    on_product(*flat)
+                return orig(eq, *ops, **kwargs)
+            return wrapper
+
+        patches = [(F, "softmax", softmax), (torch, "softmax", softmax), (torch.Tensor, "softmax", softmax),
+                   (F, "scaled_dot_product_attention", sdpa), (torch, "matmul", product),
+                   (torch.Tensor, "matmul", product), (torch.Tensor, "__matmul__", product),
+                   (torch, "bmm", product), (torch.Tensor, "bmm", product), (torch, "einsum", einsum)]
+        originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
+        try:
+            for (owner, attr, make), (_, _, orig) in zip(patches, originals):
+                setattr(owner, attr, make(orig))
+            with torch.no_grad():
+                run()
+        finally:
+            for owner, attr, orig in reversed(originals):
+                setattr(owner, attr, orig)
+            for h in handles:
+                h.remove()
+        new = {n for n in found if n not in self.attention
+               and not any(n.startswith(a + ".") for a in self.attention)}
+        self.attention |= new
+        if new:
+            self.ffn_out = self._ffn_outputs(modules)
+        return new
+
     # -- recording ---------------------------------------------------------------------------
     @contextmanager
     def recording(self, reads=("all",), trace: Trace | None = None):
@@ -406,7 +487,8 @@ class _State:
         if call is None:
             return
         if not call.softmaxed:
-            if call.raw is not None and call.masked_scores is None and x.is_floating_point():
+            if call.raw is not None and call.masked_scores is None and x.is_floating_point() \
+                    and x.shape == call.raw.shape:   # not the fill that builds an additive mask
                 call.scores, call.masked_scores = x, out
         elif call.z is None:                  # a mask applied to the probabilities
             call.probs = out
@@ -570,9 +652,12 @@ class _State:
         return self.layout.bt(x)
 
     def _heads(self, x: torch.Tensor | None, B: int | None) -> torch.Tensor | None:
-        """[B*h, T, S] -> [B, h, T, S] (nn.MultiheadAttention's bmm path)."""
-        if x is None or B is None or x.dim() != 3 or x.shape[0] == B or x.shape[0] % B:
+        """[B*h, T, S] -> [B, h, T, S] (nn.MultiheadAttention's bmm path); [B, T, S] of a
+        one-head module (a `Head` of its own) -> [B, 1, T, S]."""
+        if x is None or B is None or x.dim() != 3 or x.shape[0] % B:
             return x
+        if x.shape[0] == B:
+            return x.unsqueeze(1)
         return x.reshape(B, x.shape[0] // B, *x.shape[1:])
 
     def release(self) -> None:
@@ -589,7 +674,8 @@ class _State:
         B = t.src.shape[0] if t.src is not None else None
         for call, rec in self.records:
             for f in ("q", "k", "v", "scores", "masked_scores", "probs", "z"):
-                setattr(rec, f, self._heads(getattr(rec, f), B))
+                if not (f == "probs" and rec.head_averaged):
+                    setattr(rec, f, self._heads(getattr(rec, f), B))
             if rec.out is not None:
                 rec.out = self._bt(rec.out)
             if rec.head_averaged and rec.probs is not None and rec.probs.dim() == 3:

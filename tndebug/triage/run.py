@@ -62,6 +62,8 @@ class TriageOptions:
     probes: str | None = None           # None: TRIAGE_PROBES
     trust: bool = False
     data: str | None = None             # FILE.pt or FILE.py:FUNCTION: the user's held-out batches
+    attn: str | None = None             # Hugging Face dir: eager | sdpa (default: its config's)
+    text: str | None = None             # Hugging Face dir: source<TAB>target lines
 
 
 @dataclass
@@ -82,6 +84,11 @@ def triage(opts: TriageOptions) -> Report:
     def lap(name: str) -> None:
         timings[name] = round(time.perf_counter() - t0 - sum(timings.values()), 3)
 
+    from tndebug.triage import hf       # a save_pretrained directory: no user code (issue 11)
+    if hf.is_hf_dir(opts.checkpoint):
+        return hf.triage_hf(opts)
+    if opts.attn or opts.text:
+        raise UsageError("--attn and --text apply to a Hugging Face directory (config.json + weights)")
     probe_names = _probe_names(opts.probes)
     task = _task(opts.task)
     ckpt = load_checkpoint(opts.checkpoint, trust=opts.trust)
@@ -307,6 +314,7 @@ def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
         sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
         check_data_vocab(batch, max(sizes, default=None), max(sizes, default=None), opts.data)
     src_v, tgt_v = _user_vocab(model, adapter, batch, opts.pad_id)
+    capture.discover(lambda: adapter.forward(model, batch[0][:2], batch[1][:2], opts.pad_id))
     _check_vocab(src_v, tgt_v, task, batch, opts.data)
     subject = Subject(model, adapter.forward, pad_id=opts.pad_id, bos_id=opts.bos_id,
                       src_vocab=src_v, tgt_vocab=tgt_v, encode=adapter.encode, capture=capture)
