@@ -161,4 +161,4 @@ class LossHealthProbe(Probe):
         if last >= needed:
             self._plateau(last)
         else:
-            self.skip(f"plateau check needs {needed} steps; the run stopped at step {last}")
+            self.skip(f"plateau check needs {needed} steps; the last probed step was {last}")

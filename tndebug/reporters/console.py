@@ -223,17 +223,21 @@ def _reasons(rows: list[tuple[str, str]], word: str) -> Table:
 
 
 def _partly_checked(report: Report) -> list[tuple[str, str]]:
-    """(probe, `4 of 6 places checked; 2 no verdict: where: why`) for probes with a verdict
-    that could not decide everywhere."""
+    """(probe, `4 of 6 places checked; 2 no verdict: where: why`, and the part it could not
+    run) for probes with a verdict that could not decide everywhere."""
     out = []
     for name, st in report.probes.items():
-        places = no_verdict_places(st)
-        if st.get("status") not in ("pass", "warn", "fail") or not places:
+        places, reason = no_verdict_places(st), st.get("reason", "")
+        if st.get("status") not in ("pass", "warn", "fail") or not (places or reason):
             continue
-        c = coverage_counts(st)
-        total = c["checked"] + c["no verdict"]
-        out.append((name, f"{c['checked']} of {total} places checked; {c['no verdict']} no "
-                          f"verdict: {reasons_text(places, limit=1)}"))
+        parts = []
+        if places:
+            c = coverage_counts(st)
+            parts.append(f"{c['checked']} of {c['checked'] + c['no verdict']} places checked; "
+                         f"{c['no verdict']} no verdict: {reasons_text(places, limit=1)}")
+        if reason:
+            parts.append(reason)
+        out.append((name, "; ".join(parts)))
     return out
 
 
