@@ -322,7 +322,14 @@ def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
            "model_kwargs": {k: v for k, v in used.items() if isinstance(v, (int, float, str, bool))},
            "config_source": "--config" if given is not None else (ckpt.config_key or None),
            "attention_modules": sorted(capture.attention)}
-    return _Target(subject, capture.scaling, run, lambda p: p, [], _user_attention_weights(model))
+    findings = []
+    if getattr(adapter, "note", None):       # the built-in adapter built what the user's code would
+        run["adapter_note"] = adapter.note
+        findings.append(Finding("mask-broadcast", "info", f"{adapter.note}; the mask tests judged "
+                                f"tndebug's masks, not yours: pass --adapter FILE.py:forward that "
+                                f"calls your own mask code", where="", step=0,
+                                evidence={"adapter": adapter.name}))
+    return _Target(subject, capture.scaling, run, lambda p: p, findings, _user_attention_weights(model))
 
 
 def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int]:
