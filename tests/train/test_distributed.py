@@ -165,6 +165,8 @@ def test_two_processes_reduce_to_the_one_process_statistics(tmp_path):
     assert {key(f) for f in report["findings"]} == {key(f.to_dict()) for f in single.report.findings}
     assert any(f["probe"] == "missing-scale" and f["severity"] == "error" and f["rank"] == 0
                for f in report["findings"])
+    # statuses follow every rank's findings; coverage is the same as in one process
+    assert report["probes"] == json.loads(json.dumps(single.report.probes))
     # the reduced statistics
     ddp = json.loads((out / "metrics.json").read_text())
     compared = 0
