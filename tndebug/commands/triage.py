@@ -18,6 +18,7 @@ EPILOG = """examples:
   tndebug triage ckpt.pt --model mymodel.py:make_model --adapter annotated
   tndebug triage ckpt.pt --model seq2seq.py:build --adapter seq2seq.py:forward --config cfg.json
   tndebug triage model.pt --data held_out.pt                # your own held-out batches
+  tndebug triage ./my-model/ --attn sdpa --text pairs.tsv   # a Hugging Face save_pretrained dir
 see docs/triage.md"""
 
 
@@ -27,7 +28,8 @@ def add_parser(sub) -> None:
         description="Load a checkpoint safely, recognise or load the model, and run every probe "
                     "that makes sense for weights, plus checkpoint hygiene checks.",
         epilog=EPILOG, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a .pt/.pth (torch.save) or .safetensors file")
+    p.add_argument("checkpoint", help="a .pt/.pth (torch.save) or .safetensors file, or a Hugging "
+                                      "Face save_pretrained directory (needs tndebug[hf])")
     p.add_argument("--model", metavar="FILE.py:FACTORY",
                    help="build your own module (kwargs from --config, else the checkpoint's config)")
     p.add_argument("--config", metavar="JSON|FILE.json",
@@ -43,6 +45,12 @@ def add_parser(sub) -> None:
     p.add_argument("--task", default="copy", choices=("copy", "reverse", "sort", "translate"),
                    help="built-in held-out data when --data is not given (default: copy; its "
                         "token scheme is in docs/triage.md)")
+    p.add_argument("--attn", choices=("eager", "sdpa"),
+                   help="Hugging Face directory: the attention implementation to triage under "
+                        "(default: the config's, else transformers' default)")
+    p.add_argument("--text", metavar="FILE",
+                   help="Hugging Face directory: held-out source<TAB>target lines, tokenised with "
+                        "the tokenizer saved in the directory (for the temperature sweep)")
     p.add_argument("--pad-id", type=int, default=0)
     p.add_argument("--bos-id", type=int, default=1)
     p.add_argument("--heads", type=int, help="number of attention heads (not in the weights)")
@@ -66,7 +74,8 @@ def main(args) -> int:
     opts = TriageOptions(args.checkpoint, model=args.model, config=args.config,
                          adapter=args.adapter, task=args.task, pad_id=args.pad_id,
                          bos_id=args.bos_id, heads=args.heads, norm=args.norm, probes=args.probe,
-                         trust=args.trust_checkpoint, data=args.data)
+                         trust=args.trust_checkpoint, data=args.data, attn=args.attn,
+                         text=args.text)
     out = args.out or output_name(args.checkpoint)
     try:
         report = triage(opts)

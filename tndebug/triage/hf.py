@@ -1,0 +1,489 @@
+"""`tndebug triage DIR`: a Hugging Face `save_pretrained` directory, no user code (issue 11).
+
+    report = triage_hf(TriageOptions("./my-model/", attn="sdpa"))
+
+1. config.json -> AutoConfig (local files only, HF_HUB_OFFLINE=1: never a network call); an
+   unknown model_type or a decoder-only model is a one-line UsageError;
+2. the model from `AutoModelForSeq2SeqLM.from_config`, the weights read with safetensors (or
+   torch.load(weights_only=True) for .bin), sharded or not, and loaded tie-aware: a missing key
+   is accepted only when it shares storage with a loaded one after `tie_weights()`;
+3. the built-in adapter calls it as a user of transformers does (`input_ids`, `attention_mask`
+   with 1 = keep, `decoder_input_ids`, `decoder_attention_mask`, `.logits`); pad and
+   decoder-start ids come from the config;
+4. the probes run on random ids from the model's vocabulary (special ids excluded); the
+   temperature sweep needs in-distribution data (--data, or --text FILE tokenised with the
+   tokenizer saved in DIR) and is skipped, with a note, without it;
+5. findings keep HF's module naming; fixes are rewritten for HF code (HF_FIXES).
+
+transformers is imported only inside functions: the core package never needs it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tndebug.data import Batch
+from tndebug.errors import UsageError
+from tndebug.findings import Finding
+from tndebug.subject import Subject
+
+INSTALL = "pip install 'tndebug[hf]'"
+WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
+           "pytorch_model.bin")
+OWN_CHECKPOINTS = ("checkpoint.pt", "model.pt")     # tndebug's (and plain torch) files win
+HELD_OUT, SRC_LEN, TGT_LEN = 16, 12, 12             # the random batch for the probes' pass
+TEXT_MAX_TOKENS = 64                                 # --text: longer lines are truncated
+
+
+def is_hf_dir(path: str) -> bool:
+    """A directory that looks like `save_pretrained` output (config.json or HF weight files)."""
+    p = Path(path)
+    if not p.is_dir() or any((p / n).is_file() for n in OWN_CHECKPOINTS):
+        return False
+    return (p / "config.json").is_file() or any((p / n).is_file() for n in WEIGHTS)
+
+
+def _transformers():
+    os.environ["HF_HUB_OFFLINE"] = "1"               # read at import: nothing is fetched
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError(f"triaging a Hugging Face directory needs transformers: {INSTALL}") from None
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+# -- config and model --------------------------------------------------------------------------
+def load_config(folder: Path):
+    tf = _transformers()
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise UsageError(f"{folder} has no config.json; pass a directory written by "
+                         f"model.save_pretrained(DIR) (config.json + model.safetensors)")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except ValueError as e:
+        raise UsageError(f"{cfg_path} is not valid JSON ({e})") from None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if not model_type:
+        raise UsageError(f"{cfg_path} has no model_type; it is not a transformers config")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise UsageError(f"{cfg_path}: model_type {model_type!r} is unknown to transformers "
+                         f"{tf.__version__} (a newer transformers, or a model with custom code, "
+                         f"which tndebug does not run)")
+    if model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        kind = "a decoder-only" if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else "not an encoder-decoder"
+        raise UsageError(f"{folder} holds {kind} model ({model_type}, "
+                         f"{', '.join(raw.get('architectures') or []) or 'no architectures'}): "
+                         f"tndebug triages encoder-decoders today (AutoModelForSeq2SeqLM)")
+    try:
+        config = tf.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers raises many types
+        raise UsageError(f"{cfg_path} could not be read by transformers: {_line(e)}") from None
+    return tf, config
+
+
+def build_model(tf, config, attn: str | None) -> nn.Module:
+    kw = {"attn_implementation": attn} if attn else {}
+    try:
+        return tf.AutoModelForSeq2SeqLM.from_config(config, **kw)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"cannot build {config.model_type} from config.json"
+                         f"{f' with --attn {attn}' if attn else ''}: {_line(e)}") from None
+
+
+# -- weights -------------------------------------------------------------------------------------
+def weight_files(folder: Path) -> list[Path]:
+    """The files holding the weights, shards in the index's order; missing ones are an error."""
+    for name in WEIGHTS:
+        p = folder / name
+        if not p.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return [p]
+        try:
+            shards = sorted(set(json.loads(p.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise UsageError(f"{p} is not a shard index (no weight_map); save the model again") from None
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise UsageError(f"{p} names {len(missing)} shard(s) that are not in {folder} "
+                             f"(e.g. {', '.join(missing[:3])}): copy the whole directory")
+        return [folder / s for s in shards]
+    raise UsageError(f"{folder} has config.json but no weights (model.safetensors, "
+                     f"pytorch_model.bin or their .index.json)")
+
+
+def read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
+    sd: dict[str, torch.Tensor] = {}
+    for p in files:
+        try:
+            if p.suffix == ".safetensors":
+                from safetensors.torch import load_file
+                part = load_file(str(p))
+            else:
+                part = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - a truncated or foreign file
+            raise UsageError(f"{p} is corrupt or truncated ({_line(e)[:120]}); copy or save it "
+                             f"again") from None
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise UsageError(f"{p} does not hold a state_dict of tensors")
+        sd.update(part)
+    return sd
+
+
+def load_tied(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path) -> list[str]:
+    """Load `sd` into `model`; returns the missing keys restored by weight tying. Anything else
+    that does not fit is a one-line UsageError naming a few keys."""
+    own = model.state_dict()
+    ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
+    unexpected = [k for k in sd if k not in own and not any(r.search(k) for r in ignore)]
+    shapes = [f"{k} {list(sd[k].shape)} in the file, {list(own[k].shape)} from config.json"
+              for k in sd if k in own and sd[k].shape != own[k].shape]
+    if shapes:
+        raise UsageError(f"the weights in {folder} do not fit its config.json: {len(shapes)} shape "
+                         f"mismatch(es) (e.g. {'; '.join(shapes[:2])})")
+    if unexpected:
+        raise UsageError(f"the weights in {folder} do not fit its config.json: {len(unexpected)} "
+                         f"unexpected key(s) (e.g. {', '.join(unexpected[:3])})")
+    missing = model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False).missing_keys
+    model.tie_weights()
+    after = model.state_dict()
+    loaded = {after[k].data_ptr() for k in sd if k in after}
+    tied = [k for k in missing if after[k].data_ptr() in loaded]
+    ignore_missing = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_missing", None) or [])]
+    untied = [k for k in missing if k not in tied and not any(r.search(k) for r in ignore_missing)]
+    if untied:
+        raise UsageError(f"the weights in {folder} do not fit its config.json: {len(untied)} "
+                         f"missing key(s) not tied to a loaded weight (e.g. {', '.join(untied[:3])})")
+    return tied
+
+
+# -- ids, the subject and the adapter --------------------------------------------------------------
+def special_ids(config) -> dict[str, int]:
+    return {k: v for k, v in sorted(vars(config).items())
+            if k.endswith("_token_id") and isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+
+
+def choose_ids(config, vocab: int) -> dict:
+    """pad, the decoder-start id, the id the probes put in column 0, the content range."""
+    spec = special_ids(config)
+    pad = spec.get("pad_token_id", 0)
+    start_from = next((k for k in ("decoder_start_token_id", "bos_token_id", "pad_token_id",
+                                   "eos_token_id") if k in spec), None)
+    start = spec[start_from] if start_from else 0
+    specials = sorted({v for v in spec.values() if v < vocab})
+    low = [s for s in specials if s < vocab // 2]
+    high = [s for s in specials if s >= vocab // 2]
+    lo, hi = (max(low) + 1 if low else 0), (min(high) if high else vocab)
+    # probes tell padding by id: when decoder start == pad (T5, Marian, Pegasus) they get another
+    # special id in column 0, which the adapter turns back into decoder_start_token_id
+    marker = start
+    if start == pad:
+        marker = next((s for s in specials if s != pad), lo)
+        lo = max(lo, marker + 1) if marker < vocab // 2 else lo
+    if hi - lo < 4:
+        raise UsageError(f"config.json leaves fewer than 4 ordinary token ids ({lo}..{hi - 1}) "
+                         f"in a vocabulary of {vocab}")
+    return {"pad": pad, "start": start, "start_from": start_from, "marker": marker,
+            "content": (lo, hi), "specials": spec}
+
+
+class HFSubject(Subject):
+    """A Subject whose random content avoids the model's special ids (range [lo, hi))."""
+
+    def __init__(self, *a, first_content: int, **kw) -> None:
+        super().__init__(*a, **kw)
+        self._first = first_content
+
+    @property
+    def first_content(self) -> int:
+        return self._first
+
+
+def make_adapter(start: int, marker: int):
+    """forward(model, src, tgt, pad_id) and encode(model, src, pad_id) as transformers users call
+    the model; column 0 holding `marker` becomes decoder_start_token_id."""
+    def decoder_ids(tgt):
+        if marker == start:
+            return tgt
+        dec = tgt.clone()
+        dec[:, 0] = torch.where(tgt[:, 0] == marker, torch.full_like(tgt[:, 0], start), tgt[:, 0])
+        return dec
+
+    def forward(model, src, tgt, pad_id):
+        out = model(input_ids=src, attention_mask=(src != pad_id).long(),          # 1 = keep
+                    decoder_input_ids=decoder_ids(tgt),
+                    decoder_attention_mask=(tgt != pad_id).long(), use_cache=False)
+        return out.logits                                                            # [B, T, V]
+
+    def encode(model, src, pad_id):
+        return model.get_encoder()(input_ids=src, attention_mask=(src != pad_id).long()
+                                   ).last_hidden_state                               # [B, S, d]
+    forward.decoder_ids = decoder_ids               # for callers that wrap it (tests)
+    return forward, encode
+
+
+def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
+    """Random content ids, BOS (marker)-led targets, about a third of the rows right-padded."""
+    src, tgt = subject.random_batch(n, SRC_LEN, TGT_LEN + 1, pad_share=0.3,
+                                    generator=torch.Generator().manual_seed(0))
+    tgt_out = tgt[:, 1:]
+    tgt_in = tgt[:, :-1].masked_fill(tgt_out == subject.pad_id, subject.pad_id)
+    return Batch(src.cpu(), tgt_in.cpu(), tgt_out.cpu())
+
+
+# -- in-distribution data: --data or --text ------------------------------------------------------
+def load_text(spec: str, folder: Path, ids: dict) -> dict:
+    """--text FILE: `source<TAB>target` per line -> {'src', 'tgt'} (tgt led by decoder start)."""
+    path = Path(spec)
+    if not path.is_file():
+        raise UsageError(f"--text: no such file {spec}")
+    pairs = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if "\t" not in line:
+            raise UsageError(f"--text {spec}: line {n} has no TAB; each line is source<TAB>target")
+        s, t = line.split("\t", 1)
+        pairs.append((s, t))
+    if len(pairs) < 2:
+        raise UsageError(f"--text {spec}: need at least 2 source<TAB>target lines, found {len(pairs)}")
+    encode = _tokenizer(folder, spec)
+    src = [encode(s, False)[:TEXT_MAX_TOKENS] for s, _ in pairs]
+    tgt = [[ids["start"]] + encode(t, True)[:TEXT_MAX_TOKENS] for _, t in pairs]
+
+    def padded(rows):
+        width = max(map(len, rows))
+        return torch.tensor([r + [ids["pad"]] * (width - len(r)) for r in rows], dtype=torch.long)
+    return {"src": padded(src), "tgt": padded(tgt)}
+
+
+def _tokenizer(folder: Path, spec: str):
+    """encode(text, is_target) -> ids with the model's special tokens, from the tokenizer in DIR."""
+    tf = _transformers()
+    try:
+        tok = tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+        def encode(text, target):
+            return list(tok(text_target=text)["input_ids"] if target else tok(text)["input_ids"])
+        return encode
+    except Exception:  # noqa: BLE001 - no tokenizer_config / vocab files: try tokenizer.json
+        pass
+    if (folder / "tokenizer.json").is_file():
+        try:
+            from tokenizers import Tokenizer
+            raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            return lambda text, target: raw.encode(text).ids
+        except Exception as e:  # noqa: BLE001
+            raise UsageError(f"--text {spec}: {folder}/tokenizer.json is unreadable ({_line(e)})") from None
+    raise UsageError(f"--text {spec}: no tokenizer saved in {folder} (save it with "
+                     f"tokenizer.save_pretrained(DIR)), or pass --data with token ids")
+
+
+def held_out(opts, folder: Path, ids: dict, marker: int) -> tuple[Batch | None, str | None]:
+    """The user's in-distribution batch (column 0 = the probes' marker), or (None, None)."""
+    from tndebug.triage.userdata import load_data, to_batch
+    if opts.data and getattr(opts, "text", None):
+        raise UsageError("pass --data or --text, not both")
+    if opts.data:
+        batch, source = load_data(opts.data, ids["pad"], ids["start"]), f"--data {opts.data}"
+    elif getattr(opts, "text", None):
+        batch = to_batch(load_text(opts.text, folder, ids), ids["pad"], ids["start"], f"--text {opts.text}")
+        source = f"--text {opts.text}"
+    else:
+        return None, None
+    tgt_in = batch.tgt_in.clone()
+    tgt_in[:, 0] = marker
+    return Batch(batch.src, tgt_in, batch.tgt_out), source
+
+
+# -- fixes in HF terms -----------------------------------------------------------------------------
+HF_FIXES = {
+    "missing-scale": "transformers' attention multiplies q k^T by `self.scaling` = head_dim**-0.5 "
+                     "(eager) or passes `scale=self.scaling` to SDPA; a subclass or patch that sets "
+                     "`scaling = 1.0` or drops `scale=` removes it (T5 has none by design: its "
+                     "initialisation folds it into q)",
+    "mask-broadcast:causal": "the decoder's self-attention must be causal: keep the decoder "
+                             "config's `is_decoder=True` / `is_causal=True` and its attention modules' "
+                             "`is_causal`; pass decoder_input_ids = labels shifted right with "
+                             "decoder_start_token_id (model.prepare_decoder_input_ids_from_labels), "
+                             "and a decoder_attention_mask of 1 = keep, 0 = padding (never a full "
+                             "4-D mask without the causal part)",
+    "mask-broadcast:padding": "pass attention_mask with 1 = keep, 0 = padding, as the tokenizer "
+                              "returns it: attention_mask = (input_ids != config.pad_token_id).long() "
+                              "(not inverted, not True at padding); the same mask reaches the "
+                              "cross-attention, so pass it to generate() and forward() alike",
+    "nan-scores": "masks in transformers add torch.finfo(dtype).min, not -inf; a patched mask or "
+                  "an all-padding row (attention_mask all 0) gives NaN: keep at least one 1 per row",
+    "positional-encoding": "check the positions: learned `embed_positions` (BART, mBART; "
+                           "config.max_position_embeddings) must be loaded and trained, not zero or "
+                           "frozen; Marian/Pegasus build sinusoidal tables from the config; T5 needs "
+                           "`relative_attention_bias` in layer 0 of each stack; "
+                           "config.scale_embedding multiplies embeddings by sqrt(d_model)",
+    "head-collapse": "each attention needs its own q_proj / k_proj / v_proj (T5: q, k, v): check that "
+                     "a patch, a tie or a custom init does not share or copy them across heads",
+    "variance-drift": "each layer must add its sublayer's output to its input "
+                      "(hidden_states = residual + hidden_states): check a subclassed or patched layer",
+    "ln-placement": "the norm placement is fixed by the architecture (BART/Marian post-LN; mBART, "
+                    "Pegasus, T5 pre-LN with a final layer_norm): check a patched layer or a config "
+                    "field such as normalize_before / add_final_layer_norm",
+    "gradient-flow": "a part gets no gradient: check requires_grad (frozen parameters), detach() in "
+                     "a patched forward, and tie_word_embeddings",
+}
+
+
+def hf_fix(f: Finding) -> Finding:
+    """The finding with a fix written for transformers code (the generic one in evidence)."""
+    key = f.probe
+    if f.probe == "mask-broadcast":
+        text = f"{f.where} {f.message}".lower()
+        key += ":causal" if ("future" in text or "causal" in text or
+                             ("decoder" in text and "self" in text and "cross" not in text)) else ":padding"
+    if key not in HF_FIXES or f.severity == "info" or "best_alpha" in f.evidence:
+        return f
+    return replace(f, fix=HF_FIXES[key], evidence={**f.evidence, "generic_fix": f.fix})
+
+
+def attention_weights(model: nn.Module) -> list:
+    """(path, W_Q, W_K, W_V, heads) for BART-family (q_proj/k_proj/v_proj) and T5 (q/k/v)."""
+    out = []
+    for name, m in model.named_modules():
+        names = next((t for t in (("q_proj", "k_proj", "v_proj"), ("q", "k", "v"))
+                      if all(isinstance(getattr(m, a, None), nn.Linear) for a in t)), None)
+        h = next((getattr(m, a) for a in ("num_heads", "n_heads") if isinstance(getattr(m, a, None), int)),
+                 None) or getattr(getattr(m, "config", None), "num_attention_heads", None)
+        if names and isinstance(h, int):
+            out.append((name, *(getattr(m, a).weight.detach() for a in names), h))
+    return out
+
+
+def resume_state(folder: Path) -> list[Finding]:
+    """A Trainer checkpoint (checkpoint-N/) has optimizer.pt, scheduler.pt, trainer_state.json."""
+    from tndebug.triage import hygiene
+    from tndebug.triage.loading import Checkpoint
+    step = None
+    try:
+        step = int(json.loads((folder / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    ckpt = Checkpoint(folder, {}, container="save_pretrained", step=step,
+                      optimizer={"state": {0: "optimizer.pt"}} if (folder / "optimizer.pt").is_file() else None,
+                      has_scheduler=(folder / "scheduler.pt").is_file(),
+                      top_keys=sorted(p.name for p in folder.iterdir()))
+    return [replace(f, fix=FIX_RESUME_HF) for f in hygiene.resume_state(ckpt)]
+
+
+FIX_RESUME_HF = ("save_pretrained keeps the weights only: to resume, train with Trainer and resume from "
+                 "its checkpoint-N/ directory (optimizer.pt, scheduler.pt, trainer_state.json): "
+                 "trainer.train(resume_from_checkpoint=DIR)")
+
+
+# -- triage ------------------------------------------------------------------------------------------
+def triage_hf(opts, patch=None):
+    """Triage a save_pretrained directory. `patch(model, adapter)` (tests): change the loaded
+    model in place, or return (forward, encode) to call it differently."""
+    from tndebug.report import Report
+    from tndebug.triage import hygiene
+    from tndebug.triage import run as R
+    from tndebug.triage.capture import GenericCapture
+    from tndebug.triage.userdata import check_vocab
+
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        timings[name] = round(time.perf_counter() - t0 - sum(timings.values()), 3)
+
+    folder = Path(opts.checkpoint)
+    if opts.model or opts.adapter or opts.config:
+        raise UsageError(f"{folder} is a Hugging Face directory: --model, --adapter and --config "
+                         f"do not apply (the model is built from its config.json)")
+    attn = getattr(opts, "attn", None)
+    probe_names = R._probe_names(opts.probes)
+    tf, config = load_config(folder)
+    files = weight_files(folder)
+    sd = read_weights(files)
+    lap("load")
+    model = build_model(tf, config, attn)
+    tied = load_tied(model, sd, folder)
+    model.eval()
+    src_v = model.get_input_embeddings().num_embeddings
+    out_emb = model.get_output_embeddings()
+    tgt_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or src_v
+    ids = choose_ids(config, min(src_v, tgt_v))
+    forward, encode = make_adapter(ids["start"], ids["marker"])
+    if patch is not None:
+        forward, encode = patch(model, (forward, encode)) or (forward, encode)
+    lo, hi = ids["content"]
+    subject = HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
+                        tgt_vocab=hi, encode=encode, capture=GenericCapture(model),
+                        max_len=getattr(config, "max_position_embeddings", None), first_content=lo)
+    data, source = held_out(opts, folder, ids, ids["marker"])
+    if data is not None:
+        check_vocab(data, src_v, tgt_v, source)
+    batch = data if data is not None else random_batch(subject)
+    if hasattr(subject.capture, "discover"):   # attention sites by behaviour, whatever the class
+        subject.capture.discover(lambda: forward(model, batch.src[:2], batch.tgt_in[:2], ids["pad"]))
+    lap("model")
+
+    findings = hygiene.non_finite(sd) + resume_state(folder)
+    engine_findings, statuses, probe_seconds = R._run_probes(subject, probe_names, batch, ids["pad"])
+    findings += engine_findings
+    lap("probes")
+    findings += hygiene.duplicate_heads(attention_weights(model))
+    if data is not None:
+        sweep, sweep_ev = hygiene.temperature_sweep(
+            lambda s, t: subject.logits(s, t), subject.capture.scaling, data, ids["pad"], tgt_v,
+            data="--data")
+    else:
+        reason = ("needs in-distribution data: pass --text FILE (source<TAB>target per line, "
+                  "tokenised with the tokenizer in DIR) or --data FILE.pt; random ids cannot say "
+                  "whether the checkpoint was trained with the scale its code applies")
+        sweep, sweep_ev = [Finding("missing-scale", "info", f"temperature sweep skipped: {reason}",
+                                   step=0, evidence={"verdict": "skipped"})], {"verdict": "skipped",
+                                                                               "reason": reason}
+    findings += sweep
+    lap("hygiene")
+
+    findings = R._dedupe([hf_fix(f) for f in findings])
+    statuses.update(R._hygiene_statuses(findings, statuses))
+    run = {"mode": "triage", "checkpoint": str(folder), "format": "huggingface",
+           "container": "save_pretrained", "layout": "huggingface", "model_type": config.model_type,
+           "model": type(model).__name__, "adapter": "huggingface",
+           "transformers_version": tf.__version__,
+           "attn_implementation": getattr(model.config, "_attn_implementation", None),
+           "weight_files": [p.name for p in files], "tied_keys_restored": tied,
+           "task": None, "data": (source or "random ids from the model's vocabulary "
+                                  f"({lo}..{hi - 1}; special ids excluded)"),
+           "held_out_sequences": int(batch.src.shape[0]), "compute_dtype": "float32",
+           "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in sd.values()
+                                    if v.is_floating_point()}),
+           "pad_id": ids["pad"], "bos_id": ids["start"], "special_ids": ids["specials"],
+           "ids_note": (f"pad {ids['pad']} (pad_token_id) and decoder start {ids['start']} "
+                        f"({ids['start_from']}) come from config.json; --pad-id/--bos-id are not "
+                        f"used" + (f"; probes mark column 0 with id {ids['marker']}, which the "
+                                   f"adapter feeds as {ids['start']}" if ids["marker"] != ids["start"] else "")),
+           "attention_modules": sorted(subject.capture.attention), "probes_run": probe_names,
+           "temperature_sweep": sweep_ev, "timings_s": timings, "probe_seconds": probe_seconds,
+           "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
+    report = Report(run=run, findings=findings, probes=statuses)
+    report.first_sign = next((f for f in findings if f.severity == "error"), None) or \
+        next((f for f in findings if f.severity == "warning"), None)
+    return report
+
+
+def _line(e: Exception) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0][:200] if s else type(e).__name__
