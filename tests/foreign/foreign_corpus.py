@@ -8,6 +8,7 @@ Shared by tests/foreign/test_corpus.py and bench/foreign.py.
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,6 +112,16 @@ def run_triage(style: str, path: Path, **kw):
 
 def flagged(report, severities=("warning", "error")) -> list:
     return [f for f in report.findings if f.severity in severities]
+
+
+_BROKE = re.compile(r"raised|failed|\b\w+(Error|Exception)\b")
+
+
+def probe_failures(report) -> dict[str, str]:
+    """Probes whose reason says they raised on the model ('setup raised IndexError: ...'): their
+    'pass' or 'no verdict' judges nothing."""
+    return {p: s["reason"] for p, s in report.probes.items()
+            if isinstance(s.get("reason"), str) and _BROKE.search(s["reason"])}
 
 
 def describe(findings) -> str:
