@@ -334,6 +334,18 @@ def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
 
 def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int]:
     src, tgt_in, _ = batch
+    fed: dict[str, int] = {}                 # "src"/"tgt" -> size of the embedding fed those ids
+
+    def saw(module, args):
+        ids = args[0] if args else None
+        if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
+            return
+        for role, ref in (("src", src[:2]), ("tgt", tgt_in[:2])):
+            if role not in fed and ids.dim() == 2 and (
+                    (ids.shape == ref.shape and torch.equal(ids, ref))
+                    or (ids.shape == ref.T.shape and torch.equal(ids, ref.T))):
+                fed[role] = module.num_embeddings
+    handles = [m.register_forward_pre_hook(saw) for m in model.modules() if isinstance(m, nn.Embedding)]
     try:
         with torch.no_grad():
             logits = adapter.forward(model, src[:2], tgt_in[:2], pad_id)
@@ -341,11 +353,16 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
         raise UsageError(f"the adapter {adapter.name} raised {type(e).__name__}: "
                          f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''} "
                          f"(it is called as forward(model, src [B,S], tgt [B,T], pad_id))") from None
+    finally:
+        for h in handles:
+            h.remove()
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != tgt_in[:2].shape:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise UsageError(f"the adapter {adapter.name} returned {shape}; expected logits "
                          f"[B, T, V] = [2, {tgt_in.shape[1]}, V] (batch first)")
     tgt_v = logits.shape[-1]
+    if "src" in fed:                         # behaviour: the table the source ids were looked up in
+        return fed["src"], min(tgt_v, fed.get("tgt", tgt_v))
     embs = [(n, m.num_embeddings) for n, m in model.named_modules() if isinstance(m, nn.Embedding)
             and not any(w in n.lower() for w in ("pos", "wpe"))]
     src_v = next((v for n, v in embs if any(w in n.lower() for w in ("src", "enc", "source"))), None)
