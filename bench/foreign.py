@@ -1,0 +1,261 @@
+"""Triage verdicts on code no one here wrote (issue 10): the whole foreign-code corpus of
+tests/foreign (Hugging Face BART/Marian/T5 in eager and SDPA, five plain-PyTorch styles), healthy
+over several init seeds and with each injected bug, each model trained briefly, saved as users
+save, and triaged as `tndebug triage CKPT --model FILE.py:build --adapter FILE.py:forward`.
+
+    OMP_NUM_THREADS=1 python bench/foreign.py                  # -> bench/results/foreign.{md,json}
+    python bench/foreign.py --seeds 10 --bug-seeds 5 --styles hf-bart,relbias --out /tmp/f
+    python bench/foreign.py --at 5e4f9d9        # tndebug as it was at a commit (git archive), the
+                                                # corpus and this script as they are now
+
+Writes the confusion table style x fault x probe (the worst severity each probe gave, over the
+seeds), the false-alarm rate per style (healthy runs with any warning or error), the recall per
+style (bugs whose own probe said warning or error), every false alarm, missed bug and collateral
+error with its message, the command, the commit and the machine's load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "foreign"))
+import foreign_corpus as corpus  # noqa: E402
+
+import tndebug  # noqa: E402
+from tndebug.triage.run import TRIAGE_PROBES  # noqa: E402
+
+OUT = ROOT / "bench" / "results" / "foreign"
+PROBES = list(TRIAGE_PROBES) + ["checkpoint"]
+SEV = {"error": "E", "warning": "W"}
+_NUMBER = re.compile(r"\d+(\.\d+)?(e[+-]?\d+)?")
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, steps: int) -> dict:
+    t0 = time.perf_counter()
+    path = corpus.make_checkpoint(style, variant, bug, seed, folder, steps=steps)
+    t1 = time.perf_counter()
+    rec = {"style": style, "variant": variant, "fault": bug or "healthy", "seed": seed,
+           "expected_probe": corpus.EXPECTED_PROBE.get(bug)}
+    try:
+        report = corpus.run_triage(style, path)
+    except Exception as e:  # noqa: BLE001 - a crash is a result too
+        rec.update(crashed=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
+                   findings=[], no_verdict={})
+    else:
+        rec["findings"] = [{"probe": f.probe, "severity": f.severity, "where": f.where,
+                            "message": f.message} for f in report.findings]
+        rec["no_verdict"] = {p: s.get("reason") for p, s in report.probes.items()
+                             if s.get("status") not in ("pass", "warn", "fail")}
+        rec["probe_reasons"] = {p: s["reason"] for p, s in report.probes.items() if s.get("reason")}
+        rec["probe_failures"] = corpus.probe_failures(report)
+    rec["train_s"], rec["triage_s"] = round(t1 - t0, 3), round(time.perf_counter() - t1, 3)
+    flagged = [f for f in rec["findings"] if f["severity"] in SEV]
+    rec["flagged"] = sorted({(f["probe"], f["severity"]) for f in flagged})
+    if bug is None:
+        rec["outcome"] = ("crash" if "crashed" in rec else "false alarm" if flagged else
+                          "unjudged (probes broke)" if rec["probe_failures"] else "clean")
+    else:
+        own = any(f["probe"] == rec["expected_probe"] for f in flagged)
+        collateral = [f for f in flagged if f["severity"] == "error" and f["probe"] != rec["expected_probe"]]
+        rec["collateral_errors"] = sorted({f["probe"] for f in collateral})
+        rec["outcome"] = ("crash" if "crashed" in rec else
+                          ("caught" if own else "missed") + (" + collateral error" if collateral else ""))
+    return rec
+
+
+def cell(records: list[dict], probe: str) -> str:
+    """'E3/3' = error in 3 of 3 runs; 'W1/3'; '' = nothing at warning or error."""
+    worst = [max((SEV[s] == "E") + 1 for p, s in r["flagged"] if p == probe) if
+             any(p == probe for p, _ in r["flagged"]) else 0 for r in records]
+    n = len(records)
+    e, w = sum(x == 2 for x in worst), sum(x == 1 for x in worst)
+    parts = ([f"E{e}"] if e else []) + ([f"W{w}"] if w else [])
+    return f"{' '.join(parts)}/{n}" if parts else ""
+
+
+def write_md(path: Path, meta: dict, records: list[dict]) -> None:
+    rows = defaultdict(list)
+    for r in records:
+        rows[(r["style"], r["variant"], r["fault"])].append(r)
+    L = [f"# Foreign-code corpus: triage verdicts on code no one here wrote (issue 10)", "",
+         f"* command: `{meta['command']}`",
+         f"* tndebug at commit `{meta['commit']}`{meta['dirty_note']} (imported from `{meta['tndebug_from']}`); "
+         f"the corpus (tests/foreign) and this script at `{meta['corpus_commit']}`"
+         f"{' with uncommitted changes' if meta['corpus_dirty'] else ''}",
+         f"* machine: {meta['machine']}; load average (1, 5, 15 min) at start {meta['load_start']}, "
+         f"at end {meta['load_end']}; torch {meta['torch']}, transformers {meta['transformers']}",
+         f"* {meta['runs']} runs ({meta['healthy_runs']} healthy over seeds {meta['seeds']}, "
+         f"{meta['bug_runs']} with a bug over seeds {meta['bug_seeds']}), {meta['steps']} training "
+         f"steps each, wall {meta['wall_s']:.0f} s; {meta['date']}", "",
+         "Healthy: a *false alarm* is any warning or error. Bug: *caught* when the probe that owns "
+         "it gives a warning or an error; *collateral* when another probe gives an error.", "",
+         "## Per style", "",
+         "| style | healthy runs | false alarms | rate | clean only because probes broke | bug runs | caught | recall | collateral errors | crashes |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in corpus.STYLES:
+        h = [r for r in records if r["style"] == s.name and r["fault"] == "healthy"]
+        b = [r for r in records if r["style"] == s.name and r["fault"] != "healthy"]
+        if not h and not b:
+            continue
+        fa = sum(r["outcome"] == "false alarm" for r in h)
+        unjudged = sum(r["outcome"].startswith("unjudged") for r in h)
+        caught = sum(r["outcome"].startswith("caught") for r in b)
+        coll = sum("collateral" in r["outcome"] for r in b)
+        crashes = sum(r["outcome"] == "crash" for r in h + b)
+        L.append(f"| {s.name} | {len(h)} | {fa} | {fa / max(len(h), 1):.0%} | {unjudged} | {len(b)} | {caught} | "
+                 f"{caught / max(len(b), 1):.0%} | {coll} | {crashes} |")
+    tot_h = [r for r in records if r["fault"] == "healthy"]
+    tot_b = [r for r in records if r["fault"] != "healthy"]
+    L += ["", f"Overall: false-alarm rate {sum(r['outcome'] == 'false alarm' for r in tot_h)}/{len(tot_h)} "
+          f"(and {sum(r['outcome'].startswith('unjudged') for r in tot_h)} clean only because probes broke), "
+          f"recall {sum(r['outcome'].startswith('caught') for r in tot_b)}/{len(tot_b)}, "
+          f"collateral errors in {sum('collateral' in r['outcome'] for r in tot_b)}/{len(tot_b)} bug runs.", "",
+          "## Confusion table: style x fault x probe", "",
+          "Each cell: E = error, W = warning, in how many of the runs (seeds); **bold** = the probe "
+          "that owns the fault.", "",
+          "| style | variant | fault | " + " | ".join(PROBES) + " | outcome |",
+          "|---|---|---|" + "---|" * len(PROBES) + "---|"]
+    for (style, variant, fault), rs in rows.items():
+        exp = rs[0]["expected_probe"]
+        cells = []
+        for p in PROBES:
+            c = cell(rs, p)
+            cells.append(f"**{c or '-'}**" if p == exp else c)
+        outcomes = sorted({r["outcome"] for r in rs})
+        L.append(f"| {style} | {variant} | {fault} | " + " | ".join(cells) + f" | {', '.join(outcomes)} |")
+
+    def listing(title: str, pick, show) -> None:
+        items = [r for r in records if pick(r)]
+        L.extend(["", f"## {title} ({len(items)})", ""])
+        groups: dict = {}            # one line per case and message, numbers aside; its seeds
+        for r in items:
+            for line in show(r):
+                key = (r["style"], r["variant"], r["fault"], _NUMBER.sub("#", line))
+                groups.setdefault(key, [line, []])[1].append(r["seed"])
+        for (style, variant, fault, _), (line, seeds) in groups.items():
+            L.append(f"* {style}/{variant} {fault} (seeds {sorted(set(seeds))}): {line}")
+        if not items:
+            L.append("none")
+
+    def flagged_lines(r, only=None):
+        return [f"{f['severity']} {f['probe']} at `{f['where'] or '(run)'}`: {f['message']}"
+                for f in r["findings"] if f["severity"] in SEV and (only is None or only(f))]
+
+    listing("False alarms on healthy models", lambda r: r["fault"] == "healthy" and r["outcome"] in ("false alarm", "crash"),
+            lambda r: [r["crashed"]] if "crashed" in r else flagged_lines(r))
+    listing("Missed bugs", lambda r: r["outcome"].startswith("missed") or r["outcome"] == "crash",
+            lambda r: ([r["crashed"]] if "crashed" in r else
+                       [f"{r['expected_probe']}: status "
+                        f"{'no verdict: ' + str(r['no_verdict'][r['expected_probe']]) if r['expected_probe'] in r['no_verdict'] else 'pass'}"
+                        + (f" (reason: {r['probe_reasons'][r['expected_probe']]})"
+                           if r['expected_probe'] in r.get('probe_reasons', {}) and r['expected_probe'] not in r['no_verdict'] else "")]
+                       + [f"info {f['probe']}: {f['message']}" for f in r["findings"]
+                          if f["severity"] == "info" and f["probe"] == r["expected_probe"]]))
+    listing("Collateral errors (another probe's error on a bug)",
+            lambda r: "collateral" in r["outcome"],
+            lambda r: flagged_lines(r, lambda f: f["severity"] == "error" and f["probe"] != r["expected_probe"]))
+    listing("Probes without a verdict, or that broke on the model",
+            lambda r: bool(r.get("no_verdict") or r.get("probe_failures")),
+            lambda r: [f"{p} ({'no verdict' if p in r['no_verdict'] else 'pass'}): {why}"
+                       for p, why in sorted({**r.get("probe_failures", {}), **r["no_verdict"]}.items())])
+    path.write_text("\n".join(L) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5, help="init seeds per healthy model (default 5)")
+    ap.add_argument("--bug-seeds", type=int, default=3, help="init seeds per bug (default 3)")
+    ap.add_argument("--steps", type=int, default=10, help="training steps before saving (default 10)")
+    ap.add_argument("--styles", default=None, help="comma-separated styles (default: all)")
+    ap.add_argument("--out", default=str(OUT), help="output path without suffix (.md and .json)")
+    ap.add_argument("--at", default=None, metavar="COMMIT",
+                    help="triage with tndebug/ as it was at COMMIT (extracted with git archive into a "
+                         "temporary folder put first on PYTHONPATH); the corpus is the current one")
+    args = ap.parse_args(argv)
+    if args.at and os.environ.get("FOREIGN_BENCH_AT") is None:
+        return _rerun_at(args.at, sys.argv[1:] if argv is None else list(argv))
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    styles = set(args.styles.split(",")) if args.styles else set(corpus.BY_NAME)
+    unknown = styles - set(corpus.BY_NAME)
+    if unknown:
+        ap.error(f"unknown styles {sorted(unknown)}; have {sorted(corpus.BY_NAME)}")
+    seeds, bug_seeds = list(range(args.seeds)), list(range(args.bug_seeds))
+    cases = ([(s, v, None, seed) for s, v, seed in corpus.healthy_cases(seeds) if s in styles] +
+             [(s, v, b, seed) for s, v, b in corpus.bug_cases() if s in styles for seed in bug_seeds])
+    load_start = tuple(round(x, 2) for x in os.getloadavg())
+    t0 = time.perf_counter()
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (s, v, b, seed) in enumerate(cases):
+            rec = one_run(s, v, b, seed, Path(tmp), args.steps)
+            records.append(rec)
+            print(f"[{i + 1}/{len(cases)}] {s}/{v} {rec['fault']} seed {seed}: {rec['outcome']} "
+                  f"{rec['flagged'] or ''}", flush=True)
+    pkg = Path(tndebug.__file__).resolve().parent
+    inside = ROOT in pkg.parents
+    commit = git("rev-parse", "HEAD") if inside else os.environ.get("FOREIGN_BENCH_AT", "unknown (not in the repo)")
+    dirty = git("status", "--porcelain", "--", "tndebug") if inside else ""
+    env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in ("OMP_NUM_THREADS",) if k in os.environ)
+    try:
+        import transformers
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = "not installed"
+    meta = {"bench": "foreign", "command": " ".join(filter(None, [env, "python", "bench/foreign.py",
+                                                                  *map(shlex.quote, sys.argv[1:] if argv is None else argv)])),
+            "commit": commit, "corpus_commit": git("rev-parse", "HEAD"),
+            "corpus_dirty": bool(git("status", "--porcelain", "--", "tests/foreign", "bench/foreign.py")),
+            "dirty_note": " (tndebug/ has uncommitted changes)" if dirty else "",
+            "tndebug_from": str(pkg), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "load_start": load_start, "load_end": tuple(round(x, 2) for x in os.getloadavg()),
+            "torch": torch.__version__, "transformers": tf_version, "seeds": seeds,
+            "bug_seeds": bug_seeds, "steps": args.steps, "runs": len(records),
+            "healthy_runs": sum(r["fault"] == "healthy" for r in records),
+            "bug_runs": sum(r["fault"] != "healthy" for r in records),
+            "wall_s": round(time.perf_counter() - t0, 1), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({**meta, "records": records}, indent=1, default=str) + "\n")
+    write_md(out.with_suffix(".md"), meta, records)
+    print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')} ({meta['wall_s']:.0f} s)")
+    return 0
+
+
+def _rerun_at(commit: str, argv: list[str]) -> int:
+    """Run this script again with tndebug/ from `commit` first on PYTHONPATH."""
+    full = git("rev-parse", "--verify", f"{commit}^{{commit}}")
+    if not full:
+        raise SystemExit(f"bench/foreign.py: --at {commit}: no such commit")
+    with tempfile.TemporaryDirectory(prefix="foreign-at-") as tmp:
+        archive = subprocess.run(["git", "archive", full, "tndebug"], cwd=ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tmp, os.environ.get("PYTHONPATH")])),
+               "FOREIGN_BENCH_AT": full}
+        return subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], env=env).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
