@@ -330,3 +330,45 @@ def test_core_does_not_import_transformers():
 def test_attn_and_text_need_a_hf_directory(tmp_path, capsys, annotated_ckpt):
     path, _ = annotated_ckpt()
     _bad([path, "--attn", "sdpa"], capsys, tmp_path, "apply to a Hugging Face directory")
+
+
+# -- docs/triage.md's "Hugging Face models" section runs as written -----------------------------------
+def _shown_in(expected: str, actual: str) -> None:
+    """Each run of lines between `…` appears in `actual`, contiguous and in order."""
+    have = [ln.rstrip() for ln in actual.splitlines()]
+    at = 0
+    for chunk in expected.split("…\n"):
+        want = [ln.rstrip() for ln in chunk.splitlines()]
+        if not want:
+            continue
+        hit = next((i for i in range(at, len(have) - len(want) + 1) if have[i:i + len(want)] == want), None)
+        assert hit is not None, f"docs show lines the command does not print:\n" + "\n".join(want) + \
+            "\n--- actual ---\n" + actual
+        at = hit + len(want)
+
+
+def test_docs_example(tmp_path, capsys, monkeypatch):
+    import shlex
+    text = DOC.read_text()
+    section = text[text.index("## Hugging Face models"):]
+    section = section[: section.find("\n## ", 5)] if "\n## " in section[5:] else section
+    script = re.search(r"<!-- file: save_tiny_bart.py -->\s*```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "100")
+    exec(compile(script, "save_tiny_bart.py", "exec"), {"__name__": "__main__"})
+    session = re.search(r"```\n(\$ python save_tiny_bart\.py\n.*?)```", section, re.S).group(1)
+    code, ran = None, 0
+    for block in re.split(r"(?m)^\$ ", session)[1:]:
+        cmd, _, expected = block.partition("\n")
+        cmd = cmd.split("  #")[0].strip()
+        if cmd.startswith("python"):
+            continue
+        if cmd == "echo $?":
+            assert str(code) == expected.strip(), (code, expected)
+            continue
+        capsys.readouterr()
+        code = main(shlex.split(cmd)[1:])
+        _shown_in(expected, "".join(capsys.readouterr()))          # the console may be stderr
+        ran += 1
+    assert ran == 2

@@ -356,6 +356,20 @@ def hf_fix(f: Finding) -> Finding:
     return replace(f, fix=HF_FIXES[key], evidence={**f.evidence, "generic_fix": f.fix})
 
 
+def hf_where(f: Finding, model: nn.Module) -> Finding:
+    """'encoder' / 'decoder' (a probe's word for a whole stack) -> the stack's HF path, and for
+    positional-encoding its position table (`model.encoder.embed_positions`) where it has one."""
+    if f.where not in ("encoder", "decoder"):
+        return f
+    stack = model.get_encoder() if f.where == "encoder" else model.get_decoder()
+    path = next((n for n, m in model.named_modules() if m is stack), None)
+    if not path:
+        return f
+    if f.probe == "positional-encoding" and hasattr(stack, "embed_positions"):
+        path += ".embed_positions"
+    return replace(f, where=path, evidence={**f.evidence, "tndebug_where": f.where})
+
+
 def attention_weights(model: nn.Module) -> list:
     """(path, W_Q, W_K, W_V, heads) for BART-family (q_proj/k_proj/v_proj) and T5 (q/k/v)."""
     out = []
@@ -457,8 +471,10 @@ def triage_hf(opts, patch=None):
     findings += sweep
     lap("hygiene")
 
-    findings = R._dedupe([hf_fix(f) for f in findings])
+    findings = R._dedupe([hf_where(hf_fix(f), model) for f in findings])
     statuses.update(R._hygiene_statuses(findings, statuses))
+    order = {n: i for i, n in enumerate(probe_names)}         # a stable order for the console
+    statuses = {k: statuses[k] for k in sorted(statuses, key=lambda k: (order.get(k, len(order)), k))}
     run = {"mode": "triage", "checkpoint": str(folder), "format": "huggingface",
            "container": "save_pretrained", "layout": "huggingface", "model_type": config.model_type,
            "model": type(model).__name__, "adapter": "huggingface",
