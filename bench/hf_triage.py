@@ -1,0 +1,121 @@
+"""How long `tndebug triage DIR` takes on a Marian-size Hugging Face model (issue 11): d_model 512,
+6+6 layers, 8 heads, d_ff 2048, vocabulary 58101 (MarianConfig's defaults, opus-mt size), random
+init, saved with `save_pretrained`. Target: <= 30 s for the whole CLI command on 2 CPU cores.
+
+Timed as a user runs it: `tndebug triage DIR --out ...` in a subprocess (Python, torch and
+transformers start-up included), with OMP_NUM_THREADS=2. The import cost is measured apart, in
+fresh interpreters: `import torch`, then `import transformers` + the Auto classes triage uses.
+
+    python bench/hf_triage.py                      # -> bench/results/hf_triage.json
+    python bench/hf_triage.py --reps 1 --attn eager --out /tmp/hf.json
+
+Random weights: no --text, so the temperature sweep is skipped (it needs real data).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OUT = Path(__file__).parent / "results" / "hf_triage.json"
+TARGET_S = 30.0
+THREADS = "2"
+
+
+def save_marian(folder: Path) -> dict:
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+    torch.manual_seed(0)
+    config = MarianConfig(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                          decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+                          vocab_size=58101, decoder_vocab_size=58101, pad_token_id=58100,
+                          decoder_start_token_id=58100, eos_token_id=0, scale_embedding=True)
+    model = MarianMTModel(config)
+    model.save_pretrained(folder)
+    return {"parameters": sum(p.numel() for p in model.parameters()),
+            "files": {p.name: p.stat().st_size for p in folder.iterdir()}}
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS, "NO_COLOR": "1",
+            "HF_HUB_OFFLINE": "1"}
+
+
+def import_seconds(code: str) -> float:
+    """Seconds spent in `code` (imports) in a fresh interpreter, timed inside it."""
+    prog = f"import time; t = time.perf_counter(); {code}; print(time.perf_counter() - t)"
+    out = subprocess.run([sys.executable, "-c", prog], env=_env(), capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def cli_seconds(folder: Path, out: Path, attn: str | None) -> tuple[float, int, dict]:
+    argv = [sys.executable, "-m", "tndebug", "triage", str(folder), "--out", str(out), "--fail-on", "never"]
+    if attn:
+        argv += ["--attn", attn]
+    t = time.perf_counter()
+    proc = subprocess.run(argv, env=_env(), capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"triage failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    return wall, proc.returncode, json.loads((out / "report.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--attn", choices=("eager", "sdpa"), default=None)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "marian-base"
+        t = time.perf_counter()
+        saved = save_marian(folder)
+        save_s = time.perf_counter() - t
+        imports = {
+            "torch_s": statistics.median(import_seconds("import torch") for _ in range(args.reps)),
+            "torch_transformers_s": statistics.median(import_seconds(
+                "import torch, transformers; from transformers import AutoConfig, "
+                "AutoModelForSeq2SeqLM") for _ in range(args.reps)),
+            "tndebug_cli_s": statistics.median(import_seconds("import tndebug.cli") for _ in range(args.reps)),
+        }
+        imports["transformers_only_s"] = round(imports["torch_transformers_s"] - imports["torch_s"], 3)
+        runs = []
+        for i in range(args.reps):
+            wall, code, report = cli_seconds(folder, Path(tmp) / f"out{i}", args.attn)
+            runs.append({"wall_s": round(wall, 3), "exit": code, "verdict": report.get("verdict"),
+                         "timings_s": report["run"]["timings_s"],
+                         "probe_seconds": report["run"]["probe_seconds"],
+                         "attn_implementation": report["run"]["attn_implementation"],
+                         "flagged": sorted({(f["probe"], f["severity"]) for f in report["findings"]
+                                            if f["severity"] in ("warning", "error")})})
+    wall = statistics.median(r["wall_s"] for r in runs)
+    result = {
+        "what": "tndebug triage DIR, Marian-size (512/8/6+6, d_ff 2048, vocab 58101), random init, "
+                "save_pretrained; the whole CLI command in a subprocess",
+        "threads": int(THREADS), "target_s": TARGET_S, "cli_wall_s": round(wall, 3),
+        "within_target": wall <= TARGET_S,
+        "cli_wall_minus_transformers_import_s": round(wall - imports["transformers_only_s"], 3),
+        "imports": {k: round(v, 3) for k, v in imports.items()},
+        "runs": runs, "save_s": round(save_s, 3), "model": saved,
+        "load_average_before": load_before, "load_average_after": os.getloadavg(), "python": platform.python_version(),
+        "platform": platform.platform(), "cpus": os.cpu_count(),
+    }
+    import torch
+    import transformers
+    result.update(torch=torch.__version__, transformers=transformers.__version__)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("cli_wall_s", "within_target", "imports")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
