@@ -118,6 +118,10 @@ class PositionalEncodingProbe(Probe):
             return
         self.cover("", "checked")              # token order: the encoder (or the logits) as a whole
         if rel < tol and rel < PERM_VS_CONTROL * rel_ctrl:
+            blind = self._attention_blind(subject, src, tgt)
+            if blind:
+                self.cover("", "no verdict", blind)
+                return
             src_no_pe = [s for s in self._no_pe_sites if s in self._src_sites]
             where = src_no_pe[0] if src_no_pe else "encoder"
             no_pe = f"; no PE is added at {', '.join(self._no_pe_sites)}" if self._no_pe_sites else ""
@@ -127,6 +131,36 @@ class PositionalEncodingProbe(Probe):
                         evidence={"rel_diff": rel, "threshold": tol, "compared": what,
                                   "control_rel_diff": rel_ctrl, "vs_control": PERM_VS_CONTROL,
                                   "sites_without_pe": list(self._no_pe_sites)})
+
+    @staticmethod
+    def _attention_blind(subject: Subject, src: torch.Tensor, tgt: torch.Tensor) -> str:
+        """Why order cannot be judged, when every encoder self-attention ignores its keys: real
+        queries put no mass on real keys, or spread it uniformly over all of them. Position
+        information that comes only through attention (a relative bias, as in T5) is then lost
+        to the mask, not missing: mask-broadcast names that. "" when attention reads the keys."""
+        if subject.capture is None:
+            return ""
+        try:
+            with subject.evaluating():
+                trace = subject.trace(src, tgt, reads=("attn.probs",))
+        except Exception:  # noqa: BLE001 - the test above ran; this is only a confound check
+            return ""
+        keep = src != subject.pad_id                                          # [B, S]
+        recs = [r for r in trace.records() if r.kind == "enc_self" and r.probs is not None
+                and r.probs.shape[0] == keep.shape[0] and r.probs.shape[-1] == keep.shape[1]]
+        if not recs:
+            return ""
+        for rec in recs:
+            p = rec.probs.float()
+            p = p.unsqueeze(1) if p.dim() == 3 else p                          # [B, h, T, S]
+            rows = keep[:, None, :].expand(p.shape[:3])                        # real queries
+            on_real = (p * keep[:, None, None, :]).sum(-1)                     # [B, h, T]
+            uniform = (p.amax(-1) - p.amin(-1)) < 1e-6
+            blind = ((on_real < 1e-3) | uniform)[rows]
+            if not blind.numel() or float(blind.float().mean()) < 0.99:
+                return ""
+        return ("every encoder self-attention ignores its keys (real queries attend only to pads, "
+                "or uniformly): the order test is confounded by the mask (see mask-broadcast)")
 
     # -- 2. embedding / PE scale ---------------------------------------------------------------
     def _scale_test(self, subject: Subject) -> None:
