@@ -71,6 +71,9 @@ def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, 
         rec["probe_reasons"] = {p: s["reason"] for p, s in report.probes.items() if s.get("reason")}
         rec["probe_failures"] = corpus.probe_failures(report)
     rec["train_s"], rec["triage_s"] = round(t1 - t0, 3), round(time.perf_counter() - t1, 3)
+    # keep the findings that decide (warnings, errors) and the info findings of the bug's own probe
+    rec["findings"] = [f for f in rec["findings"]
+                       if f["severity"] in SEV or f["probe"] == rec["expected_probe"]]
     flagged = [f for f in rec["findings"] if f["severity"] in SEV]
     rec["flagged"] = sorted({(f["probe"], f["severity"]) for f in flagged})
     if bug is None:
