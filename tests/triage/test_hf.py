@@ -32,20 +32,15 @@ ATTN = ("eager", "sdpa")
 BUGS = ("no_scale", "no_causal", "inverted_pad_mask", "zero_positions")
 EXPECTED = {"no_scale": "missing-scale", "no_causal": "mask-broadcast",
             "inverted_pad_mask": "mask-broadcast", "zero_positions": "positional-encoding"}
+FIX_WORDS = {"no_scale": "self.scaling", "no_causal": "is_causal",
+             "inverted_pad_mask": "1 = keep, 0 = padding", "zero_positions": "embed_positions"}
 HAS = {"no_scale": {"bart", "mbart", "marian", "pegasus"}}     # T5 has no scale by design
 
 # (arch, attn, "healthy" | bug) -> what the probe reported
-T5_INVERTED = (
-    "positional-encoding errors besides mask-broadcast (which names the inverted mask in the "
-    "encoder self- and cross-attention): 'encoder ignores token order: permuting the source "
-    "permutes its encoder output (rel diff 1.3e-07 < 0.0001; other tokens: 1.2e+00); no PE is "
-    "added at encoder.embed_tokens'. With the mask inverted an unpadded row has every key masked; "
-    "T5 adds the mask to its relative position bias, finfo.min absorbs the bias and attention is "
-    "uniform: a consequence of the mask bug, not a missing position signal (T5 has relative "
-    "positions, no added PE)")
+# (fixed in 30e4420: T5 with an inverted mask also gave a positional-encoding error, "encoder
+# ignores token order ... no PE is added at encoder.embed_tokens", the mask absorbing T5's
+# relative bias)
 KNOWN: dict[tuple[str, str, str], str] = {
-    ("t5", "eager", "inverted_pad_mask"): T5_INVERTED,
-    ("t5", "sdpa", "inverted_pad_mask"): T5_INVERTED,
 }
 
 
@@ -167,15 +162,18 @@ def test_bug_is_named_by_its_probe(dirs, arch, attn, bug):
     assert mine, f"{arch}/{attn} {bug}: {probe} reports nothing\n{describe(report.findings)}"
     others = [f for f in bad if f.severity == "error" and f.probe != probe]
     assert not others, f"{arch}/{attn} {bug}: errors from other probes\n{describe(others)}"
-    assert all("model.state_dict()" not in f.fix for f in mine), mine[0].fix   # HF fixes
+    assert all(FIX_WORDS[bug] in f.fix for f in mine), (FIX_WORDS[bug], mine[0].fix)   # HF fixes
 
 
-def test_eager_and_sdpa_agree(dirs):
+@pytest.mark.parametrize("arch, bug", [("bart", "no_causal"), ("mbart", "inverted_pad_mask"),
+                                       ("marian", "no_scale"), ("t5", "zero_positions"),
+                                       ("pegasus", "no_causal")])
+def test_eager_and_sdpa_agree(dirs, arch, bug):
     verdicts = {}
     for attn in ATTN:
-        report = triage_hf(TriageOptions(str(dirs["bart"]), attn=attn), patch=patch_for("no_causal"))
-        verdicts[attn] = sorted((f.probe, f.severity, f.where) for f in report.findings
-                                if f.severity != "info")
+        report = triage_hf(TriageOptions(str(dirs[arch]), attn=attn), patch=patch_for(bug))
+        verdicts[attn] = sorted((f.probe, f.severity, f.where) for f in flagged(report))
+        verdicts[attn].append(sorted((k, v["status"]) for k, v in report.probes.items()))
     assert verdicts["eager"] == verdicts["sdpa"], verdicts
 
 
@@ -258,6 +256,20 @@ def test_bad_directories(dirs, tmp_path, capsys):
     cfg = json.loads((misfit / "config.json").read_text())
     (misfit / "config.json").write_text(json.dumps({**cfg, "d_model": 48}))
     _bad([misfit], capsys, tmp_path, "do not fit its config.json")
+
+    from safetensors.torch import load_file, save_file
+    sd = load_file(str(dirs["bart"] / "model.safetensors"))
+    for name, change, words in (
+            ("missing", lambda d: d.pop("model.encoder.layers.0.fc1.weight"),
+             "1 missing key(s) not tied to a loaded weight (e.g. model.encoder.layers.0.fc1.weight)"),
+            ("unexpected", lambda d: d.update({"model.encoder.extra.weight": torch.zeros(2)}),
+             "1 unexpected key(s) (e.g. model.encoder.extra.weight)")):
+        folder = tmp_path / name
+        shutil.copytree(dirs["bart"], folder)
+        changed = dict(sd)
+        change(changed)
+        save_file(changed, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        _bad([folder], capsys, tmp_path, words)
 
     no_weights = tmp_path / "no_weights"
     no_weights.mkdir()

@@ -66,8 +66,11 @@ def load_config(folder: Path):
     tf = _transformers()
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
+        weights = next((folder / n for n in WEIGHTS if (folder / n).is_file()), None)
         raise UsageError(f"{folder} has no config.json; pass a directory written by "
-                         f"model.save_pretrained(DIR) (config.json + model.safetensors)")
+                         f"model.save_pretrained(DIR) (config.json + model.safetensors)"
+                         + (f", or the file {weights} itself to triage it as a plain checkpoint"
+                            if weights and not weights.name.endswith(".json") else ""))
     try:
         raw = json.loads(cfg_path.read_text())
     except ValueError as e:
