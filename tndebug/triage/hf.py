@@ -13,7 +13,8 @@
 4. the probes run on random ids from the model's vocabulary (special ids excluded); the
    temperature sweep needs in-distribution data (--data, or --text FILE tokenised with the
    tokenizer saved in DIR) and is skipped, with a note, without it;
-5. findings keep HF's module naming; fixes are rewritten for HF code (HF_FIXES).
+5. findings keep HF's module naming; fixes are rewritten for HF code (hf_findings.py).
+   --text / --data: hf_data.py.
 
 transformers is imported only inside functions: the core package never needs it.
 """
@@ -23,7 +24,6 @@ import json
 import os
 import re
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,7 +39,6 @@ WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.b
            "pytorch_model.bin")
 OWN_CHECKPOINTS = ("checkpoint.pt", "model.pt")     # tndebug's (and plain torch) files win
 HELD_OUT, SRC_LEN, TGT_LEN = 16, 12, 12             # the random batch for the probes' pass
-TEXT_MAX_TOKENS = 64                                 # --text: longer lines are truncated
 
 
 def is_hf_dir(path: str) -> bool:
@@ -247,132 +246,6 @@ def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
     return Batch(src.cpu(), tgt_in.cpu(), tgt_out.cpu())
 
 
-# -- in-distribution data: --data or --text ------------------------------------------------------
-def load_text(spec: str, folder: Path, ids: dict) -> dict:
-    """--text FILE: `source<TAB>target` per line -> {'src', 'tgt'} (tgt led by decoder start)."""
-    path = Path(spec)
-    if not path.is_file():
-        raise UsageError(f"--text: no such file {spec}")
-    pairs = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        if "\t" not in line:
-            raise UsageError(f"--text {spec}: line {n} has no TAB; each line is source<TAB>target")
-        s, t = line.split("\t", 1)
-        pairs.append((s, t))
-    if len(pairs) < 2:
-        raise UsageError(f"--text {spec}: need at least 2 source<TAB>target lines, found {len(pairs)}")
-    encode = _tokenizer(folder, spec)
-    src = [encode(s, False)[:TEXT_MAX_TOKENS] for s, _ in pairs]
-    tgt = [[ids["start"]] + encode(t, True)[:TEXT_MAX_TOKENS] for _, t in pairs]
-
-    def padded(rows):
-        width = max(map(len, rows))
-        return torch.tensor([r + [ids["pad"]] * (width - len(r)) for r in rows], dtype=torch.long)
-    return {"src": padded(src), "tgt": padded(tgt)}
-
-
-def _tokenizer(folder: Path, spec: str):
-    """encode(text, is_target) -> ids with the model's special tokens, from the tokenizer in DIR."""
-    tf = _transformers()
-    try:
-        tok = tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-
-        def encode(text, target):
-            return list(tok(text_target=text)["input_ids"] if target else tok(text)["input_ids"])
-        return encode
-    except Exception:  # noqa: BLE001 - no tokenizer_config / vocab files: try tokenizer.json
-        pass
-    if (folder / "tokenizer.json").is_file():
-        try:
-            from tokenizers import Tokenizer
-            raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            return lambda text, target: raw.encode(text).ids
-        except Exception as e:  # noqa: BLE001
-            raise UsageError(f"--text {spec}: {folder}/tokenizer.json is unreadable ({_line(e)})") from None
-    raise UsageError(f"--text {spec}: no tokenizer saved in {folder} (save it with "
-                     f"tokenizer.save_pretrained(DIR)), or pass --data with token ids")
-
-
-def held_out(opts, folder: Path, ids: dict, marker: int) -> tuple[Batch | None, str | None]:
-    """The user's in-distribution batch (column 0 = the probes' marker), or (None, None)."""
-    from tndebug.triage.userdata import load_data, to_batch
-    if opts.data and getattr(opts, "text", None):
-        raise UsageError("pass --data or --text, not both")
-    if opts.data:
-        batch, source = load_data(opts.data, ids["pad"], ids["start"]), f"--data {opts.data}"
-    elif getattr(opts, "text", None):
-        batch = to_batch(load_text(opts.text, folder, ids), ids["pad"], ids["start"], f"--text {opts.text}")
-        source = f"--text {opts.text}"
-    else:
-        return None, None
-    tgt_in = batch.tgt_in.clone()
-    tgt_in[:, 0] = marker
-    return Batch(batch.src, tgt_in, batch.tgt_out), source
-
-
-# -- fixes in HF terms -----------------------------------------------------------------------------
-HF_FIXES = {
-    "missing-scale": "transformers' attention multiplies q k^T by `self.scaling` = head_dim**-0.5 "
-                     "(eager) or passes `scale=self.scaling` to SDPA; a subclass or patch that sets "
-                     "`scaling = 1.0` or drops `scale=` removes it (T5 has none by design: its "
-                     "initialisation folds it into q)",
-    "mask-broadcast:causal": "the decoder's self-attention must be causal: keep the decoder "
-                             "config's `is_decoder=True` / `is_causal=True` and its attention modules' "
-                             "`is_causal`; pass decoder_input_ids = labels shifted right with "
-                             "decoder_start_token_id (model.prepare_decoder_input_ids_from_labels), "
-                             "and a decoder_attention_mask of 1 = keep, 0 = padding (never a full "
-                             "4-D mask without the causal part)",
-    "mask-broadcast:padding": "pass attention_mask with 1 = keep, 0 = padding, as the tokenizer "
-                              "returns it: attention_mask = (input_ids != config.pad_token_id).long() "
-                              "(not inverted, not True at padding); the same mask reaches the "
-                              "cross-attention, so pass it to generate() and forward() alike",
-    "nan-scores": "masks in transformers add torch.finfo(dtype).min, not -inf; a patched mask or "
-                  "an all-padding row (attention_mask all 0) gives NaN: keep at least one 1 per row",
-    "positional-encoding": "check the positions: learned `embed_positions` (BART, mBART; "
-                           "config.max_position_embeddings) must be loaded and trained, not zero or "
-                           "frozen; Marian/Pegasus build sinusoidal tables from the config; T5 needs "
-                           "`relative_attention_bias` in layer 0 of each stack; "
-                           "config.scale_embedding multiplies embeddings by sqrt(d_model)",
-    "head-collapse": "each attention needs its own q_proj / k_proj / v_proj (T5: q, k, v): check that "
-                     "a patch, a tie or a custom init does not share or copy them across heads",
-    "variance-drift": "each layer must add its sublayer's output to its input "
-                      "(hidden_states = residual + hidden_states): check a subclassed or patched layer",
-    "ln-placement": "the norm placement is fixed by the architecture (BART/Marian post-LN; mBART, "
-                    "Pegasus, T5 pre-LN with a final layer_norm): check a patched layer or a config "
-                    "field such as normalize_before / add_final_layer_norm",
-    "gradient-flow": "a part gets no gradient: check requires_grad (frozen parameters), detach() in "
-                     "a patched forward, and tie_word_embeddings",
-}
-
-
-def hf_fix(f: Finding) -> Finding:
-    """The finding with a fix written for transformers code (the generic one in evidence)."""
-    key = f.probe
-    if f.probe == "mask-broadcast":
-        text = f"{f.where} {f.message}".lower()
-        key += ":causal" if ("future" in text or "causal" in text or
-                             ("decoder" in text and "self" in text and "cross" not in text)) else ":padding"
-    if key not in HF_FIXES or f.severity == "info" or "best_alpha" in f.evidence:
-        return f
-    return replace(f, fix=HF_FIXES[key], evidence={**f.evidence, "generic_fix": f.fix})
-
-
-def hf_where(f: Finding, model: nn.Module) -> Finding:
-    """'encoder' / 'decoder' (a probe's word for a whole stack) -> the stack's HF path, and for
-    positional-encoding its position table (`model.encoder.embed_positions`) where it has one."""
-    if f.where not in ("encoder", "decoder"):
-        return f
-    stack = model.get_encoder() if f.where == "encoder" else model.get_decoder()
-    path = next((n for n, m in model.named_modules() if m is stack), None)
-    if not path:
-        return f
-    if f.probe == "positional-encoding" and hasattr(stack, "embed_positions"):
-        path += ".embed_positions"
-    return replace(f, where=path, evidence={**f.evidence, "tndebug_where": f.where})
-
-
 def attention_weights(model: nn.Module) -> list:
     """(path, W_Q, W_K, W_V, heads) for BART-family (q_proj/k_proj/v_proj) and T5 (q/k/v)."""
     out = []
@@ -386,27 +259,6 @@ def attention_weights(model: nn.Module) -> list:
     return out
 
 
-def resume_state(folder: Path) -> list[Finding]:
-    """A Trainer checkpoint (checkpoint-N/) has optimizer.pt, scheduler.pt, trainer_state.json."""
-    from tndebug.triage import hygiene
-    from tndebug.triage.loading import Checkpoint
-    step = None
-    try:
-        step = int(json.loads((folder / "trainer_state.json").read_text())["global_step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    ckpt = Checkpoint(folder, {}, container="save_pretrained", step=step,
-                      optimizer={"state": {0: "optimizer.pt"}} if (folder / "optimizer.pt").is_file() else None,
-                      has_scheduler=(folder / "scheduler.pt").is_file(),
-                      top_keys=sorted(p.name for p in folder.iterdir()))
-    return [replace(f, fix=FIX_RESUME_HF) for f in hygiene.resume_state(ckpt)]
-
-
-FIX_RESUME_HF = ("save_pretrained keeps the weights only: to resume, train with Trainer and resume from "
-                 "its checkpoint-N/ directory (optimizer.pt, scheduler.pt, trainer_state.json): "
-                 "trainer.train(resume_from_checkpoint=DIR)")
-
-
 # -- triage ------------------------------------------------------------------------------------------
 def triage_hf(opts, patch=None):
     """Triage a save_pretrained directory. `patch(model, adapter)` (tests): change the loaded
@@ -415,6 +267,8 @@ def triage_hf(opts, patch=None):
     from tndebug.triage import hygiene
     from tndebug.triage import run as R
     from tndebug.triage.capture import GenericCapture
+    from tndebug.triage.hf_data import held_out
+    from tndebug.triage.hf_findings import hf_fix, hf_where, resume_state
     from tndebug.triage.userdata import check_vocab
 
     t0 = time.perf_counter()

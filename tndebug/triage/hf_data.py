@@ -1,0 +1,85 @@
+"""In-distribution data for `tndebug triage DIR` (a Hugging Face directory): --data, or --text.
+
+    --text pairs.tsv      one `source<TAB>target` pair per line, tokenised with the tokenizer saved
+                          in DIR (AutoTokenizer, else tokenizer.json through `tokenizers`)
+    --data held_out.pt    token ids, as for any triage (tndebug.triage.userdata), targets led by
+                          the config's decoder_start_token_id
+
+Only the comparisons that need the model's own kind of text (the temperature sweep) use it; the
+probes' behavioural tests run on random ids.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tndebug.data import Batch
+from tndebug.errors import UsageError
+from tndebug.triage.hf import _line, _transformers
+
+TEXT_MAX_TOKENS = 64                                 # --text: longer lines are truncated
+
+
+def load_text(spec: str, folder: Path, ids: dict) -> dict:
+    """--text FILE: `source<TAB>target` per line -> {'src', 'tgt'} (tgt led by decoder start)."""
+    path = Path(spec)
+    if not path.is_file():
+        raise UsageError(f"--text: no such file {spec}")
+    pairs = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if "\t" not in line:
+            raise UsageError(f"--text {spec}: line {n} has no TAB; each line is source<TAB>target")
+        s, t = line.split("\t", 1)
+        pairs.append((s, t))
+    if len(pairs) < 2:
+        raise UsageError(f"--text {spec}: need at least 2 source<TAB>target lines, found {len(pairs)}")
+    encode = _tokenizer(folder, spec)
+    src = [encode(s, False)[:TEXT_MAX_TOKENS] for s, _ in pairs]
+    tgt = [[ids["start"]] + encode(t, True)[:TEXT_MAX_TOKENS] for _, t in pairs]
+
+    def padded(rows):
+        width = max(map(len, rows))
+        return torch.tensor([r + [ids["pad"]] * (width - len(r)) for r in rows], dtype=torch.long)
+    return {"src": padded(src), "tgt": padded(tgt)}
+
+
+def _tokenizer(folder: Path, spec: str):
+    """encode(text, is_target) -> ids with the model's special tokens, from the tokenizer in DIR."""
+    tf = _transformers()
+    try:
+        tok = tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+        def encode(text, target):
+            return list(tok(text_target=text)["input_ids"] if target else tok(text)["input_ids"])
+        return encode
+    except Exception:  # noqa: BLE001 - no tokenizer_config / vocab files: try tokenizer.json
+        pass
+    if (folder / "tokenizer.json").is_file():
+        try:
+            from tokenizers import Tokenizer
+            raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            return lambda text, target: raw.encode(text).ids
+        except Exception as e:  # noqa: BLE001
+            raise UsageError(f"--text {spec}: {folder}/tokenizer.json is unreadable ({_line(e)})") from None
+    raise UsageError(f"--text {spec}: no tokenizer saved in {folder} (save it with "
+                     f"tokenizer.save_pretrained(DIR)), or pass --data with token ids")
+
+
+def held_out(opts, folder: Path, ids: dict, marker: int) -> tuple[Batch | None, str | None]:
+    """The user's in-distribution batch (column 0 = the probes' marker), or (None, None)."""
+    from tndebug.triage.userdata import load_data, to_batch
+    if opts.data and getattr(opts, "text", None):
+        raise UsageError("pass --data or --text, not both")
+    if opts.data:
+        batch, source = load_data(opts.data, ids["pad"], ids["start"]), f"--data {opts.data}"
+    elif getattr(opts, "text", None):
+        batch = to_batch(load_text(opts.text, folder, ids), ids["pad"], ids["start"], f"--text {opts.text}")
+        source = f"--text {opts.text}"
+    else:
+        return None, None
+    tgt_in = batch.tgt_in.clone()
+    tgt_in[:, 0] = marker
+    return Batch(batch.src, tgt_in, batch.tgt_out), source
