@@ -1,0 +1,175 @@
+"""`tndebug.check`: triage's static and exact checks on a live model object, no checkpoint file.
+
+    report = tndebug.check(model, forward)            # a tndebug.report.Report
+    tndebug.check(model, forward).exit_code("error")  # 0 clean, 1 findings
+
+The probes that judge code and weights from one forward and backward (`TRIAGE_PROBES`: the
+mask tests, the fitted scale, NaN provenance, head and depth statistics, ...) run as
+`tndebug triage --model` runs them (`tndebug.triage.run._run_probes`), on `data` or on random
+ids from the model's vocabulary; duplicated heads are read from the weights. The model's
+gradients are cleared (`zero_grad(set_to_none=True)`) and its train/eval mode restored.
+
+`CheckResult` (the pytest plugin's value) wraps the report with `assert_clean`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from tndebug.errors import UsageError
+from tndebug.findings import Finding, severity_rank, SEVERITIES
+from tndebug.library.live import live_subject, unwrap
+from tndebug.report import Report
+
+N_SEQUENCES = 16            # as triage's held-out batch
+
+
+def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_id: int | None = 0,
+          bos_id: int | None = None, probes: str | Iterable[str] | None = None,
+          src_vocab: int | None = None, tgt_vocab: int | None = None) -> Report:
+    """Run triage's probes on `model` as it is now.
+
+    Args:
+        model: an encoder-decoder nn.Module (a DDP wrapper is unwrapped).
+        forward: `forward(model, src [B, S], tgt [B, T], pad_id) -> logits [B, T, V]`; not needed
+            for a Hugging Face encoder-decoder, tndebug's model or The Annotated Transformer's.
+        data: (src [B, S], tgt_in [B, T], tgt_out [B, T]) or (src, tgt) with tgt BOS-led
+            (split into tgt[:, :-1] and tgt[:, 1:]); None: random ids, a third of the rows padded.
+        pad_id, bos_id: padding and decoder-start ids (HF models: from the config).
+        probes: names ("a,b" or a list); default: every probe that needs no training run.
+    Returns:
+        A Report (`verdict`, `findings`, `probes`, `exit_code(fail_on)`), as `tndebug triage`'s.
+    Raises:
+        UsageError for a model it cannot call, a forward of the wrong shape, no attention found.
+    """
+    from tndebug.triage import hygiene
+    from tndebug.triage import run as R
+    t0 = time.perf_counter()
+    names = _names(probes)
+    subject, info = live_subject(model, forward, pad_id=pad_id, bos_id=bos_id,
+                                 src_vocab=src_vocab, tgt_vocab=tgt_vocab)
+    model = unwrap(model)
+    batch = _batch(subject, data)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    with torch.random.fork_rng(devices=[subject.device] if subject.device.type == "cuda" else []):
+        findings, statuses, seconds = R._run_probes(subject, names, batch, subject.pad_id, dtype)
+    if info["hf"]:
+        from tndebug.triage import hf
+        findings += hygiene.duplicate_heads(hf.attention_weights(model))
+        findings = R._dedupe([hf.hf_where(hf.hf_fix(f), model) for f in findings])
+    else:
+        findings += hygiene.duplicate_heads(R._user_attention_weights(model))
+        findings = R._dedupe(findings)
+    if info.get("adapter_note"):
+        findings.append(Finding("mask-broadcast", "info", f"{info['adapter_note']}; the mask tests "
+                                f"judged tndebug's masks, not yours: pass forward= that calls "
+                                f"your own mask code", step=0, evidence={"adapter": info["adapter"]}))
+    statuses.update(R._hygiene_statuses(findings, statuses))
+    run = {"mode": "check", "model": type(model).__name__, "adapter": info["adapter"],
+           "pad_id": subject.pad_id, "bos_id": subject.bos_id, "src_vocab": subject.src_vocab,
+           "tgt_vocab": subject.tgt_vocab, "data": "data=" if data is not None else
+           "random ids from the model's vocabulary", "held_out_sequences": int(batch[0].shape[0]),
+           "compute_dtype": str(dtype).removeprefix("torch."),
+           "attention_modules": info["attention_modules"], "probes_run": names,
+           "probe_seconds": seconds, "wall_s": round(time.perf_counter() - t0, 3),
+           "status": "completed"}
+    report = Report(run=run, findings=findings, probes=statuses)
+    report.first_sign = next((f for f in findings if f.severity == "error"), None) or \
+        next((f for f in findings if f.severity == "warning"), None)
+    return report
+
+
+def _names(spec) -> list[str]:
+    from tndebug.probes import parse_probe_spec
+    from tndebug.probes.base import ProbeError
+    from tndebug.triage.run import TRIAGE_PROBES
+    if spec is None:
+        return list(TRIAGE_PROBES)
+    try:
+        return parse_probe_spec(spec if isinstance(spec, str) else ",".join(spec))
+    except ProbeError as e:
+        raise UsageError(f"probes={spec!r}: {e}") from None
+
+
+def _batch(subject, data):
+    dev = subject.device
+    if data is None:
+        g = torch.Generator().manual_seed(1234)
+        src, tgt = subject.random_batch(N_SEQUENCES, 10, 11, pad_share=0.3, generator=g)
+        return src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+    if isinstance(data, dict):
+        data = tuple(data[k] for k in ("src", "tgt_in", "tgt_out") if k in data) or \
+            tuple(data[k] for k in ("src", "tgt") if k in data)
+    data = tuple(data)
+    if len(data) == 2:
+        src, tgt = data
+        return src.to(dev), tgt[:, :-1].to(dev), tgt[:, 1:].to(dev)
+    if len(data) == 3:
+        return tuple(t.to(dev) for t in data)
+    raise UsageError(f"data: expected (src, tgt) or (src, tgt_in, tgt_out), got {len(data)} items")
+
+
+# -- for tests: the pytest plugin's value ----------------------------------------------------------
+@dataclass
+class CheckResult:
+    """`tndebug_check(...)`'s value: the report, and assertions that print the findings."""
+    report: Report
+    fail_on: str = "warning"
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.report.findings
+
+    def at_least(self, severity: str, probes: Iterable[str] | None = None) -> list[Finding]:
+        wanted = set(probes) if probes else None
+        return [f for f in self.report.findings if f.at_least(severity)
+                and (wanted is None or f.probe in wanted)]
+
+    def assert_clean(self, severity: str | None = None, *, probes: Iterable[str] | None = None) -> None:
+        """AssertionError listing every finding at or above `severity` (default: the plugin's
+        `--tndebug-fail-on`, else "warning"), each with probe, module, evidence and fix."""
+        severity = severity or self.fail_on
+        if severity not in SEVERITIES:
+            raise ValueError(f"severity {severity!r}; expected one of {', '.join(SEVERITIES)}")
+        bad = self.at_least(severity, probes)
+        if bad:
+            raise AssertionError(format_findings(bad, header=f"tndebug: {len(bad)} finding(s) at or "
+                                                 f"above {severity} in {self.report.run.get('model')}"))
+
+    def assert_finding(self, probe: str, severity: str = "warning", where: str | None = None) -> Finding:
+        """The first finding of `probe` at or above `severity` (at `where`); AssertionError if none."""
+        for f in self.at_least(severity, [probe]):
+            if where is None or f.where == where:
+                return f
+        raise AssertionError(format_findings(self.report.findings,
+                                             header=f"tndebug: no {probe} finding at or above "
+                                                    f"{severity}; the findings were") or "none")
+
+
+def format_findings(findings: list[Finding], header: str = "") -> str:
+    """Findings as a readable block, worst first: severity, probe, module, message, evidence, fix."""
+    lines = [header] if header else []
+    order = sorted(findings, key=lambda f: -severity_rank(f.severity))
+    for f in order:
+        where = f.where or "(model)"
+        step = f" at step {f.step}" if f.step is not None else ""
+        lines.append(f"  {f.severity.upper():7} {f.probe} in {where}{step}: {f.message}")
+        if f.evidence:
+            ev = ", ".join(f"{k}={_short(v)}" for k, v in list(f.evidence.items())[:8])
+            lines.append(f"          evidence: {ev}")
+        if f.fix:
+            lines.append(f"          fix: {f.fix}")
+    if not findings:
+        lines.append("  (none)")
+    return "\n".join(lines)
+
+
+def _short(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    text = str(v)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,232 @@
+"""A `Subject` for a live model object: the user's module, as `tndebug triage --model` wraps it,
+without a checkpoint file.
+
+    subject, info = live_subject(model, forward, pad_id=0)
+
+`forward(model, src [B, S], tgt [B, T], pad_id) -> logits [B, T, V]` says how to call the model
+(batch first, BOS-led targets). Without it: a Hugging Face encoder-decoder is called as
+transformers users call it (ids from its config), tndebug's and The Annotated Transformer's
+layouts by the built-in adapters; anything else is a UsageError asking for `forward`.
+
+One call on a small synthetic batch checks the forward at once (it raises, or returns the wrong
+shape: one UsageError naming what came back), gives the vocabulary, finds the attention sites
+by behaviour (`GenericCapture.discover`) and the module whose output is the logits.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from tndebug.errors import UsageError
+from tndebug.subject import Subject
+from tndebug.triage.adapters import Adapter, as_logits, guess_adapter, builtin_adapter
+from tndebug.triage.capture import GenericCapture
+
+ATTENTION_READS = ("attn.",)
+
+
+def is_hf_seq2seq(model: nn.Module) -> bool:
+    cfg = getattr(model, "config", None)
+    return bool(getattr(cfg, "is_encoder_decoder", False)) and hasattr(model, "get_encoder")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """DistributedDataParallel / DataParallel -> the module it runs."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    return model
+
+
+def _embedding_vocab(model: nn.Module) -> int | None:
+    sizes = [m.num_embeddings for n, m in model.named_modules() if isinstance(m, nn.Embedding)
+             and not any(w in n.lower() for w in ("pos", "wpe"))]
+    return min(sizes) if sizes else None
+
+
+def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: int | None = 0,
+                 bos_id: int | None = None, src_vocab: int | None = None,
+                 tgt_vocab: int | None = None, need_attention: bool = True):
+    """(Subject with a GenericCapture, info dict) for `model` as it is now.
+
+    info: {"adapter", "attention_modules", "logits_module", "pad_id", "bos_id", "hf"}.
+    Raises UsageError for a model it cannot call, a forward of the wrong shape, or (with
+    `need_attention`) a model in which no attention can be found.
+    """
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    model = unwrap(model)
+    info: dict = {"hf": False}
+    first_content = None
+    if forward is None and is_hf_seq2seq(model):
+        from tndebug.triage.hf import HFSubject, choose_ids, make_adapter
+        in_v = model.get_input_embeddings().num_embeddings
+        out_emb = model.get_output_embeddings()
+        out_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or in_v
+        ids = choose_ids(model.config, min(in_v, out_v))
+        fwd, enc = make_adapter(ids["start"], ids["marker"])
+        adapter = Adapter("huggingface", fwd, enc)
+        pad_id, bos_id = ids["pad"], ids["marker"]
+        lo, hi = ids["content"]
+        first_content = lo
+        src_vocab, tgt_vocab = src_vocab or hi, tgt_vocab or hi
+        info.update(hf=True, hf_ids=ids)
+    elif forward is None:
+        guess = guess_adapter(model)
+        if guess is None:
+            raise UsageError(
+                f"do not know how to call {type(model).__name__}: pass forward=fn with "
+                f"def fn(model, src, tgt, pad_id) -> logits [B, T, V] (src [B, S] and tgt [B, T] "
+                f"batch first, tgt BOS-led)")
+        adapter = builtin_adapter(guess, model)
+    else:
+        if not callable(forward):
+            raise UsageError(f"forward: expected a callable forward(model, src, tgt, pad_id) -> "
+                             f"logits, got {type(forward).__name__}")
+        name = getattr(forward, "__name__", "forward")
+        adapter = Adapter(f"forward={name}", _checked(forward, name))
+    pad_id = 0 if pad_id is None else int(pad_id)
+    bos_id = (1 if pad_id != 1 else 2) if bos_id is None else int(bos_id)
+    lo = first_content if first_content is not None else max(pad_id, bos_id) + 1
+    vocab = _embedding_vocab(model)
+    n_ids = min(v for v in (src_vocab, tgt_vocab, vocab) if v) if (src_vocab or tgt_vocab or vocab) else None
+    if n_ids is None or n_ids <= lo + 1:
+        raise UsageError(f"cannot tell the vocabulary of {type(model).__name__} (no nn.Embedding "
+                         f"with more than {lo + 1} rows): pass src_vocab= and tgt_vocab=")
+    g = torch.Generator().manual_seed(0)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    src = torch.randint(lo, n_ids, (2, 7), generator=g).to(device)
+    tgt = torch.randint(lo, n_ids, (2, 6), generator=g).to(device)
+    tgt[:, 0] = bos_id
+    capture = GenericCapture(model)
+    logits_module = _call_once(model, adapter, src, tgt, pad_id)
+    logits = logits_module.pop("logits")
+    tgt_v = tgt_vocab or logits.shape[-1]
+    src_v = src_vocab or vocab or tgt_v
+    capture.discover(lambda: adapter.forward(model, src, tgt, pad_id))
+    if need_attention and not capture.attention:
+        raise UsageError(
+            f"found no attention in {type(model).__name__}: no module named *Attention*/*Attn*, and "
+            f"one forward made no softmax over a product of two activations and no "
+            f"scaled_dot_product_attention call. tndebug's probes are for encoder-decoder "
+            f"Transformers; to watch only the training pass "
+            f"probes='loss-health,lr-schedule,gradient-flow'")
+    kw = dict(pad_id=pad_id, bos_id=bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
+              encode=adapter.encode, capture=capture,
+              max_len=getattr(getattr(model, "config", None), "max_position_embeddings", None))
+    if first_content is not None:
+        from tndebug.triage.hf import HFSubject
+        subject = HFSubject(model, adapter.forward, first_content=first_content, **kw)
+    else:
+        subject = Subject(model, adapter.forward, **kw)
+    info.update(adapter=adapter.name, attention_modules=sorted(capture.attention),
+                logits_module=logits_module.get("path"), pad_id=pad_id, bos_id=bos_id,
+                src_vocab=src_v, tgt_vocab=tgt_v)
+    if adapter.note:
+        info["adapter_note"] = adapter.note
+    return subject, info
+
+
+def _checked(fn: Callable, name: str) -> Callable:
+    def forward(model, src, tgt, pad_id):
+        return as_logits(fn(model, src, tgt, pad_id), tgt, f"forward={name}")
+    forward.__wrapped__ = fn
+    return forward
+
+
+def _call_once(model: nn.Module, adapter: Adapter, src, tgt, pad_id: int) -> dict:
+    """One forward in eval mode, no grad: the logits, and the path of the module whose output
+    they are (the root for most models; `generator` for The Annotated Transformer's)."""
+    outputs: list[tuple[str, torch.Tensor]] = []    # held for the call: ids are not reused
+
+    def hook(name):
+        def record(mod, args, out):
+            t = _first_tensor(out)
+            if t is not None:
+                outputs.append((name, t))                         # returns None: output unchanged
+        return record
+
+    handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules()]
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = adapter.forward(model, src, tgt, pad_id)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's forward may raise anything
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise UsageError(f"{adapter.name} raised {type(e).__name__}: {text} (it is called as "
+                         f"forward(model, src [B, S], tgt [B, T], pad_id), batch first)") from None
+    finally:
+        model.train(was)
+        for h in handles:
+            h.remove()
+    path = next((n for n, t in outputs if t is logits), None)
+    outputs.clear()
+    return {"logits": logits, "path": path}
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return next((o for o in out if isinstance(o, torch.Tensor)), None)
+    logits = getattr(out, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
+# -- the batch of the user's own call --------------------------------------------------------------
+def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None = None):
+    """(src, tgt_in, tgt_out) from the arguments the user's loop passed to the model, or None.
+
+    * Hugging Face style: `input_ids`, then `decoder_input_ids`, else `labels` shifted right
+      (what the model itself does); `labels` (-100 -> pad) is the target.
+    * otherwise: the first two 2-D integer tensors among the positional, then keyword
+      arguments are src and tgt_in (`model(src, tgt_in, ...)`); the target is tgt_in shifted
+      left, its last position unknown (pad): teacher forcing makes this exact elsewhere.
+    """
+    ids = kwargs.get("input_ids")
+    if isinstance(ids, torch.Tensor):
+        labels = kwargs.get("labels")
+        tgt_out = None
+        if isinstance(labels, torch.Tensor):
+            tgt_out = labels.masked_fill(labels < 0, pad_id)
+        tgt_in = kwargs.get("decoder_input_ids")
+        if not isinstance(tgt_in, torch.Tensor) and tgt_out is not None:
+            start = pad_id if start_id is None else start_id
+            tgt_in = torch.cat([torch.full_like(tgt_out[:, :1], start), tgt_out[:, :-1]], dim=1)
+        if not isinstance(tgt_in, torch.Tensor):
+            return None
+        return ids, tgt_in, tgt_out if tgt_out is not None else _shift_left(tgt_in, pad_id)
+    found = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() == 2
+             and not a.is_floating_point() and a.dtype != torch.bool]
+    if len(found) < 2:
+        return None
+    src, tgt_in = found[0], found[1]
+    return src, tgt_in, _shift_left(tgt_in, pad_id)
+
+
+def _shift_left(tgt_in: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """tgt_out[:, i] = tgt_in[:, i+1]; the last position is pad (ignored).  [B, T] -> [B, T]"""
+    return torch.cat([tgt_in[:, 1:], torch.full_like(tgt_in[:, :1], pad_id)], dim=1)
+
+
+def declared_schedule(spec):
+    """step -> lr from a callable, a LambdaLR (Hugging Face's schedules are), or None.
+
+    Returns (schedule or None, note or None)."""
+    if spec is None:
+        return None, None
+    from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+    if isinstance(spec, LambdaLR):
+        base, fn = spec.base_lrs[0], spec.lr_lambdas[0]
+        return (lambda step: base * fn(step)), None
+    if isinstance(spec, LRScheduler):
+        return None, (f"lr_schedule: a {type(spec).__name__} has no step -> lr formula tndebug can "
+                      f"read; pass lr_schedule=lambda step: ... to check it (only resume jumps "
+                      f"are checked)")
+    if callable(spec):
+        return spec, None
+    raise UsageError(f"lr_schedule: expected step -> lr or a LambdaLR, got {type(spec).__name__}")
