@@ -9,7 +9,7 @@ Contents (tensors, numbers, strings, and plain dicts/lists only):
      "last_lr": float | None,   # the lr applied at the last step
      "model_config": dict, "train_config": dict,
      "rng": {"torch": ByteTensor, "cuda": [ByteTensor, ...], "data": ByteTensor},
-     "status": "completed" | "diverged" | "interrupted"}
+     "status": "completed" | "diverged" | "interrupted" | "running"}   # running: a --save-every save
 
 Written atomically: to `name.tmp`, then renamed over `name`.
 """
@@ -67,12 +67,35 @@ def resolve(path: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load safely (weights_only=True); a foreign or unsafe file is a one-line UsageError."""
+    from tndebug.triage.loading import describe_load_error, unsafe_globals
     p = resolve(path)
+    if p.stat().st_size == 0:
+        raise UsageError(f"{p} is empty (0 bytes); the save was probably interrupted")
     try:
         state = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - unpickling errors come in many types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"cannot load {p} safely (weights_only=True): {first}") from None
+        unsafe = unsafe_globals(p) if "Weights only load failed" in str(e) else []
+        if unsafe:          # the globals, read statically, never run; not torch's advice
+            shown = ", ".join(unsafe[:6]) + (f" (+{len(unsafe) - 6} more)" if len(unsafe) > 6 else "")
+            raise UsageError(f"{p} holds pickled code ({shown}); it was not loaded, and --resume "
+                             f"takes only checkpoints written by `tndebug run`") from None
+        raise UsageError(describe_load_error(p, e)) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise UsageError(f"{p} is not a tndebug training checkpoint (format {FORMAT})")
+        what = (f"format {state.get('format')!r}" if isinstance(state, dict) and "format" in state
+                else f"a {type(state).__name__} without a 'format' key")
+        raise UsageError(f"{p} is not a tndebug training checkpoint ({what}; expected {FORMAT}); "
+                         f"--resume takes a directory or checkpoint.pt written by `tndebug run` "
+                         f"(`tndebug triage` reads other checkpoints)")
     return state
+
+
+def describe_mismatch(e: RuntimeError, limit: int = 3) -> str:
+    """load_state_dict's many-line error -> its first details, in one line."""
+    lines = [ln.strip().rstrip(".") for ln in str(e).splitlines()[1:] if ln.strip()]
+    if not lines:
+        return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    details = []
+    for ln in lines:
+        details += [d.strip() for d in ln.split(". ") if d.strip()] if ln.startswith("size mismatch") else [ln]
+    shown = "; ".join(details[:limit])
+    return shown + (f" (+{len(details) - limit} more)" if len(details) > limit else "")

@@ -98,12 +98,12 @@ def _torch_load(p: Path, trust: bool):
         return torch.load(p, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(p))
     except Exception as e:  # noqa: BLE001 - unpickling fails in many types
         if "Weights only load failed" not in str(e):
-            raise UsageError(_describe_load_error(p, e)) from None
+            raise UsageError(describe_load_error(p, e)) from None
         failure = e
     unsafe = unsafe_globals(p)
     if not trust:
         if not unsafe:   # no global to blame: the bytes themselves are not a checkpoint
-            raise UsageError(_describe_load_error(p, failure)) from None
+            raise UsageError(describe_load_error(p, failure)) from None
         raise UnsafeCheckpoint(p, unsafe)
     try:
         return torch.load(p, map_location="cpu", weights_only=False)
@@ -143,18 +143,49 @@ def _scan_legacy_globals(p: Path) -> list[str]:
     return sorted({g for g in found if not g.startswith(safe_prefixes)})
 
 
-def _describe_load_error(p: Path, e: Exception) -> str:
-    msg = _first_line(e)
+def describe_load_error(p: Path, e: Exception) -> str:
+    """One line saying what is wrong with a file torch.load refused (not an unsafe global)."""
+    msg = _first_sentence(e)
+    if isinstance(e, EOFError) and not str(e):
+        msg = "the file ends before the pickle does"
+    if "TorchScript" in msg:
+        return (f"{p} is a TorchScript archive (torch.jit.save), which holds code; save the "
+                f"weights with torch.save(model.state_dict(), ...) and triage that")
     if zipfile.is_zipfile(p) or "zip archive" in msg or "central directory" in msg:
-        return (f"{p} is truncated or corrupt ({msg[:120]}); copy or save it again "
+        return (f"{p} is truncated or corrupt ({msg}); copy or save it again "
                 f"(torch.save writes the whole file at the end)")
-    head = p.read_bytes()[:2]
-    if head[:1] == b"\x80" or head == b"PK":
-        return f"{p} is truncated or corrupt ({msg[:120]}); copy or save it again"
-    if "Weights only load failed" in msg:   # torch's long advice, not about these bytes
-        msg = "neither a pickle nor a zip archive"
-    return (f"{p} is not a PyTorch checkpoint ({type(e).__name__}: {msg[:120]}); "
-            f"pass a file written by torch.save or a .safetensors file")
+    head = p.read_bytes()[:64]
+    if head[:1] == b"\x80" or head[:2] == b"PK":
+        return f"{p} is truncated or corrupt ({msg}); copy or save it again"
+    # Neither a zip archive (torch.save) nor a pickle: unpickling such bytes fails with
+    # whatever opcode they happen to spell (KeyError: 544502645, pop from empty list), which
+    # says nothing to the user; say what the bytes are instead.
+    return (f"{p} is not a PyTorch checkpoint: neither a zip archive (torch.save) nor a pickle; "
+            f"it begins with {_describe_head(head)}; pass a file written by torch.save or a "
+            f".safetensors file")
+
+
+def _describe_head(head: bytes) -> str:
+    text = head.split(b"\n", 1)[0][:40]
+    try:
+        shown = text.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = ""
+    if shown and shown.isprintable():
+        return f"the text {shown!r}"
+    return f"the bytes {head[:8].hex(' ')}"
+
+
+def _first_sentence(e: Exception, limit: int = 160) -> str:
+    """The first sentence of an exception's first line, cut at a word, never mid-word."""
+    s = _first_line(e)
+    for stop in (". ", "; "):
+        if stop in s:
+            s = s.split(stop, 1)[0]
+    s = s.rstrip(".")
+    if len(s) > limit:
+        s = s[:limit].rsplit(" ", 1)[0] + " ..."
+    return s
 
 
 def _first_line(e: Exception) -> str:
@@ -223,7 +254,10 @@ def _unwrap(p: Path, obj) -> Checkpoint:
                 container = key
                 break
     if sd is None:
-        keys = ", ".join(map(str, list(obj)[:8]))
+        if not obj:
+            raise UsageError(f"{p} holds an empty dict: no weights to triage; save "
+                             f"{{'model': model.state_dict()}} or a bare state_dict")
+        keys = ", ".join(map(str, list(obj)[:8])) + (f" (+{len(obj) - 8} more)" if len(obj) > 8 else "")
         raise UsageError(f"{p} has no state_dict (top-level keys: {keys}); expected a bare "
                          f"state_dict or one under 'model', 'model_state_dict' or 'state_dict'")
     sd, prefix = strip_prefixes(sd)
