@@ -381,5 +381,5 @@ def train(kind: str, model, optimizer, steps: int, *, seed: int = 0, scheduler=N
             scheduler.step()
         if dbg is not None and step_after:
             dbg.step(loss=loss)
-        losses.append(float(loss))
+        losses.append(loss.item())
     return losses

@@ -75,7 +75,8 @@ class Watch:
             raise UsageError(f"watch: fail_on={fail_on!r}; expected one of {', '.join(SEVERITIES)}")
         if batch is not None and not callable(batch):
             raise UsageError("watch: batch must be a callable (args, kwargs) -> (src, tgt_in[, tgt_out])")
-        self._model_ref = weakref.ref(unwrap(model))
+        self._model = unwrap(model)           # held until the block ends, then only weakly
+        self._model_ref = weakref.ref(self._model)
         self._optimizer = _inner_optimizer(optimizer) if optimizer is not None else None
         self._forward, self._pad_id, self._bos_id = forward, pad_id, bos_id
         self.out = Path(out) if out is not None else None
@@ -470,7 +471,7 @@ class Watch:
             self._engine.run = None
         self._engine = self._subject = self._capture = self._session = None
         self._batch = self._prev_batch = self._loss = self._logits = None
-        self._optimizer = None
+        self._optimizer = self._model = None
 
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kwargs) -> Watch:
