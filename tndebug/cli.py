@@ -1,12 +1,14 @@
 """The `tndebug` command. Thin: one module per subcommand in `tndebug/commands/`.
 
-Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input or usage, 3 internal error.
+Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input or usage, 3 internal error,
+130 interrupted (SIGINT), 143 terminated (SIGTERM).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+import warnings
 
 from tndebug import __version__
 from tndebug.errors import UsageError
@@ -22,9 +24,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tndebug", description=(
+    from tndebug.commands._args import HelpFormatter
+    parser = _Parser(prog="tndebug", formatter_class=HelpFormatter, description=(
         "Debug an encoder-decoder Transformer: train with probes attached (run), diagnose a "
-        "checkpoint and its model code (triage), list what is checked (probes, faults)."))
+        "checkpoint and its model code (triage), list what is checked (probes, faults)."),
+        epilog="Exit codes: 0 clean; 1 findings at or above --fail-on (or a diverged run); 2 bad "
+               "input or usage, in one line; 3 internal error; 130 interrupted; 143 terminated "
+               "(SIGTERM). `tndebug COMMAND --help` describes each command.")
     parser.add_argument("--version", action="version", version=f"tndebug {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
@@ -32,7 +38,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Warnings that say nothing to a tndebug user: torch's advice about its own fast paths, and
+# one that tndebug already explains in its own line.
+NOISE = ("enable_nested_tensor is True",                       # nn.TransformerEncoder's fast path
+         "looks like a TorchScript archive",                   # our message says what the file is
+         "degrees of freedom is <= 0")                         # std of one value, on NaN input
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. The warnings it raises (torch's, the user's model code's) are held and
+    printed after tndebug's own lines, so the first line a user reads is tndebug's; known
+    noise is dropped. The filters in force (-W, PYTHONWARNINGS) still apply."""
+    with warnings.catch_warnings(record=True) as caught:
+        code = _main(argv)
+    seen = set()
+    for w in caught if not sys.stderr.closed else ():   # closed: `tndebug faults | head`
+        text = str(w.message)
+        key = (w.category, text, w.filename, w.lineno)
+        if key in seen or any(n in text for n in NOISE):
+            continue
+        seen.add(key)
+        sys.stderr.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -46,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `tndebug faults | head`
         sys.stderr.close()
         return EXIT_OK
-    except KeyboardInterrupt:
-        print("tndebug: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:      # SigTerm (a KeyboardInterrupt) exits 143
+        code = getattr(e, "exit_code", 130)
+        print(f"tndebug: {'terminated (SIGTERM)' if code == 143 else 'interrupted'}", file=sys.stderr)
+        return code
     except Exception as e:  # noqa: BLE001
         import os
         if os.environ.get("TNDEBUG_DEBUG"):

@@ -53,7 +53,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
        "KLDivLoss (label smoothing) fed raw logits instead of log_softmax, as note 001's example does"),
     _F("warmup_restart_on_resume", "lr-schedule", "training",
        "on resume the scheduler step and Adam state start from zero: warmup restarts", needs="resume"),
-    _F("no_warmup_high_lr", "ln-placement", "training", "constant lr 1e-3 from step 0, no warmup", norms=("post",)),
+    _F("no_warmup_high_lr", "ln-placement", "training",
+       "constant lr 5x the run's own Noam peak from step 0, no warmup (--lr-factor scales it)",
+       norms=("post",)),
     _F("dead_relu_init", "gradient-flow", "block", "FFN first bias initialised to -3: most ReLUs never fire"),
     _F("no_dropout", "", "config", "dropout 0 everywhere (the notes claim heads then collapse; measured, not assumed)"),
 )}

@@ -60,7 +60,7 @@ def test_resume_through_the_cli(tmp_path, capsys):
     (["--fault", "no_scale,bogus"], "unknown fault 'bogus'"),
     (["--probe", "nan-scores,bogus"], "unknown probe 'bogus'"),
     (["--task", "parse"], "invalid choice"),
-    (["--steps", "-1"], "--steps -1"),
+    (["--steps", "-1"], "argument --steps: -1: must be an integer >= 0"),
     (["--steps", "many"], "invalid int value"),
     (["--amp", "fp8"], "invalid choice"),
 ])
@@ -90,3 +90,152 @@ def test_help_documents_every_flag(capsys):
     for flag in ("--task", "--preset", "--norm", "--fault", "--probe", "--seed", "--steps",
                  "--batch-size", "--device", "--amp", "--out", "--resume", "--fail-on", "--format"):
         assert flag in text
+
+
+# -- issue 12: flags, output places, SIGTERM, periodic checkpoints, help -----------------------
+@pytest.mark.parametrize("flags, message", [
+    (["--lr-factor", "nan"], "argument --lr-factor: nan: must be a finite number"),
+    (["--lr-factor", "inf"], "argument --lr-factor: inf: must be a finite number"),
+    (["--lr-factor", "0"], "argument --lr-factor: 0: must be a finite number > 0"),
+    (["--lr-factor", "-1"], "argument --lr-factor: -1: must be a finite number > 0"),
+    (["--nproc", "0"], "argument --nproc: 0: must be an integer >= 1"),
+    (["--warmup", "-5"], "argument --warmup: -5: must be an integer >= 1"),
+    (["--warmup", "0"], "argument --warmup: 0: must be an integer >= 1"),
+    (["--batch-size", "0"], "argument --batch-size: 0: must be an integer >= 1"),
+    (["--save-every", "-1"], "argument --save-every: -1: must be an integer >= 0"),
+    (["--seed", "-1"], "argument --seed: -1: must be an integer >= 0"),
+])
+def test_numbers_that_make_no_sense_exit_2_with_one_line(flags, message, tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path / "x")] + flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_output_places_are_checked_before_training(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    for out, words in ((tmp_path / "f", "is a file, not a directory"),
+                       (tmp_path / "f" / "run", "is a file, so no directory can be made under it")):
+        assert main(TINY + ["--steps", "1", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1 and "tndebug run:" not in err, err
+
+
+def test_a_second_run_into_one_out_is_refused_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(TINY + ["--steps", "2", "--out", str(out)]) == 0
+    assert main(TINY + ["--steps", "2", "--out", str(out)]) == 2
+    assert "already holds tndebug output" in capsys.readouterr().err
+    assert main(TINY + ["--steps", "3", "--out", str(out), "--overwrite"]) == 0
+    assert len(list((out / "tb").glob("events.out.tfevents.*"))) == 1        # one run in tb/
+    assert json.loads((out / "report.json").read_text())["run"]["steps"] == 3
+    assert not (out / ".tndebug.lock").exists()
+
+
+def test_without_out_a_rerun_gets_a_fresh_numbered_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert main(TINY + ["--steps", "1"]) == 0
+    assert (tmp_path / "runs/copy-tiny-pre/report.json").is_file()
+    assert (tmp_path / "runs/copy-tiny-pre-2/report.json").is_file()
+    assert "-> runs/copy-tiny-pre-2" in capsys.readouterr().err
+
+
+def test_a_directory_in_use_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".tndebug.lock").write_text(f"pid={os.getppid()}\nhost={os.uname().nodename}\n")
+    assert main(TINY + ["--steps", "1", "--out", str(out)]) == 2
+    assert f"in use by another tndebug (pid {os.getppid()})" in capsys.readouterr().err
+
+
+def test_periodic_checkpoints_are_atomic(tmp_path, capsys, monkeypatch):
+    from tndebug.train import checkpoint as ckpt
+    saved = []
+    real = ckpt.save_checkpoint
+
+    def spy(path, state):
+        saved.append((state["global_step"], state["status"]))
+        return real(path, state)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", spy)
+    out = tmp_path / "run"
+    assert main(TINY + ["--steps", "5", "--save-every", "2", "--out", str(out)]) == 0
+    assert saved == [(2, "running"), (4, "running"), (5, "completed")]
+    assert [p.name for p in out.glob("checkpoint.pt*")] == ["checkpoint.pt"]   # no .tmp left
+
+
+def test_sigterm_writes_checkpoint_report_and_events_and_exits_143(tmp_path):
+    import signal
+    import time
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "tndebug", "run", "--preset", "tiny", "--probe",
+                          "loss-health", "--batch-size", "8", "--steps", "100000", "--save-every",
+                          "0", "--out", str(out)], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 120
+        while not list((out / "tb").glob("events.out.tfevents.*")) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(2.0)                           # some training steps
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 143, err
+    assert "tndebug: terminated (SIGTERM) at step" in err and "Traceback" not in err
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["status"] == "interrupted"
+    step = report["run"]["stopped_at_step"]
+    assert step > 0 and torch.load(out / "checkpoint.pt", weights_only=True)["global_step"] == step
+    assert (out / "report.md").is_file() and not (out / ".tndebug.lock").exists()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    (events,) = (out / "tb").glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    assert acc.Scalars("train/loss"), "no flushed training events"
+
+
+def test_resume_errors_say_what_is_wrong(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(TINY + ["--steps", "1", "--out", str(out)]) == 0
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    key = next(iter(state["model"]))
+    state["model"][key] = torch.zeros(3, 3)
+    (tmp_path / "bad").mkdir()
+    torch.save(state, tmp_path / "bad" / "checkpoint.pt")
+    torch.save({"format": "tndebug.checkpoint/1", "x": print}, tmp_path / "unsafe.pt")
+    (tmp_path / "text.pt").write_text("just text\n")
+    capsys.readouterr()
+    for path, words in ((tmp_path / "bad", f"size mismatch for {key}: copying a param with shape"),
+                        (tmp_path / "unsafe.pt", "holds pickled code (builtins.print)"),
+                        (tmp_path / "text.pt", "neither a zip archive (torch.save) nor a pickle")):
+        assert main(["run", "--resume", str(path), "--steps", "1", "--probe", "none"]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert words in line and "weights_only=False" not in line, line
+
+
+def test_help_reads_right_at_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    texts = {}
+    for argv in (["--help"], ["run", "--help"], ["triage", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        texts[argv[0]] = capsys.readouterr().out
+    for name, text in texts.items():
+        assert "3 internal error" in text, name
+        long = [ln for ln in text.splitlines() if len(ln) > 80]
+        assert not long, (name, long)
+    assert "{error,warning,info,never}" in texts["run"] and "--overwrite" in texts["run"]
+    assert "143 terminated" in texts["run"] and "--save-every" in texts["run"]
+    lines = texts["triage"].splitlines()
+    for flag in ("--pad-id", "--bos-id", "--format", "--fail-on"):   # each has a help text
+        i = next(i for i, ln in enumerate(lines) if ln.strip().startswith(flag))
+        assert len(lines[i].split()) > 2 or lines[i + 1].startswith(" " * 20), (flag, lines[i])
+
+
+def test_probes_listing_reads_right(capsys):
+    assert main(["probes"]) == 0
+    text = capsys.readouterr().out
+    assert "runs never" not in text and "every 1 steps" not in text
+    assert "(at setup only)" in text and "(runs every step)" in text

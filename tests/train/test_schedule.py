@@ -53,4 +53,16 @@ def test_warmup_restart_on_resume_makes_lr_jump(tmp_path):
 
 def test_no_warmup_high_lr_is_constant():
     result = tiny_run(steps=5, faults=("no_warmup_high_lr",))
-    assert result.report.history["lr"] == [1e-3] * 5
+    assert result.report.history["lr"] == [result.report.history["lr"][0]] * 5
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "base"])
+def test_no_warmup_high_lr_means_the_same_in_every_preset(preset):
+    """Issue 12: 5x the preset's own Noam peak, from step 0, and --lr-factor scales it."""
+    from tndebug.train.loop import HIGH_LR_X, declared_schedule
+    mcfg = model_config("copy", preset, "post", ("no_warmup_high_lr",))
+    for factor in (0.2, 1.0):
+        tcfg = TrainConfig(lr_factor=factor)
+        peak = max(map(noam(mcfg.d_model, tcfg.warmup, factor), range(200)))
+        lr = declared_schedule(mcfg, tcfg)
+        assert lr(0) == lr(1000) == pytest.approx(HIGH_LR_X * peak)

@@ -120,3 +120,78 @@ def test_adapter_that_returns_sequence_first_logits(capsys, tmp_path):
     torch.save({"model": zoo("torch_seq2seq").build().state_dict()}, tmp_path / "t.pt")
     bad([tmp_path / "t.pt", "--model", zoo_spec("torch_seq2seq", "build"),
          "--adapter", f"{tmp_path}/adapter.py:forward"], capsys, tmp_path, "expected logits [B, T, V]")
+
+
+# -- issue 12: messages, output places ---------------------------------------------------------
+@pytest.mark.parametrize("content, words", [
+    (b"just text\n", "neither a zip archive (torch.save) nor a pickle; it begins with the text 'just text'"),
+    (b"hello world this is a text file\n" * 4, "it begins with the text 'hello world"),
+    (b"\x00\x01\x02binary", "it begins with the bytes 00 01 02"),
+])
+def test_text_and_binary_junk_say_what_the_bytes_are(content, words, capsys, tmp_path):
+    (tmp_path / "x.pt").write_bytes(content)
+    bad([tmp_path / "x.pt"], capsys, tmp_path, words)
+
+
+def test_truncated_message_is_not_cut_mid_word(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    path.write_bytes(path.read_bytes()[:1000])
+    code, _, err = run([path, "--out", tmp_path / "o"], capsys)
+    assert code == 2 and "(PytorchStreamReader failed reading zip archive: failed finding central " \
+                          "directory); copy or save it again" in err, err
+
+
+def test_an_empty_dict_says_so(capsys, tmp_path):
+    torch.save({}, tmp_path / "e.pt")
+    bad([tmp_path / "e.pt"], capsys, tmp_path, "holds an empty dict: no weights to triage")
+
+
+def test_an_unknown_adapter_name_lists_the_built_in_ones(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    bad([path, "--adapter", "fairseq"], capsys, tmp_path,
+        "--adapter 'fairseq': not a built-in adapter (built-in: annotated, tndebug)")
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--heads", "0"], "argument --heads: 0: must be an integer >= 1"),
+    (["--pad-id", "-1"], "argument --pad-id: -1: must be an integer >= 0"),
+])
+def test_numbers_that_make_no_sense(flags, words, capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    bad([path, *flags], capsys, tmp_path, words)
+
+
+def test_out_that_is_a_file_is_refused_before_any_work(capsys, tmp_path, annotated_ckpt, monkeypatch):
+    path, _ = annotated_ckpt()
+    (tmp_path / "f").write_text("x")
+    import tndebug.triage.run as triage_run
+    monkeypatch.setattr(triage_run, "triage", lambda opts: pytest.fail("triage ran"))
+    code, _, err = run([path, "--out", tmp_path / "f"], capsys)
+    assert code == 2 and "is a file, not a directory" in err
+    code, _, err = run([path, "--out", tmp_path / "f" / "sub"], capsys)
+    assert code == 2 and "is a file, so no directory can be made under it" in err
+
+
+def test_triage_into_a_training_run_keeps_its_report(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", "--preset", "tiny", "--probe", "none", "--steps", "1", "--batch-size", "8",
+                 "--out", str(out)]) == 0
+    before = (out / "report.json").read_text()
+    capsys.readouterr()
+    code, _, err = run([out / "checkpoint.pt", "--out", out, "--probe", "none"], capsys)
+    assert code == 2 and "already holds tndebug output" in err and "--overwrite" in err
+    assert (out / "report.json").read_text() == before
+
+
+def test_default_out_is_named_after_the_checkpoint_and_numbered(capsys, tmp_path, monkeypatch,
+                                                                annotated_ckpt):
+    path, _ = annotated_ckpt()
+    (tmp_path / "a").mkdir()
+    ckpt = tmp_path / "a" / "checkpoint.pt"
+    ckpt.write_bytes(path.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        code, _, err = run([ckpt, "--probe", "none", "--fail-on", "never"], capsys)
+        assert code == 0, err
+    assert (tmp_path / "triage-a-checkpoint" / "report.json").is_file()
+    assert (tmp_path / "triage-a-checkpoint-2" / "report.json").is_file()

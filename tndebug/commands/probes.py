@@ -14,6 +14,13 @@ def main(args) -> int:
     width = max(map(len, PROBE_NAMES))
     for name in PROBE_NAMES:
         cls = probe_class(name)
-        when = cls.default_schedule().__doc__
-        print(f"{name:<{width}}  {cls.summary}  (runs {when})")
+        print(f"{name:<{width}}  {cls.summary}  ({when(cls.default_schedule().__doc__)})")
     return 0
+
+
+def when(doc: str) -> str:
+    """A schedule's doc as a phrase: 'never' (no training step; the setup tests only) reads
+    'at setup only', 'every 1 steps' reads 'every step'."""
+    if doc == "never":
+        return "at setup only"
+    return "runs " + doc.replace("every 1 steps", "every step")

@@ -2,23 +2,37 @@
 
 Exit codes: 0 nothing at or above --fail-on; 1 findings; 2 bad input, or a checkpoint that was
 not examined (unsafe pickle without --trust-checkpoint: its globals are listed, never run).
-Outputs (report.json, and what the reporters add) are written only once triage has succeeded.
+Outputs (report.json, and what the reporters add) are written only once triage has succeeded;
+the output directory is checked and locked before (tndebug/outputs.py has the rule).
 """
 from __future__ import annotations
 
 import sys
 
+from tndebug.commands._args import HelpFormatter, nonneg_int, positive_int
+from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.probes import PROBE_NAMES
 from tndebug.report import Report
 
+OUTPUTS = ("Outputs: --out DIR is refused (exit 2, before any work) when it is a file, lies "
+           "under a file, is not writable, is in use by another tndebug, or already holds a "
+           "tndebug report or run (a training run's report.json included), unless --overwrite. "
+           "Without --out: ./triage-<parent dir>-<file stem>, or the first free of NAME-2, "
+           "NAME-3, ...")
+EXITS = ("Exit codes: 0 nothing at or above --fail-on; 1 findings at or above it; 2 bad input or "
+         "usage, or a checkpoint that was not examined (an unsafe pickle: its globals are "
+         "listed, never run); 3 internal error; 130 interrupted.")
+
 EPILOG = """examples:
-  tndebug triage model.pt                                   # layout recognised from the keys
+  tndebug triage model.pt                    # layout recognised from the keys
   tndebug triage model.pt --heads 8 --task reverse
   tndebug triage ckpt.pt --model mymodel.py:make_model --adapter annotated
-  tndebug triage ckpt.pt --model seq2seq.py:build --adapter seq2seq.py:forward --config cfg.json
-  tndebug triage model.pt --data held_out.pt                # your own held-out batches
-  tndebug triage ./my-model/ --attn sdpa --text pairs.tsv   # a Hugging Face save_pretrained dir
+  tndebug triage ckpt.pt --model seq2seq.py:build --adapter seq2seq.py:forward \\
+                         --config cfg.json
+  tndebug triage model.pt --data held_out.pt # your own held-out batches
+  tndebug triage ./my-model/ --attn sdpa --text pairs.tsv
+                                             # a save_pretrained directory
 see docs/triage.md"""
 
 
@@ -26,8 +40,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "triage", help="diagnose a checkpoint (and your model code, with --model)",
         description="Load a checkpoint safely, recognise or load the model, and run every probe "
-                    "that makes sense for weights, plus checkpoint hygiene checks.",
-        epilog=EPILOG, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                    "that makes sense for weights, plus checkpoint hygiene checks.\n\n" + OUTPUTS
+                    + "\n\n" + EXITS,
+        epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("checkpoint", help="a .pt/.pth (torch.save) or .safetensors file, or a Hugging "
                                       "Face save_pretrained directory (needs tndebug[hf])")
     p.add_argument("--model", metavar="FILE.py:FACTORY",
@@ -51,32 +66,58 @@ def add_parser(sub) -> None:
     p.add_argument("--text", metavar="FILE",
                    help="Hugging Face directory: held-out source<TAB>target lines, tokenised with "
                         "the tokenizer saved in the directory (for the temperature sweep)")
-    p.add_argument("--pad-id", type=int, default=0)
-    p.add_argument("--bos-id", type=int, default=1)
-    p.add_argument("--heads", type=int, help="number of attention heads (not in the weights)")
+    p.add_argument("--pad-id", type=nonneg_int, default=0,
+                   help="the padding token id of your vocabulary: masked in the held-out batches "
+                        "and ignored by the loss (default 0)")
+    p.add_argument("--bos-id", type=nonneg_int, default=1,
+                   help="the id that starts every decoder input (default 1)")
+    p.add_argument("--heads", type=positive_int,
+                   help="number of attention heads, >= 1 (not in the weights)")
     p.add_argument("--norm", choices=("pre", "post"), help="LayerNorm placement (nn.Transformer layout)")
     p.add_argument("--probe", default=None,
                    help=f"probes to run: all, none or a,b (default: those that judge weights; "
                         f"known: {', '.join(PROBE_NAMES)})")
-    p.add_argument("--out", default=None, help="output directory (default: ./triage-<checkpoint>)")
-    p.add_argument("--format", choices=("text", "json", "md"), default="text")
-    p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output directory (default: ./triage-<parent dir>-<file stem>, numbered "
+                        "-2, -3, ... when taken); see Outputs above")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the reports and figures already in --out (a checkpoint or tb/ "
+                        "there is never removed)")
+    p.add_argument("--format", choices=("text", "json", "md"), default="text",
+                   help="what goes to stdout at the end: the findings table, the JSON report, or "
+                        "the Markdown report (default text)")
+    p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
+                   help="exit 1 when a finding is at least this severe (default error)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="unpickle code in the file (only for files you trust)")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
-    from tndebug.reporters.session import ReportSession
-    from tndebug.triage.loading import UnsafeCheckpoint
-    from tndebug.triage.run import TriageOptions, output_name, triage
+    from tndebug.outputs import claim_output, triage_default
+    from tndebug.triage.adapters import BUILTIN
+    from tndebug.triage.run import TriageOptions
+
+    if args.adapter and ":" not in args.adapter and args.adapter not in BUILTIN:
+        raise UsageError(f"--adapter {args.adapter!r}: not a built-in adapter (built-in: "
+                         f"{', '.join(BUILTIN)}); or pass FILE.py:FUNCTION with def "
+                         f"forward(model, src, tgt, pad_id) -> logits")
 
     opts = TriageOptions(args.checkpoint, model=args.model, config=args.config,
                          adapter=args.adapter, task=args.task, pad_id=args.pad_id,
                          bos_id=args.bos_id, heads=args.heads, norm=args.norm, probes=args.probe,
                          trust=args.trust_checkpoint, data=args.data, attn=args.attn,
                          text=args.text)
-    out = args.out or output_name(args.checkpoint)
+    with claim_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite,
+                      kind="triage") as out:                  # checked and locked before any work
+        return _triage(opts, out, args)
+
+
+def _triage(opts, out, args) -> int:
+    from tndebug.reporters.session import ReportSession
+    from tndebug.triage.loading import UnsafeCheckpoint
+    from tndebug.triage.run import triage
+
     try:
         report = triage(opts)
     except UnsafeCheckpoint as e:

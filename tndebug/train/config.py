@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from tndebug.config import PRESETS, ModelConfig
@@ -26,12 +27,18 @@ class TrainConfig:
     amp: str = "none"             # none | bf16 | fp16 (autocast; fp16 adds a GradScaler)
     eval_size: int = 1000         # held-out sequences for exact match / token accuracy
     log_every: int = 10           # steps between scalar logs
+    save_every: int = 100         # steps between periodic checkpoints (0: only at the end); a save
+                                  # of the small preset is ~0.05 s, a step ~0.2 s (1 CPU thread):
+                                  # 100 keeps saving < 1% of training time, even at 4x faster steps
 
     def __post_init__(self) -> None:
         get_task(self.task)
-        if self.steps < 0 or self.batch_size < 1 or self.warmup < 1:
-            raise ValueError(f"steps={self.steps}, batch_size={self.batch_size}, warmup={self.warmup}: "
-                             "need steps >= 0, batch_size >= 1, warmup >= 1")
+        if self.steps < 0 or self.batch_size < 1 or self.warmup < 1 or self.save_every < 0:
+            raise ValueError(f"steps={self.steps}, batch_size={self.batch_size}, warmup={self.warmup}, "
+                             f"save_every={self.save_every}: need steps >= 0, batch_size >= 1, "
+                             "warmup >= 1, save_every >= 0")
+        if not (math.isfinite(self.lr_factor) and self.lr_factor > 0):
+            raise ValueError(f"lr_factor={self.lr_factor}: need a finite number > 0")
         if self.device not in DEVICES:
             raise ValueError(f"device={self.device!r}; expected one of {DEVICES}")
         if self.amp not in AMPS:

@@ -1,0 +1,57 @@
+"""Shared by the subcommands: argparse `type=` functions that refuse numbers that make no
+sense (one line, exit 2), and the help formatter."""
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(kind, text: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid {'int' if kind is int else 'float'} value: {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (--nproc, --batch-size, --warmup, --heads)."""
+    value = _number(int, text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be an integer >= 1")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    """An integer >= 0 (--steps, --save-every, --seed, token ids)."""
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be an integer >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (--lr-factor)."""
+    value = _number(float, text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number > 0")
+    return value
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps the description and epilog to the terminal, paragraph by paragraph (blank-line
+    separated); a paragraph written on several lines (examples, tables) is kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+        out = []
+        for para in text.split("\n\n"):
+            if "\n" in para.strip("\n"):
+                out.append("\n".join(indent + line for line in para.splitlines()))
+            else:
+                out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent,
+                                         subsequent_indent=indent))
+        return "\n\n".join(out)
