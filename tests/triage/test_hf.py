@@ -183,7 +183,21 @@ def test_ids_come_from_the_config(dirs):
     assert (run["pad_id"], run["bos_id"]) == (95, 95)
     assert "decoder_start_token_id" in run["ids_note"] and "feeds as 95" in run["ids_note"]
     assert run["tied_keys_restored"]                  # save_pretrained drops the tied copies
-    assert "(1..94" in run["data"]                     # eos 0 and pad 95 are never random content
+    assert "(1..94" in run["probe_data"]               # eos 0 and pad 95 are never random content
+
+
+@pytest.mark.parametrize("arch, bug", [("marian", "no_causal"), ("bart", "inverted_pad_mask"),
+                                       ("pegasus", "no_scale")])
+def test_sliced_output_layer_keeps_verdicts(dirs, monkeypatch, arch, bug):
+    """Above PROBE_VOCAB ids the probes see the first PROBE_VOCAB logits only: same verdicts."""
+    import tndebug.triage.hf as hf
+    full = triage_hf(TriageOptions(str(dirs[arch])), patch=patch_for(bug))
+    monkeypatch.setattr(hf, "PROBE_VOCAB", 40)
+    sliced = triage_hf(TriageOptions(str(dirs[arch])), patch=patch_for(bug))
+    assert sliced.run["probes_see_logits_of_ids"] == "0..39 (of 96; exact)"
+    assert full.run["probes_see_logits_of_ids"] == "all 96"
+    key = lambda r: sorted((f.probe, f.severity, f.where) for f in flagged(r))   # noqa: E731
+    assert key(full) == key(sliced) and key(full), (key(full), key(sliced))
 
 
 # -- --text and --data: the temperature sweep runs on the user's data ---------------------------------

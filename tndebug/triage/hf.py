@@ -24,9 +24,11 @@ import json
 import os
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tndebug.data import Batch
@@ -39,6 +41,10 @@ WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.b
            "pytorch_model.bin")
 OWN_CHECKPOINTS = ("checkpoint.pt", "model.pt")     # tndebug's (and plain torch) files win
 HELD_OUT, SRC_LEN, TGT_LEN = 16, 12, 12             # the random batch for the probes' pass
+# The probes see the logits of ids [0, PROBE_VOCAB) of a larger vocabulary (exact for those ids):
+# a 58k-word output layer costs more than the whole 6+6-layer stack at the probes' batch sizes,
+# and a change in the decoder's output shows in 2048 directions as well as in 58k.
+PROBE_VOCAB = 2048
 
 
 def is_hf_dir(path: str) -> bool:
@@ -237,6 +243,30 @@ def make_adapter(start: int, marker: int):
     return forward, encode
 
 
+@contextmanager
+def sliced_output(model: nn.Module, keep: int | None):
+    """Within: the output layer computes the logits of ids [0, keep) only, exactly (its weight
+    rows and BART's `final_logits_bias` sliced; parameters and hooks unchanged). Yields `keep`,
+    or None when there is nothing to slice or the model's head does not allow it."""
+    head = model.get_output_embeddings()
+    bias = getattr(model, "final_logits_bias", None)
+    if keep is None or not isinstance(head, nn.Linear) or head.out_features <= keep:
+        yield None
+        return
+
+    def forward(x):
+        return F.linear(x, head.weight[:keep], None if head.bias is None else head.bias[:keep])
+    head.forward = forward                                   # an instance attribute: undone below
+    if isinstance(bias, torch.Tensor):
+        model.final_logits_bias = bias[..., :keep]
+    try:
+        yield keep
+    finally:
+        del head.forward
+        if isinstance(bias, torch.Tensor):
+            model.final_logits_bias = bias
+
+
 def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
     """Random content ids, BOS (marker)-led targets, about a third of the rows right-padded."""
     src, tgt = subject.random_batch(n, SRC_LEN, TGT_LEN + 1, pad_share=0.3,
@@ -298,19 +328,23 @@ def triage_hf(opts, patch=None):
     if patch is not None:
         forward, encode = patch(model, (forward, encode)) or (forward, encode)
     lo, hi = ids["content"]
+    keep = PROBE_VOCAB if tgt_v > PROBE_VOCAB and set(probe_names) <= set(R.TRIAGE_PROBES) else None
+    if keep:
+        hi = min(hi, keep)
     subject = HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
                         tgt_vocab=hi, encode=encode, capture=GenericCapture(model),
                         max_len=getattr(config, "max_position_embeddings", None), first_content=lo)
     data, source = held_out(opts, folder, ids, ids["marker"])
     if data is not None:
         check_vocab(data, src_v, tgt_v, source)
-    batch = data if data is not None else random_batch(subject)
+    batch = random_batch(subject)         # the probes' pass; the user's data only for the sweep
     if hasattr(subject.capture, "discover"):   # attention sites by behaviour, whatever the class
         subject.capture.discover(lambda: forward(model, batch.src[:2], batch.tgt_in[:2], ids["pad"]))
     lap("model")
 
     findings = hygiene.non_finite(sd) + resume_state(folder)
-    engine_findings, statuses, probe_seconds = R._run_probes(subject, probe_names, batch, ids["pad"])
+    with sliced_output(model, keep) as keep:
+        engine_findings, statuses, probe_seconds = R._run_probes(subject, probe_names, batch, ids["pad"])
     findings += engine_findings
     lap("probes")
     findings += hygiene.duplicate_heads(attention_weights(model))
@@ -338,9 +372,11 @@ def triage_hf(opts, patch=None):
            "transformers_version": tf.__version__,
            "attn_implementation": getattr(model.config, "_attn_implementation", None),
            "weight_files": [p.name for p in files], "tied_keys_restored": tied,
-           "task": None, "data": (source or "random ids from the model's vocabulary "
-                                  f"({lo}..{hi - 1}; special ids excluded)"),
-           "held_out_sequences": int(batch.src.shape[0]), "compute_dtype": "float32",
+           "task": None, "data": source or "none (--text or --data: the temperature sweep needs it)",
+           "probe_data": f"random ids from the model's vocabulary ({lo}..{hi - 1}; special ids excluded)",
+           "held_out_sequences": int((data if data is not None else batch).src.shape[0]),
+           "probes_see_logits_of_ids": f"0..{keep - 1} (of {tgt_v}; exact)" if keep else f"all {tgt_v}",
+           "compute_dtype": "float32",
            "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in sd.values()
                                     if v.is_floating_point()}),
            "pad_id": ids["pad"], "bos_id": ids["start"], "special_ids": ids["specials"],
