@@ -130,3 +130,38 @@ def test_a_healthy_kl_with_log_softmax_never_goes_negative():
     subject = tndebug_subject(make_model(ModelConfig.tiny()))
     _, findings = probed_loop(subject, [LossHealthProbe(every(1))], steps=30, criterion=crit)
     assert not [f for f in findings if f.where == "criterion"]
+
+
+# -- issue 12: an exploding loss ---------------------------------------------------------------
+def test_an_exploding_post_ln_run_is_an_error_naming_its_onset_and_the_lr():
+    """`tndebug run --preset tiny --norm post --lr-factor 2000 --warmup 1`: 2.6 -> 1e6."""
+    probe = LossHealthProbe(every(5))
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm="post"), [probe], steps=11, batch=16,
+                                       warmup=1, lr_factor=2000)
+    (f,) = [f for f in findings if f.severity == "error"]
+    assert f.step == 5 and "the loss exploded at step 5 (it began after step 0" in f.message
+    assert f.evidence["ce"] > f.evidence["threshold"] == pytest.approx(
+        loss_health.EXPLODE_X * max(f.evidence["ce_start"], f.evidence["ln_V"]))
+    assert f.evidence["steps_above"] == [5, 10]
+    assert "likely cause: the lr is" in f.message and "no warmup: the lr starts at 250" in f.message
+    assert f.evidence["lr_peak_step"] == 0 and "warm up" in f.fix
+    assert probe.status() == "fail"
+
+
+def test_an_explosion_at_the_last_probed_step_is_judged_at_the_end():
+    probe = LossHealthProbe(every(5))
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm="post"), [probe], steps=6, batch=16,
+                                       warmup=1, lr_factor=2000)
+    (f,) = [f for f in findings if f.severity == "error"]
+    assert f.step == 5 and f.evidence["steps_above"] == [5]
+
+
+def test_a_spike_that_recovers_is_a_warning():
+    probe = LossHealthProbe(every(1))
+    probe.setup(type("Run", (), {"lr_schedule": None, "total_steps": 10})())
+    probe._ln_v = math.log(V)
+    for step, ce in enumerate([2.4, 2.0, 40.0, 1.9]):
+        probe._ce.append((step, ce))
+        probe._explosion(step, ce, math.log(V))
+    (f,) = probe.findings
+    assert f.severity == "warning" and f.step == 2 and "loss spiked" in f.message

@@ -34,6 +34,19 @@ PLATEAU_LAST = 3           # judged on the mean of the last 3 probed CEs
 # rounding gives at worst ~-1e-7. Below this the criterion is fed something that is not
 # log-probabilities (raw logits into KLDivLoss or NLLLoss: note 001's example).
 NEGATIVE_LOSS = -1e-3
+# An exploding run (issue 12): the cross-entropy above EXPLODE_X * max(CE at step 0, ln V) at
+# EXPLODE_K probed steps in a row (or at the last probed step: the run ended so). A model that
+# has learnt nothing scores ln V; 5x that gives the true token V^-5 of the mass on average, i.e.
+# confidently wrong. Healthy runs stay below their step-0 CE after step 0 (tiny post-LN at Noam
+# factor 1, a spiky setting, peaks at 0.87x); factor 10 without warmup reaches 13x, factor 2000
+# 1e6x. One probed step above, then back below, is a spike: a warning.
+EXPLODE_X = 5.0
+EXPLODE_K = 2
+# An lr above this is named as a likely cause: an order of magnitude above the paper's peak
+# (7e-4: d_model 512, warmup 4000) and above every preset's default Noam peak (tiny: 5.6e-3).
+HIGH_LR = 1e-2
+# A schedule whose step-0 lr is at least this share of its peak has no warmup to speak of.
+NO_WARMUP_SHARE = 0.5
 _RAW_LOGITS_FIX = FAULT_NOTES["kl_raw_logits"][2] + " [notes 001, 003]"
 
 
@@ -49,7 +62,7 @@ class LossHealthProbe(Probe):
     """
 
     name = "loss-health"
-    summary = "initial loss vs ln V, plateau at the uniform level, non-finite loss"
+    summary = "initial loss vs ln V, plateau at the uniform level, exploding or non-finite loss"
     reads = ()
     fix = ("Check the loss at init (~ln V), the optimizer and lr, and the target shift; a plateau "
            "near ln V points to missing PE or pads in attention, NaN to lr/warmup [notes 000, 002]")
@@ -64,6 +77,15 @@ class LossHealthProbe(Probe):
         self._plateau_judged = False
         self._ln_v: float | None = None
         self._negative_reported = False
+        self._schedule = None                     # the declared lr schedule (RunContext)
+        self._total_steps: int | None = None
+        self._lrs: dict[int, float] = {}          # probed step -> lr applied
+        self._above: list[tuple[int, float]] = [] # the current run of probed steps above the limit
+        self._exploded = False
+        self._spiked = False
+
+    def setup(self, run: RunContext) -> None:
+        self._schedule, self._total_steps = run.lr_schedule, run.total_steps
 
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
         stats = {}
@@ -111,7 +133,10 @@ class LossHealthProbe(Probe):
         if not self._ce and step == 0:
             self._initial(ce, ln_v, float(stats["self_pred"]) if "self_pred" in stats else None)
         self._ce.append((step, ce))
-        if step >= self.plateau_steps and not self._plateau_judged:
+        if info.lr is not None:
+            self._lrs[step] = float(info.lr)
+        self._explosion(step, ce, ln_v)
+        if step >= self.plateau_steps and not self._plateau_judged and not self._exploded:
             self._plateau(step)
 
     def _initial(self, ce: float, ln_v: float, self_pred: float | None) -> None:
@@ -137,6 +162,80 @@ class LossHealthProbe(Probe):
                         fix="Feed tgt[:, :-1] and score tgt[:, 1:], with the causal mask on "
                             "(notes 001, 003)")
 
+    # -- an exploding loss -----------------------------------------------------------------
+    def _explosion_limit(self, ln_v: float) -> float:
+        first = self._ce[0][1] if self._ce and self._ce[0][0] == 0 else ln_v
+        return EXPLODE_X * max(first, ln_v)
+
+    def _explosion(self, step: int, ce: float, ln_v: float) -> None:
+        if self._exploded:
+            return
+        limit = self._explosion_limit(ln_v)
+        if ce > limit:
+            self._above.append((step, ce))
+            if len(self._above) >= EXPLODE_K:
+                self._report_explosion()
+            return
+        if self._above and not self._spiked:            # one probed step above, then back
+            self._spiked = True
+            (s0, c0), = self._above
+            self.report("warning", f"loss spiked: cross-entropy {c0:.4g} at step {s0} "
+                        f"({c0 / limit * EXPLODE_X:.3g}x its start), back to {ce:.3g} by step {step}",
+                        step=s0, evidence={"ce": c0, "ce_after": ce, "step_after": step,
+                                           "threshold": limit, **self._lr_evidence(s0)},
+                        fix=self._explosion_fix(s0))
+        self._above = []
+
+    def _lr_evidence(self, step: int) -> dict:
+        ev: dict = {"lr": self._lrs.get(step)}
+        if self._schedule is not None:
+            horizon = max(1, min(self._total_steps or 1000, 100_000))
+            stride = max(1, horizon // 2000)
+            pts = [(s, float(self._schedule(s))) for s in range(0, horizon, stride)]
+            peak_step, peak = max(pts, key=lambda p: p[1])
+            ev.update(lr_step0=pts[0][1], lr_peak=peak, lr_peak_step=peak_step)
+        return ev
+
+    def _causes(self, step: int, ev: dict) -> list[str]:
+        causes = []
+        lr, lr0, peak = ev.get("lr"), ev.get("lr_step0"), ev.get("lr_peak")
+        if lr is not None and lr > HIGH_LR:
+            causes.append(f"the lr is {lr:.3g} at step {step}, {lr / HIGH_LR:.3g}x {HIGH_LR:g} "
+                          f"(a high Adam lr for a Transformer)")
+        if lr0 is not None and peak and lr0 >= NO_WARMUP_SHARE * peak:
+            causes.append(f"no warmup: the lr starts at {lr0:.3g}, {lr0 / peak:.0%} of its peak "
+                          f"{peak:.3g} (step {ev['lr_peak_step']})")
+        elif peak and lr is not None:
+            causes.append(f"the lr at step {step} is {lr:.3g}, {lr / peak:.0%} of the schedule's "
+                          f"peak {peak:.3g} (step {ev['lr_peak_step']})")
+        return causes
+
+    def _explosion_fix(self, step: int) -> str:
+        return ("Lower the lr (the Noam factor) and warm up over more steps; Post-LN needs warmup "
+                "most (ln-placement names this model's placement) [note 002]; clip gradients "
+                "(clip_grad_norm_ 1.0) to contain a spike")
+
+    def _report_explosion(self) -> None:
+        self._exploded = True
+        (s0, c0), (s1, c1) = self._above[0], self._above[-1]
+        limit = self._explosion_limit(self._ln_v)
+        start = self._ce[0][1] if self._ce and self._ce[0][0] == 0 else None
+        before = [(s, c) for s, c in self._ce if s < s0]
+        ev = self._lr_evidence(s0)
+        causes = self._causes(s0, ev)
+        began = f" (it began after step {before[-1][0]}, CE {before[-1][1]:.3g})" if before else ""
+        self.report(
+            "error", f"the loss exploded at step {s0}{began}: cross-entropy {c0:.4g}, "
+                     f"{c0 / max(start or self._ln_v, self._ln_v):.3g}x its start, still "
+                     f"{c1:.4g} at step {s1}"
+                     + (f"; likely cause: {'; '.join(causes)}" if causes else ""),
+            step=s0,
+            evidence={"ce": c0, "ce_start": start, "ln_V": self._ln_v, "threshold": limit,
+                      "threshold_rule": f"CE > {EXPLODE_X:g} x max(CE at step 0, ln V) at "
+                                        f"{EXPLODE_K} probed steps in a row, or at the last",
+                      "steps_above": [s for s, _ in self._above], "ce_last": c1, **ev},
+            fix=self._explosion_fix(s0))
+
     def _plateau(self, step: int) -> None:
         self._plateau_judged = True
         last = [c for _, c in self._ce[-PLATEAU_LAST:]]
@@ -154,7 +253,9 @@ class LossHealthProbe(Probe):
         if not self._ce and self._bad_step is None:
             self.skip("no logits/targets or loss were observed")
             return
-        if self._plateau_judged or self._bad_step is not None:
+        if self._above and not self._exploded:      # the run ended above the limit
+            self._report_explosion()
+        if self._plateau_judged or self._bad_step is not None or self._exploded:
             return
         needed = min(self.plateau_steps, PLATEAU_MIN_STEPS)
         last = self._ce[-1][0]
