@@ -233,9 +233,9 @@ def torch_forward(model, src, tgt, pad_id):
 
 # -- fused QKV + scaled_dot_product_attention ------------------------------------------------------
 class FusedSelfAttention(nn.Module):
-    def __init__(self, d, h, causal=False):
+    def __init__(self, d, h, causal=False, scale=True):
         super().__init__()
-        self.h, self.causal = h, causal
+        self.h, self.causal, self.scale = h, causal, None if scale else 1.0   # 1.0: the bug
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
 
     def forward(self, x, keep):                                               # x [B, T, d], keep [B, T]
@@ -244,14 +244,14 @@ class FusedSelfAttention(nn.Module):
         mask = keep[:, None, None, :]
         if self.causal:
             mask = mask & torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)            # [B, h, T, d_k]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)   # [B, h, T, d_k]
         return self.proj(y.transpose(1, 2).reshape(B, T, d))
 
 
 class FusedCrossAttention(nn.Module):
-    def __init__(self, d, h):
+    def __init__(self, d, h, scale=True):
         super().__init__()
-        self.h = h
+        self.h, self.scale = h, None if scale else 1.0
         self.q, self.kv, self.proj = nn.Linear(d, d), nn.Linear(d, 2 * d), nn.Linear(d, d)
 
     def forward(self, x, memory, keep):
@@ -259,7 +259,7 @@ class FusedCrossAttention(nn.Module):
         S = memory.shape[1]
         q = self.q(x).view(B, T, self.h, d // self.h).transpose(1, 2)
         k, v = (t.view(B, S, self.h, d // self.h).transpose(1, 2) for t in self.kv(memory).split(d, 2))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], scale=self.scale)
         return self.proj(y.transpose(1, 2).reshape(B, T, d))
 
 
@@ -273,10 +273,10 @@ class MLP(nn.Module):
 
 
 class EncBlock(nn.Module):
-    def __init__(self, d, h, d_ff):
+    def __init__(self, d, h, d_ff, scale=True):
         super().__init__()
         self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn, self.mlp = FusedSelfAttention(d, h), MLP(d, d_ff)
+        self.attn, self.mlp = FusedSelfAttention(d, h, scale=scale), MLP(d, d_ff)
 
     def forward(self, x, keep):
         x = x + self.attn(self.ln_1(x), keep)
@@ -284,10 +284,11 @@ class EncBlock(nn.Module):
 
 
 class DecBlock(nn.Module):
-    def __init__(self, d, h, d_ff):
+    def __init__(self, d, h, d_ff, scale=True):
         super().__init__()
         self.ln_1, self.ln_2, self.ln_3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn, self.cross = FusedSelfAttention(d, h, causal=True), FusedCrossAttention(d, h)
+        self.attn = FusedSelfAttention(d, h, causal=True, scale=scale)
+        self.cross = FusedCrossAttention(d, h, scale=scale)
         self.mlp = MLP(d, d_ff)
 
     def forward(self, x, memory, tgt_keep, src_keep):
@@ -297,11 +298,12 @@ class DecBlock(nn.Module):
 
 
 class FusedSDPA(nn.Module):
-    def __init__(self, d=32, h=4, n_layer=2, d_ff=64, max_len=64):
+    """`scale=False`: the bug, SDPA called with scale=1.0 (no 1/sqrt(d_k))."""
+    def __init__(self, d=32, h=4, n_layer=2, d_ff=64, max_len=64, scale=True):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(V, d), nn.Embedding(max_len, d)
-        self.enc = nn.ModuleList([EncBlock(d, h, d_ff) for _ in range(n_layer)])
-        self.dec = nn.ModuleList([DecBlock(d, h, d_ff) for _ in range(n_layer)])
+        self.enc = nn.ModuleList([EncBlock(d, h, d_ff, scale) for _ in range(n_layer)])
+        self.dec = nn.ModuleList([DecBlock(d, h, d_ff, scale) for _ in range(n_layer)])
         self.ln_e, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, V, bias=False)
 

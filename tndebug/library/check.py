@@ -59,8 +59,9 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         findings, statuses, seconds = R._run_probes(subject, names, batch, subject.pad_id, dtype)
     if info["hf"]:
         from tndebug.triage import hf
+        from tndebug.triage.hf_findings import hf_fix, hf_where
         findings += hygiene.duplicate_heads(hf.attention_weights(model))
-        findings = R._dedupe([hf.hf_where(hf.hf_fix(f), model) for f in findings])
+        findings = R._dedupe([hf_where(hf_fix(f), model) for f in findings])
     else:
         findings += hygiene.duplicate_heads(R._user_attention_weights(model))
         findings = R._dedupe(findings)

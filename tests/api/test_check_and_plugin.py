@@ -1,0 +1,91 @@
+"""tndebug.check on live model objects, and the pytest plugin run inside pytest (pytester)."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import models as M
+import tndebug
+from tndebug.library.check import CheckResult
+
+MODELS_PY = Path(__file__).with_name("models.py")
+
+
+@pytest.mark.parametrize("kind", ["annotated", "sdpa", "bart"])
+def test_check_healthy_models(kind):
+    build, forward = M.MODELS[kind]
+    report = tndebug.check(build(), forward)
+    assert [f for f in report.findings if f.severity != "info"] == []
+    assert report.verdict == "clean" and report.run["mode"] == "check"
+    assert report.probes["mask-broadcast"]["status"] == "pass"
+    assert "loss-health" not in report.probes          # needs training: watch's job
+
+
+def test_check_names_the_missing_scale_and_leaves_the_model_as_it_was():
+    model = M.FusedSDPA(scale=False).train()
+    report = tndebug.check(model, M.fused_forward)
+    errors = {(f.probe, f.where) for f in report.findings if f.severity == "error"}
+    assert ("missing-scale", "enc.0.attn") in errors, report.findings
+    assert report.exit_code("error") == 1
+    assert model.training and all(p.grad is None for p in model.parameters())
+
+
+def test_check_result_assertion_lists_probe_module_evidence_fix():
+    result = CheckResult(tndebug.check(M.FusedSDPA(scale=False), M.fused_forward))
+    with pytest.raises(AssertionError) as e:
+        result.assert_clean("error")
+    text = str(e.value)
+    assert "ERROR   missing-scale in enc.0.attn" in text
+    assert "evidence: " in text and "fix: " in text
+    result.assert_finding("missing-scale", "error", where="enc.0.attn")
+    CheckResult(tndebug.check(M.FusedSDPA(), M.fused_forward)).assert_clean()
+
+
+def _write_test(pytester):
+    pytester.makepyfile(models=MODELS_PY.read_text())
+    pytester.makepyfile(test_user=textwrap.dedent('''
+        import pytest
+        import torch
+        import models as M
+
+        torch.set_num_threads(1)
+
+        def test_healthy(tndebug_check):
+            tndebug_check(M.FusedSDPA(), M.fused_forward).assert_clean()
+
+        def test_buggy(tndebug_check):
+            tndebug_check(M.FusedSDPA(scale=False), M.fused_forward).assert_clean()
+
+        @pytest.mark.tndebug(probes="mask-broadcast")
+        def test_buggy_but_only_masks_checked(tndebug_check):
+            tndebug_check(M.FusedSDPA(scale=False), M.fused_forward).assert_clean()
+    '''))
+
+
+def test_plugin_healthy_passes_buggy_fails_with_the_finding(pytester):
+    _write_test(pytester)
+    result = pytester.runpytest("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*test_buggy*",
+                                 "*AssertionError: tndebug: * finding(s) at or above warning in FusedSDPA*",
+                                 "*ERROR   missing-scale in enc.0.attn*", "*evidence: *", "*fix: *"])
+    assert "test_buggy_but_only_masks_checked FAILED" not in result.stdout.str()
+
+
+def test_plugin_fail_on_option(pytester):
+    pytester.makepyfile(models=MODELS_PY.read_text())
+    pytester.makepyfile(test_info=textwrap.dedent('''
+        import models as M
+
+        def test_annotated_fill(tndebug_check):
+            # a -1e9 mask fill is an info finding in an fp32 model: fails only at --tndebug-fail-on=info
+            tndebug_check(M.annotated(), M.annotated_forward).assert_clean()
+    '''))
+    pytester.runpytest("-q", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    result = pytester.runpytest("-q", "-p", "no:cacheprovider", "--tndebug-fail-on=info",
+                                "--tndebug-probes=nan-scores")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*INFO    nan-scores in encoder.layers.0.self_attn*"])
