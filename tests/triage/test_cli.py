@@ -195,3 +195,4 @@ def test_default_out_is_named_after_the_checkpoint_and_numbered(capsys, tmp_path
         assert code == 0, err
     assert (tmp_path / "triage-a-checkpoint" / "report.json").is_file()
     assert (tmp_path / "triage-a-checkpoint-2" / "report.json").is_file()
+
