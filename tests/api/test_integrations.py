@@ -1,0 +1,114 @@
+"""The framework callbacks, each in a real short training run of its framework."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import models as M
+
+
+def _copy_dataset(n=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n // 16):
+        src, tgt = M.copy_batch(g)
+        for s, t in zip(src, tgt):
+            labels = t[1:].masked_fill(t[1:] == M.PAD, -100)
+            rows.append({"input_ids": s, "attention_mask": (s != M.PAD).long(), "labels": labels})
+    return rows
+
+
+def _hf_train(tmp_path, **args):
+    pytest.importorskip("accelerate")
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+    from tndebug.integrations.hf import TndebugCallback
+    model = M.bart()
+    cb = TndebugCallback(out=tmp_path / "tndebug", quiet=True)
+    defaults = dict(output_dir=str(tmp_path), max_steps=30, per_device_train_batch_size=16,
+                    learning_rate=1e-3, warmup_steps=10, lr_scheduler_type="linear",
+                    save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+                    logging_steps=10, dataloader_num_workers=0, seed=0)
+    trainer = Seq2SeqTrainer(model=model, args=Seq2SeqTrainingArguments(**{**defaults, **args}),
+                             train_dataset=_copy_dataset(), callbacks=[cb])
+    trainer.train()
+    return cb, trainer
+
+
+def test_hf_seq2seq_trainer_healthy(tmp_path):
+    cb, trainer = _hf_train(tmp_path)
+    assert [f for f in cb.report.findings if f.severity != "info"] == [], cb.report.findings
+    assert cb.report.verdict == "clean" and cb.exit_code == 0
+    probes = cb.report.probes
+    assert probes["lr-schedule"]["status"] == "pass"           # the trainer's LambdaLR, every step
+    assert probes["lr-schedule"]["steps_observed"] == 30
+    assert probes["loss-health"]["status"] == "pass" and probes["gradient-flow"]["status"] == "pass"
+    assert json.loads((tmp_path / "tndebug" / "report.json").read_text())["run"]["steps"] == 30
+    assert not trainer.model._forward_pre_hooks                 # removed at on_train_end
+
+
+def test_hf_seq2seq_trainer_diverging_lr(tmp_path):
+    cb, _ = _hf_train(tmp_path, optim="sgd", learning_rate=1e4, warmup_steps=0,
+                      lr_scheduler_type="constant", max_grad_norm=0.0, max_steps=12)
+    errors = [f for f in cb.report.findings if f.severity == "error"]
+    assert errors and errors[0].probe in ("nan-scores", "loss-health"), cb.report.findings
+    assert cb.watch.diverged is not None and errors[0].step == cb.watch.diverged
+    assert cb.exit_code == 1
+
+
+# -- PyTorch Lightning -----------------------------------------------------------------------------
+def _lightning_run(tmp_path, lr, steps=30, criterion=None):
+    pl = pytest.importorskip("pytorch_lightning")
+    from tndebug.integrations.lightning import TndebugCallback
+
+    class Lit(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.model = M.FusedSDPA()
+
+        def training_step(self, batch, _):
+            src, tgt = batch
+            logits = self.model(src, tgt[:, :-1], M.PAD)
+            crit = criterion or (lambda lg, t: F.cross_entropy(lg, t, ignore_index=M.PAD))
+            return crit(logits.reshape(-1, M.V), tgt[:, 1:].reshape(-1))
+
+        def configure_optimizers(self):
+            opt = torch.optim.Adam(self.parameters(), lr=lr)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    g = torch.Generator().manual_seed(0)
+    batches = [M.copy_batch(g) for _ in range(steps)]
+    cb = TndebugCallback(forward=M.fused_forward, out=tmp_path / "tndebug", quiet=True)
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[cb],
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(Lit(), torch.utils.data.DataLoader(batches, batch_size=None))
+    return cb
+
+
+def test_lightning_healthy(tmp_path):
+    cb = _lightning_run(tmp_path, lr=1e-3)
+    assert [f for f in cb.report.findings if f.severity != "info"] == [], cb.report.findings
+    assert cb.report.verdict == "clean"
+    probes = cb.report.probes
+    assert probes["lr-schedule"]["status"] == "pass" and probes["lr-schedule"]["steps_observed"] == 30
+    assert probes["loss-health"]["steps_observed"] == 3
+    assert (tmp_path / "tndebug" / "report.md").is_file()
+
+
+def test_lightning_criterion_given_raw_logits(tmp_path):
+    kl = torch.nn.KLDivLoss(reduction="batchmean")
+
+    def raw_kl(logits, target):
+        true = torch.full_like(logits, 0.1 / (M.V - 2))
+        true.scatter_(1, target[:, None], 0.9)
+        true[:, M.PAD] = 0
+        return kl(logits, true)
+
+    cb = _lightning_run(tmp_path, lr=1e-3, steps=12, criterion=raw_kl)
+    (f,) = [f for f in cb.report.findings if f.severity == "error"]
+    assert (f.probe, f.where, f.step) == ("loss-health", "criterion", 0)
