@@ -29,11 +29,13 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "triage.md"
 
 ARCHS = ("bart", "mbart", "marian", "t5", "pegasus")
 ATTN = ("eager", "sdpa")
-BUGS = ("no_scale", "no_causal", "inverted_pad_mask", "zero_positions")
+BUGS = ("no_scale", "no_causal", "inverted_pad_mask", "zero_positions", "shared_qkv")
 EXPECTED = {"no_scale": "missing-scale", "no_causal": "mask-broadcast",
-            "inverted_pad_mask": "mask-broadcast", "zero_positions": "positional-encoding"}
+            "inverted_pad_mask": "mask-broadcast", "zero_positions": "positional-encoding",
+            "shared_qkv": "head-collapse"}
 FIX_WORDS = {"no_scale": "self.scaling", "no_causal": "is_causal",
-             "inverted_pad_mask": "1 = keep, 0 = padding", "zero_positions": "embed_positions"}
+             "inverted_pad_mask": "1 = keep, 0 = padding", "zero_positions": "embed_positions",
+             "shared_qkv": "q_proj / k_proj / v_proj"}
 HAS = {"no_scale": {"bart", "mbart", "marian", "pegasus"}}     # T5 has no scale by design
 
 # (arch, attn, "healthy" | bug) -> what the probe reported
@@ -109,6 +111,12 @@ def patch_for(bug: str):
                 with torch.no_grad():
                     t.weight.zero_()
                 t.weight.requires_grad_(False)
+        elif bug == "shared_qkv":                             # one Linear as W_Q, W_K and W_V
+            for m in model.modules():
+                if hasattr(m, "q_proj"):
+                    m.k_proj = m.v_proj = m.q_proj
+                elif type(m).__name__ == "T5Attention":
+                    m.k = m.v = m.q
         elif bug == "inverted_pad_mask":                      # the caller's bug: 1 at padding
             def fwd(model, src, tgt, pad_id):
                 kw = dict(decoder_input_ids=forward.decoder_ids(tgt),
