@@ -53,6 +53,7 @@ class AttentionRecord:
     head_averaged: bool = False                # probs averaged over heads (nn.MultiheadAttention)
     qk_source: str = "projection"              # "projection": q, k as projected (before any scale);
                                                # "operands": the product's inputs, not traced back
+    shared_projection: bool = False            # q and k come from one slice of one weight
 
     @property
     def tag(self) -> str:

@@ -213,3 +213,11 @@ def test_weights_that_carry_the_scale_are_told_from_a_missing_scale():
     assert _folded_into_weights(rms_q=0.25, rms_k=1.0, d_k=16)        # T5: W_Q sqrt(d_k) smaller
     assert not _folded_into_weights(rms_q=0.9, rms_k=1.0, d_k=16)     # same size: the scale is missing
     assert not _folded_into_weights(rms_q=0.5, rms_k=1.0, d_k=2)      # d_k too small to tell
+
+
+def test_one_weight_for_q_and_k_is_told_from_fused_qkv():
+    shared = Model().eval()
+    for a in (shared.enc_attn, shared.dec_attn, shared.mixer):
+        a.k_proj = a.q_proj                                     # the shared-projection bug
+    assert all(r.shared_projection for r in traced(shared).attention.values())
+    assert not any(r.shared_projection for r in traced(Model().eval()).attention.values())

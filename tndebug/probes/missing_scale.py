@@ -18,7 +18,8 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def fit_sums(rec: AttentionRecord):
-    """(sums [<x,y>, <x,x>, <y,y>, sum q^2, n_q, sum k^2, n_k] as a device tensor, source); or None.
+    """(sums [<x,y>, <x,x>, <y,y>, sum q^2, n_q, sum k^2, n_k, sum (q-k)^2, n_qk] on the device,
+    source); or None.
 
     From the scores (the softmax input before the mask): y = S, x = QK^T over the entries the
     mask kept, each centred across the batch at its (head, query, key) position. Centring
@@ -67,8 +68,11 @@ def fit_sums(rec: AttentionRecord):
     qf, kf = q.double(), k.double()
     qf, kf = qf.where(qf.isfinite(), 0.0), kf.where(kf.isfinite(), 0.0)
     one = qk.new_ones(())
+    same = q.shape == k.shape                 # self-attention: is q the same tensor as k?
+    dd = ((qf - kf) ** 2).sum() if same else one * 0
     return torch.stack([(x * y).sum(), (x * x).sum(), (y * y).sum(),
-                        (qf * qf).sum(), one * q.numel(), (kf * kf).sum(), one * k.numel()]), source
+                        (qf * qf).sum(), one * q.numel(), (kf * kf).sum(), one * k.numel(),
+                        dd, one * (k.numel() if same else 0)]), source
 
 
 def fit_from_sums(sxy: float, sxx: float, syy: float) -> tuple[float, float]:
@@ -167,13 +171,13 @@ class MissingScale(Probe):
                    if rec.probs is not None else sums.new_zeros(3))
             meta = dict(kind=rec.kind, layer=rec.layer, d_k=rec.q.shape[-1], heads=rec.q.shape[1],
                         d_model=rec.q.shape[1] * rec.q.shape[-1], source=source,
-                        half=rec.q.dtype in HALF)
+                        half=rec.q.dtype in HALF, shared=rec.shared_projection)
             rows.append((rec.site, meta, torch.cat([sums, sat.to(sums.dtype)])))
         return rows
 
     def _judge(self, rows, step: int) -> None:
         groups: dict[tuple[str, str], list] = {}
-        for site, meta, (sxy, sxx, syy, sqq, nq, skk, nk, max_p, ent, n) in rows:
+        for site, meta, (sxy, sxx, syy, sqq, nq, skk, nk, sdd, ndd, max_p, ent, n) in rows:
             c, resid = fit_from_sums(sxy, sxx, syy)
             max_p, ent = (max_p / n, ent / n) if n else (math.nan, math.nan)
             d_k = meta["d_k"]
@@ -201,8 +205,13 @@ class MissingScale(Probe):
             rms_q = math.sqrt(sqq / nq) if nq else math.nan
             rms_k = math.sqrt(skk / nk) if nk else math.nan
             severity = "error"
+            q_is_k = meta.get("shared") or (ndd > 0 and sdd <= 1e-12 * max(sqq, 1e-30))
             if label == "no 1/sqrt(d_k)" and _folded_into_weights(rms_q, rms_k, d_k):
                 severity = "info"
+            elif label == "no 1/sqrt(d_k)" and q_is_k:
+                # q = k (one projection for both, head-collapse's finding): the weights cannot
+                # show whether the scale was meant to be folded into them, as T5 does
+                severity = "warning"
             groups.setdefault((label, severity), []).append(
                 (site, meta, c, resid, max_p, ent, tol, rms_q, rms_k))
         for (label, severity), items in groups.items():
@@ -218,6 +227,9 @@ class MissingScale(Probe):
                 "mean_max_prob": max_p, "normalised_entropy": ent, "rms_q": rms_q, "rms_k": rms_k,
                 "modules": {s: round(cc * math.sqrt(m["d_k"]), 6) for s, m, cc, *_ in items},
                 "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}"}
+            if severity == "warning":
+                msg += ("; q and k are one tensor here, so the weights cannot show whether the "
+                        "scale was meant to be folded into W_Q (as T5 does)")
             if severity == "info":
                 msg += (f"; by design: q is {rms_k / rms_q:.3g}x smaller than k (sqrt(d_k) = "
                         f"{math.sqrt(d_k):.3g}), so the weights carry the 1/sqrt(d_k), as T5's "

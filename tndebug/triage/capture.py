@@ -448,7 +448,7 @@ class _State:
             return
         if isinstance(b, torch.Tensor) and b.dim() == 2:     # x @ W: a projection, not q k^T
             if self.trace is not None:
-                call.linears.append((a.detach(), out.detach()))
+                call.linears.append((a.detach(), out.detach(), b))
             return
         if not call.softmaxed and call.raw is None:
             call.q, call.k, call.raw = a, (b.transpose(-2, -1) if b_is_kT else b), out
@@ -476,11 +476,11 @@ class _State:
         call.add_terms.append(term)
         call.chain_out = out
 
-    def on_linear(self, x, out) -> None:
+    def on_linear(self, x, out, weight=None) -> None:
         if self.trace is None or self.busy or not self.calls or not self.intercept:
             return
         if isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor):
-            self.calls[-1].linears.append((x.detach(), out.detach()))
+            self.calls[-1].linears.append((x.detach(), out.detach(), weight))
 
     def on_masked_fill(self, x, mask, out) -> None:
         call = self.current()
@@ -589,6 +589,7 @@ class _State:
             if isinstance(val, torch.Tensor) and self.wants(f"attn.{f}"):   # as the taps do
                 setattr(rec, f, val.detach())
         rec.qk_source = call.extra.get("qk_source", "operands")
+        rec.shared_projection = bool(call.extra.get("shared_projection", False))
         out = output[0] if isinstance(output, (tuple, list)) else output
         rec.out = out.detach() if isinstance(out, torch.Tensor) and self.wants("attn.out") else None
         if rec.probs is None and isinstance(output, (tuple, list)) and len(output) > 1 \
@@ -617,8 +618,9 @@ class _State:
             if hit is None:
                 return
             found.append(hit)
-        (sq, q_in), (sk, k_in) = found
+        (sq, q_in, q_map), (sk, k_in, k_map) = found
         call.q, call.k = call.q / sq, call.k / sk
+        call.extra["shared_projection"] = _same_map(q_map, k_map)
         call.extra.update(qk_source="projection", q_fold=sq, k_fold=sk,
                           kv_from_other_input=not _same(q_in, k_in))
 
@@ -763,8 +765,18 @@ def _looks_like_probs(w) -> bool:
 FOLD_TOL = {False: 1e-4, True: 1e-2}   # relative error of a sorted-value match; True: 16-bit
 
 
-def _find_projection(operand: torch.Tensor, pool: list) -> tuple[float, torch.Tensor] | None:
-    """(s, input) when `operand` holds exactly the values of s * a chunk of one linear map's
+def _same_map(a, b) -> bool:
+    """Two (weight, n chunks, chunk j) are one projection: the same slice of one weight."""
+    (wa, na, ja), (wb, nb, jb) = a, b
+    if not isinstance(wa, torch.Tensor) or not isinstance(wb, torch.Tensor):
+        return False
+    if wa is wb or (wa.shape == wb.shape and wa.data_ptr() == wb.data_ptr()):
+        return (na, ja) == (nb, jb)
+    return False
+
+
+def _find_projection(operand: torch.Tensor, pool: list):
+    """(s, input, (weight, n, j)) when `operand` holds exactly the values of s * a chunk of one linear map's
     output, in any arrangement (a head split is a permutation of the entries); else None.
 
     Sorted values are compared, so any reshape/transpose/view of the projection matches and
@@ -777,7 +789,7 @@ def _find_projection(operand: torch.Tensor, pool: list) -> tuple[float, torch.Te
     a_sorted = a.sort().values
     a_norm = a_sorted.norm()
     tol = FOLD_TOL[operand.dtype in (torch.float16, torch.bfloat16)]
-    for inp, out in reversed(pool):              # the most recent projection first
+    for inp, out, weight in reversed(pool):      # the most recent projection first
         width = out.shape[-1]
         for n in (1, 2, 3):                      # q alone, kv fused, qkv fused
             if width % n or out.numel() // n != a.numel():
@@ -791,7 +803,7 @@ def _find_projection(operand: torch.Tensor, pool: list) -> tuple[float, torch.Te
                 s = float(a_norm / c_norm)
                 for sign, ref in ((1.0, chunk), (-1.0, chunk.flip(0))):
                     if float((a_sorted - sign * s * ref).norm() / a_norm) <= tol:
-                        return sign * s, inp
+                        return sign * s, inp, (weight, n, j)
     return None
 
 
@@ -863,7 +875,7 @@ def _patched(state: _State):
         def wrapper(x, *args, **kwargs):
             out = orig(x, *args, **kwargs)
             if state.calls:
-                state.on_linear(x, out)
+                state.on_linear(x, out, args[0] if args else kwargs.get("weight"))
             return out
         return wrapper
 
@@ -898,7 +910,7 @@ def _patched(state: _State):
             call = state.current()
             if call is not None and isinstance(b, torch.Tensor) and b.dim() == 2:
                 if state.trace is not None:                  # "btd,de->bte": a projection
-                    call.linears.append((a.detach(), out.detach()))
+                    call.linears.append((a.detach(), out.detach(), b))
             elif call is not None and out.dim() >= 3:
                 if not call.softmaxed and call.raw is None and a.shape[-1] == b.shape[-1]:
                     call.q, call.k, call.raw = a, b, out            # "...qd,...kd->...qk"
