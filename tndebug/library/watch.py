@@ -643,7 +643,12 @@ def _dist_from_env():
     if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() < 2:
         return None
     from tndebug.train.distributed import Dist
-    return Dist(rank=tdist.get_rank(), world=tdist.get_world_size(), backend=tdist.get_backend())
+    backend = tdist.get_backend()
+    # host-side ints and objects (the reducer's size check, gathered findings) go over gloo;
+    # every rank enters the watch at the same point, so this collective is matched
+    control = tdist.new_group(backend="gloo") if backend == "nccl" else None
+    return Dist(rank=tdist.get_rank(), world=tdist.get_world_size(), backend=backend,
+                control=control)
 
 
 def _quiet(session_cls):
