@@ -107,6 +107,26 @@ def noam_peak(d_model: int, warmup: int, factor: float) -> float:
     return noam(d_model, warmup, factor)(warmup - 1)
 
 
+def check_resume_fits(model_cfg: ModelConfig, state: dict) -> None:
+    """A checkpoint whose weights do not fit the model is a UsageError before any work: the
+    model is built on the meta device (no memory, no init) and loaded there."""
+    try:
+        with torch.device("meta"):
+            model = make_model(apply_config_faults(model_cfg))
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: checked when loaded
+        return
+    try:   # assign: meta tensors take the checkpoint's (shapes are still checked), no copy
+        model.load_state_dict(distributed.unwrap_state_dict(state["model"]), assign=True)
+    except RuntimeError as e:
+        raise UsageError(f"checkpoint does not fit this model: {ckpt.describe_mismatch(e)}") from None
+    groups = (state.get("optimizer") or {}).get("param_groups") or []
+    saved, have = sum(len(g.get("params", ())) for g in groups), len(list(model.parameters()))
+    if groups and saved != have and not model_cfg.has("warmup_restart_on_resume"):
+        raise UsageError(f"the checkpoint's optimizer state is for {saved} parameter tensors, this "
+                         f"model has {have}: a --fault that changes the parameters (shared_qkv "
+                         f"shares them) cannot be added on resume; start a new run with it")
+
+
 # -- the loop ----------------------------------------------------------------------------------
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none", session=None,
                  out_dir: str | Path | None = None, resume: str | Path | dict | None = None,

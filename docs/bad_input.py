@@ -1,0 +1,166 @@
+"""Regenerate docs/bad_input.md: run every kind of bad input and record what the user gets.
+
+    python docs/bad_input.py            # rewrites docs/bad_input.md (about a minute on CPU)
+
+Each case runs `tndebug ...` in process, in a scratch directory, so the messages show the
+relative paths a user would type. tests/test_bad_input_doc.py reruns the quick cases and checks
+the document still says what they print.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+DOC = Path(__file__).with_name("bad_input.md")
+TINY = ["--preset", "tiny", "--probe", "none", "--batch-size", "8"]
+
+
+def _setup(d: Path) -> None:
+    """The files the cases read: made once, in the scratch directory `d`."""
+    import torch
+
+    from tndebug.cli import main
+    from tndebug.config import ModelConfig
+    from tndebug.model import make_model
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        main(["run", *TINY, "--steps", "1", "--out", "run"])
+    state = torch.load(d / "run" / "checkpoint.pt", weights_only=True)
+    (d / "mismatch").mkdir()
+    key = next(iter(state["model"]))
+    state["model"][key] = torch.zeros(3, 3)
+    torch.save(state, d / "mismatch" / "checkpoint.pt")
+    sd = make_model(ModelConfig.tiny()).state_dict()
+    torch.save({"model": sd}, d / "model.pt")
+    good = (d / "model.pt").read_bytes()
+    (d / "truncated.pt").write_bytes(good[:1000])
+    torch.save({"model": sd}, d / "legacy.pt", _use_new_zipfile_serialization=False)
+    (d / "truncated_legacy.pt").write_bytes((d / "legacy.pt").read_bytes()[:5000])
+    (d / "empty.pt").write_bytes(b"")
+    (d / "notes.pt").write_text("just text\n")
+    (d / "junk.pt").write_bytes(b"\x00\x01\x02\x03binary")
+    torch.save({}, d / "empty_dict.pt")
+    torch.save({"epoch": 3, "loss": 1.5}, d / "no_weights.pt")
+    torch.save({"model": {"w": torch.ones(1)}, "cfg": print}, d / "unsafe.pt")
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), d / "script.pt")
+    (d / "emptydir").mkdir()
+    torch.save({"a.weight": torch.ones(3, 3)}, d / "odd_layout.pt")
+    (d / "afile").write_text("x")
+    (d / "mymodel.py").write_text("def make_model(**kw):\n    raise RuntimeError('nope')\n")
+
+
+# (what, argv, quick): the quick cases are rerun by the test (each takes well under a second)
+CASES = [
+    ("an unknown fault", ["run", "--fault", "nope"], True),
+    ("an unknown probe", ["run", "--probe", "nan-scores,bogus"], True),
+    ("a negative step count", ["run", "--steps", "-1"], True),
+    ("a step count that is not a number", ["run", "--steps", "many"], True),
+    ("a non-finite lr factor", ["run", "--lr-factor", "nan"], True),
+    ("a zero lr factor", ["run", "--lr-factor", "0"], True),
+    ("a warmup below 1", ["run", "--warmup", "0"], True),
+    ("a batch size of 0", ["run", "--batch-size", "0"], True),
+    ("0 processes", ["run", "--nproc", "0"], True),
+    ("a negative --save-every", ["run", "--save-every", "-1"], True),
+    ("a batch that does not split over the processes", ["run", "--nproc", "3"], True),
+    ("fp16 without CUDA", ["run", "--amp", "fp16", "--device", "cpu"], True),
+    ("--out that is a file", ["run", *TINY, "--out", "afile"], True),
+    ("--out under a file", ["run", *TINY, "--out", "afile/run"], True),
+    ("--out that already holds a run", ["run", *TINY, "--out", "run"], True),
+    ("a missing --resume", ["run", "--resume", "nowhere"], True),
+    ("--resume on a text file", ["run", "--resume", "notes.pt"], True),
+    ("--resume on an unsafe pickle", ["run", "--resume", "unsafe.pt"], True),
+    ("--resume on a checkpoint not written by tndebug run", ["run", "--resume", "model.pt"], True),
+    ("--resume on a truncated file", ["run", "--resume", "truncated.pt"], True),
+    ("--resume with a flag that contradicts the checkpoint", ["run", "--resume", "run", "--task", "sort"], True),
+    ("--resume whose weights do not fit the model", ["run", "--resume", "mismatch", "--probe", "none"], False),
+    ("--resume adding a fault that changes the parameters", ["run", "--resume", "run", "--fault", "shared_qkv"], False),
+    ("a missing checkpoint", ["triage", "nope.pt"], True),
+    ("an empty file", ["triage", "empty.pt"], True),
+    ("a truncated checkpoint", ["triage", "truncated.pt"], True),
+    ("a truncated legacy (non-zip) checkpoint", ["triage", "truncated_legacy.pt"], True),
+    ("a text file", ["triage", "notes.pt"], True),
+    ("binary junk", ["triage", "junk.pt"], True),
+    ("an empty dict", ["triage", "empty_dict.pt"], True),
+    ("a dict with no weights", ["triage", "no_weights.pt"], True),
+    ("an unsafe pickle (code in the file)", ["triage", "unsafe.pt", "--out", "refused"], True),
+    ("a TorchScript archive", ["triage", "script.pt"], True),
+    ("a directory without a checkpoint", ["triage", "emptydir"], True),
+    ("weights of no layout tndebug knows", ["triage", "odd_layout.pt"], False),
+    ("0 heads", ["triage", "model.pt", "--heads", "0"], True),
+    ("a negative pad id", ["triage", "model.pt", "--pad-id", "-1"], True),
+    ("an adapter name that is not built in", ["triage", "model.pt", "--adapter", "fairseq"], True),
+    ("--model without :FACTORY", ["triage", "model.pt", "--model", "mymodel.py"], False),
+    ("--model file that does not exist", ["triage", "model.pt", "--model", "missing.py:make"], False),
+    ("--model factory that raises", ["triage", "model.pt", "--model", "mymodel.py:make_model"], False),
+    ("--config that is not JSON", ["triage", "model.pt", "--config", "{d_model: 3"], False),
+    ("triage --out that is a file", ["triage", "model.pt", "--out", "afile"], True),
+    ("triage --out into a training run", ["triage", "run/checkpoint.pt", "--out", "run"], True),
+]
+
+
+def run_case(argv: list[str]) -> tuple[int, str]:
+    """(exit code, tndebug's first line on stderr)."""
+    from tndebug.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(list(argv))
+    lines = [ln for ln in err.getvalue().splitlines() if ln.startswith("tndebug:")]
+    return code, lines[0] if lines else ""
+
+
+@contextlib.contextmanager
+def scratch():
+    old = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="tndebug-bad-input-") as tmp:
+        os.chdir(tmp)
+        try:
+            _setup(Path(tmp))
+            yield Path(tmp)
+        finally:
+            os.chdir(old)
+
+
+def row(what: str, argv: list[str], code: int, line: str) -> str:
+    cmd = "tndebug " + " ".join(a if " " not in a and "{" not in a else f"'{a}'" for a in argv)
+    return f"| {what} | `{cmd}` | {code} | {line.replace('|', chr(92) + '|')} |"
+
+
+HEAD = """# Bad input: each kind, and exactly what you get
+
+Every bad input is refused with **one line** on stderr that starts `tndebug: error:`, names what
+is wrong and what to do, and **exit code 2**; no traceback, nothing trained or written (an output
+directory made for the command is removed again). Warnings from torch or from your own model
+code come *after* that line. Output places (`--out`) are checked before any work. The one bad
+input that also writes a report is an unsafe pickle: triage lists its globals, never runs them,
+and writes a report that says so (see [triage.md](triage.md)). The rule for output directories is
+in the README ("Outputs are never lost or mixed").
+
+Not shown, because it depends on the machine: `--device cuda` without CUDA (`--device cuda: CUDA
+is not available here (use --device cpu or auto)`), and an `--out` you may not write (`--out DIR:
+PARENT is not writable; pass a directory you can write`), and a directory in use by another
+tndebug (`DIR is in use by another tndebug (pid N); wait for it, or pass another --out`).
+
+Regenerated by `python docs/bad_input.py`; `tests/test_bad_input_doc.py` checks the quick cases.
+Paths are relative to the directory the command runs in.
+
+| bad input | command | exit | what you get (tndebug's first line) |
+|---|---|---|---|
+"""
+
+
+def main() -> int:
+    rows = []
+    with scratch():
+        for what, argv, _quick in CASES:
+            code, line = run_case(argv)
+            rows.append(row(what, argv, code, line))
+            print(rows[-1], file=sys.stderr)
+    DOC.write_text(HEAD + "\n".join(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
