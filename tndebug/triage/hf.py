@@ -113,7 +113,8 @@ def build_model(tf, config, attn: str | None) -> nn.Module:
 
 # -- weights -------------------------------------------------------------------------------------
 def weight_files(folder: Path) -> list[Path]:
-    """The files holding the weights, shards in the index's order; missing ones are an error."""
+    """The files holding the weights (shards sorted by name); a shard the index names but the
+    directory lacks is an error."""
     for name in WEIGHTS:
         p = folder / name
         if not p.is_file():
@@ -244,10 +245,11 @@ def make_adapter(start: int, marker: int):
 
 
 @contextmanager
-def sliced_output(model: nn.Module, keep: int | None):
+def sliced_output(model: nn.Module, keep: int | None, check=None):
     """Within: the output layer computes the logits of ids [0, keep) only, exactly (its weight
     rows and BART's `final_logits_bias` sliced; parameters and hooks unchanged). Yields `keep`,
-    or None when there is nothing to slice or the model's head does not allow it."""
+    or None when there is nothing to slice or the model does not allow it: `check()` (a small
+    forward returning logits) must then give `keep` columns, else nothing is changed."""
     head = model.get_output_embeddings()
     bias = getattr(model, "final_logits_bias", None)
     if keep is None or not isinstance(head, nn.Linear) or head.out_features <= keep:
@@ -260,9 +262,22 @@ def sliced_output(model: nn.Module, keep: int | None):
     if isinstance(bias, torch.Tensor):
         model.final_logits_bias = bias[..., :keep]
     try:
+        if check is not None:
+            try:
+                with torch.no_grad():
+                    ok = check().shape[-1] == keep
+            except Exception:  # noqa: BLE001 - the model's forward needs its whole vocabulary
+                ok = False
+            if not ok:
+                keep = None
+                del head.forward
+                if isinstance(bias, torch.Tensor):
+                    model.final_logits_bias = bias
+                bias = None
         yield keep
     finally:
-        del head.forward
+        if "forward" in vars(head):
+            del head.forward
         if isinstance(bias, torch.Tensor):
             model.final_logits_bias = bias
 
@@ -343,7 +358,8 @@ def triage_hf(opts, patch=None):
     lap("model")
 
     findings = hygiene.non_finite(sd) + resume_state(folder)
-    with sliced_output(model, keep) as keep:
+    with sliced_output(model, keep, lambda: forward(model, batch.src[:1, :3], batch.tgt_in[:1, :3],
+                                                     ids["pad"])) as keep:
         engine_findings, statuses, probe_seconds = R._run_probes(subject, probe_names, batch, ids["pad"])
     findings += engine_findings
     lap("probes")
