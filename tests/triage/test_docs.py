@@ -24,7 +24,8 @@ def doc_files() -> dict[str, str]:
 
 
 def triage_cli(tmp_path, capsys, *argv):
-    code = main(["triage", *map(str, argv), "--out", str(tmp_path / "out"), "--format", "json"])
+    code = main(["triage", *map(str, argv), "--out", str(tmp_path / "out"), "--format", "json",
+                 "--overwrite"])      # called twice per test: the second replaces the first
     err = capsys.readouterr().err
     return code, err, json.loads((tmp_path / "out" / "report.json").read_text())
 
