@@ -84,7 +84,8 @@ def options(case: str, paths: dict) -> TriageOptions:
 
 def cli_args(case: str, paths: dict, out: Path) -> list[str]:
     o = options(case, paths)
-    args = [sys.executable, "-m", "tndebug", "triage", o.checkpoint, "--out", str(out), "--fail-on", "never"]
+    args = [sys.executable, "-m", "tndebug", "triage", o.checkpoint, "--out", str(out), "--fail-on", "never",
+            "--overwrite"]          # one --out per case, rerun for each thread count
     if o.heads:
         args += ["--heads", str(o.heads)]
     if o.model:
