@@ -225,6 +225,17 @@ def test_text_runs_the_sweep(dirs, tmp_path):
     _word_tokenizer(folder)
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"w{i} w{i + 1} w{i + 2}\tw{i + 2} w{i + 1} w{i}\n" for i in range(12)))
+    from tndebug.triage.hf import choose_ids, load_config
+    from tndebug.triage.hf_data import load_text
+    ids = choose_ids(load_config(folder)[1], 96)
+    text = load_text(str(pairs), folder, ids)
+    assert text["src"][0].tolist() == [0, 4, 5, 6, 2]                 # <s> w0 w1 w2 </s>
+    assert text["tgt"][0].tolist() == [2, 0, 6, 5, 4, 2]              # decoder start, then the target
+    saved = tmp_path / "bart_tok"                                  # saved as transformers does
+    shutil.copytree(dirs["bart"], saved)
+    transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json")).save_pretrained(saved)
+    assert (saved / "tokenizer_config.json").is_file()
+    assert load_text(str(pairs), saved, ids)["src"][0].tolist() == [0, 4, 5, 6, 2]
     report = triage_hf(TriageOptions(str(folder), text=str(pairs)))
     sweep = report.run["temperature_sweep"]
     assert sweep["verdict"] != "skipped" and len(sweep["losses"]) == 13, sweep
@@ -299,6 +310,10 @@ def test_bad_directories(dirs, tmp_path, capsys):
     _bad([no_weights], capsys, tmp_path, "no weights")
 
     _bad([dirs["bart"], "--model", "x.py:f"], capsys, tmp_path, "do not apply")
+    (tmp_path / "no_tab.tsv").write_text("w1 w2 w3 w2 w1\nw4\tw5\n")
+    _bad([dirs["bart"], "--text", tmp_path / "no_tab.tsv"], capsys, tmp_path, "line 1 has no TAB")
+    (tmp_path / "pairs.tsv").write_text("w1\tw2\nw3\tw4\n")
+    _bad([dirs["bart"], "--text", tmp_path / "pairs.tsv"], capsys, tmp_path, "no tokenizer saved in")
 
 
 def _as_bin(folder: Path) -> None:

@@ -39,6 +39,10 @@ def load_text(spec: str, folder: Path, ids: dict) -> dict:
     encode = _tokenizer(folder, spec)
     src = [encode(s, False)[:TEXT_MAX_TOKENS] for s, _ in pairs]
     tgt = [[ids["start"]] + encode(t, True)[:TEXT_MAX_TOKENS] for _, t in pairs]
+    special = set(ids["specials"].values())
+    if not any(i not in special for row in src + tgt for i in row):
+        raise UsageError(f"--text {spec}: the tokenizer in {folder} gives only special ids for "
+                         f"every line (is it the model's tokenizer?)")
 
     def padded(rows):
         width = max(map(len, rows))
@@ -47,25 +51,31 @@ def load_text(spec: str, folder: Path, ids: dict) -> dict:
 
 
 def _tokenizer(folder: Path, spec: str):
-    """encode(text, is_target) -> ids with the model's special tokens, from the tokenizer in DIR."""
-    tf = _transformers()
-    try:
-        tok = tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    """encode(text, is_target) -> ids with the model's special tokens, from the tokenizer in DIR:
+    a transformers tokenizer where `tokenizer_config.json` says which class it is (Marian's
+    separate target vocabulary needs `text_target`), else `tokenizer.json` through `tokenizers`.
+    (Without tokenizer_config.json, AutoTokenizer guesses the class from the model_type and may
+    read a tokenizer.json of another kind into garbage ids.)"""
+    if (folder / "tokenizer_config.json").is_file():
+        tf = _transformers()
+        try:
+            tok = tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - missing vocab files, a missing sentencepiece, ...
+            raise UsageError(f"--text {spec}: the tokenizer saved in {folder} does not load "
+                             f"({_line(e)[:160]}); pass --data with token ids") from None
 
         def encode(text, target):
             return list(tok(text_target=text)["input_ids"] if target else tok(text)["input_ids"])
         return encode
-    except Exception:  # noqa: BLE001 - no tokenizer_config / vocab files: try tokenizer.json
-        pass
     if (folder / "tokenizer.json").is_file():
         try:
             from tokenizers import Tokenizer
             raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            return lambda text, target: raw.encode(text).ids
         except Exception as e:  # noqa: BLE001
             raise UsageError(f"--text {spec}: {folder}/tokenizer.json is unreadable ({_line(e)})") from None
-    raise UsageError(f"--text {spec}: no tokenizer saved in {folder} (save it with "
-                     f"tokenizer.save_pretrained(DIR)), or pass --data with token ids")
+        return lambda text, target: raw.encode(text).ids
+    raise UsageError(f"--text {spec}: no tokenizer saved in {folder} (tokenizer_config.json or "
+                     f"tokenizer.json: tokenizer.save_pretrained(DIR)), or pass --data with token ids")
 
 
 def held_out(opts, folder: Path, ids: dict, marker: int) -> tuple[Batch | None, str | None]:
