@@ -1,0 +1,176 @@
+"""What `tndebug.watch` costs the user's own loop: no watch vs watch on the probes' default
+schedules vs every probe on every step, for a fused-QKV SDPA model and Hugging Face BART.
+
+    python bench/watch_overhead.py                     # 150 steps x 3 arms x 3 rounds, both models
+    python bench/watch_overhead.py --steps 40 --rounds 1 --models sdpa --out /tmp/w.json   # a look
+
+Timing: ONE process, one torch thread, the arms interleaved (none, default, every1, none, ...)
+so that they see the same machine load. Each arm is the user's loop of tests/api/models.py
+(copy task; forward, cross-entropy, backward, Adam step) on a freshly built, seeded model;
+the watch writes its run directory (report.json, report.md, TensorBoard) into a temporary
+folder, as a user's run would. Per-step time is the process CPU time (with one thread: the
+work done, nearly independent of a shared machine's load) from step `--skip` to the end, so
+the one-off setup in `__enter__` (the probes' exact tests) and the report at `__exit__` are
+excluded; both are reported separately. Wall-clock ratios are given beside.
+
+Peak memory: each arm once more in its own subprocess, peak RSS (`ru_maxrss`) and the peak of
+Python allocations (tracemalloc) during the loop.
+
+Targets (issue 13): default <= 1.03x; every probe on every step <= 2x.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "api"))
+sys.path.insert(0, str(ROOT))
+import models as M  # noqa: E402
+
+RESULT = Path(__file__).parent / "results" / "watch_overhead.json"
+ARMS = ("none", "default", "every1")
+TARGETS = {"default": 1.03, "every1": 2.0}
+SIZES = {   # small sizes: a step of tens of milliseconds on one CPU thread
+    "sdpa": dict(d=128, h=4, n_layer=3, d_ff=512),
+    "bart": dict(d_model=128, layers=3, heads=4, d_ff=512),
+}
+BATCH, LENGTH = 32, 16
+
+
+def build(kind: str):
+    torch.manual_seed(0)
+    if kind == "sdpa":
+        return M.FusedSDPA(**SIZES["sdpa"]), M.fused_forward
+    return M.bart(**SIZES["bart"]), None
+
+
+def probes_for(arm: str):
+    if arm == "default":
+        return "all"
+    from tndebug.probes import PROBE_NAMES, probe_class
+    from tndebug.probes.schedule import every
+    return [probe_class(n)(schedule=every(1)) for n in PROBE_NAMES]
+
+
+def one_run(kind: str, arm: str, steps: int, skip: int) -> dict:
+    """The user's loop; CPU and wall seconds per step after `skip`, setup and report seconds."""
+    import tndebug
+    model, forward = build(kind)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-4)
+    g = torch.Generator().manual_seed(0)
+    batches = [M.copy_batch(g, BATCH, LENGTH) for _ in range(steps)]
+    wall, cpu = [], []
+    timings = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        dbg = (tndebug.watch(model, opt, forward=forward, out=tmp, quiet=True, probes=probes_for(arm),
+                             total_steps=steps) if arm != "none" else None)
+        if dbg is not None:
+            dbg.__enter__()
+        timings["setup_s"] = time.perf_counter() - t0
+        model.train()
+        for src, tgt in batches:
+            loss = M.train_step(kind, model, src, tgt)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            wall.append(time.perf_counter())
+            cpu.append(time.process_time())
+        t1 = time.perf_counter()
+        if dbg is not None:
+            dbg.__exit__(None, None, None)
+            timings["verdict"] = dbg.report.verdict
+            timings["probe_s"] = dbg.report.run["probe_s"]
+        timings["report_s"] = time.perf_counter() - t1
+    n = len(wall) - skip
+    return {"wall_step_s": (wall[-1] - wall[skip - 1]) / n, "cpu_step_s": (cpu[-1] - cpu[skip - 1]) / n,
+            **timings}
+
+
+def memory_child(kind: str, arm: str, steps: int) -> dict:
+    import tracemalloc
+    tracemalloc.start()
+    one_run(kind, arm, steps, skip=1)
+    _, peak = tracemalloc.get_traced_memory()
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_python_mb": peak / 2 ** 20}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="sdpa,bart")
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--skip", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--memory-steps", type=int, default=60)
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--out", default=str(RESULT))
+    ap.add_argument("--max-load", type=float, default=3.0,
+                    help="refuse to start when the 1-minute load average is this or more (default 3)")
+    ap.add_argument("--child", nargs=2, metavar=("MODEL", "ARM"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.child:
+        print(json.dumps(memory_child(*args.child, args.memory_steps)))
+        return 0
+    load_before = os.getloadavg()
+    if load_before[0] >= args.max_load:
+        print(f"watch_overhead: load average {load_before[0]:.2f} >= {args.max_load}: not run "
+              f"(timings on a loaded machine mislead; --max-load to override)", file=sys.stderr)
+        return 2
+    result = {"command": "python bench/watch_overhead.py " + " ".join(argv or sys.argv[1:]),
+              "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                          "cpu_count": os.cpu_count(), "threads": 1, "loadavg_before": load_before},
+              "steps": args.steps, "skip": args.skip, "rounds": args.rounds, "batch": BATCH,
+              "length": LENGTH, "sizes": SIZES, "targets": TARGETS, "models": {}}
+    for kind in args.models.split(","):
+        one_run(kind, "default", 12, skip=2)                       # warm-up: imports, allocator
+        reps: dict[str, list[dict]] = {a: [] for a in ARMS}
+        for _ in range(args.rounds):
+            for arm in ARMS:
+                reps[arm].append(one_run(kind, arm, args.steps, args.skip))
+        entry = {"reps": reps, "median_cpu_step_s": {}, "median_wall_step_s": {},
+                 "ratio_cpu": {}, "ratio_wall": {}, "ratio_cpu_per_round": {}}
+        for arm in ARMS:
+            entry["median_cpu_step_s"][arm] = statistics.median(r["cpu_step_s"] for r in reps[arm])
+            entry["median_wall_step_s"][arm] = statistics.median(r["wall_step_s"] for r in reps[arm])
+        for arm in ("default", "every1"):
+            entry["ratio_cpu"][arm] = entry["median_cpu_step_s"][arm] / entry["median_cpu_step_s"]["none"]
+            entry["ratio_wall"][arm] = entry["median_wall_step_s"][arm] / entry["median_wall_step_s"]["none"]
+            entry["ratio_cpu_per_round"][arm] = [a["cpu_step_s"] / b["cpu_step_s"]
+                                                 for a, b in zip(reps[arm], reps["none"])]
+        if not args.no_memory:
+            entry["memory"] = {}
+            for arm in ARMS:
+                out = subprocess.run([sys.executable, __file__, "--child", kind, arm,
+                                      "--memory-steps", str(args.memory_steps)],
+                                     capture_output=True, text=True, check=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+                entry["memory"][arm] = json.loads(out.stdout.strip().splitlines()[-1])
+        result["models"][kind] = entry
+        print(f"{kind}: step {entry['median_cpu_step_s']['none'] * 1e3:.1f} ms CPU; "
+              f"default x{entry['ratio_cpu']['default']:.3f} (wall x{entry['ratio_wall']['default']:.3f}), "
+              f"every probe every step x{entry['ratio_cpu']['every1']:.3f}", file=sys.stderr)
+    result["machine"]["loadavg_after"] = os.getloadavg()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
