@@ -253,6 +253,51 @@ def test_data_runs_the_sweep(dirs, tmp_path):
     assert report.run["held_out_sequences"] == 10
 
 
+def _trained_copy_model(folder: Path, no_scale: bool) -> Path:
+    """A tiny BART trained 150 steps on copying, by code with or without the 1/sqrt(d_k) scale,
+    saved with save_pretrained; held-out batches beside it (tgt led by decoder start 2)."""
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=20, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=32, dropout=0.0, attention_dropout=0.0))
+    if no_scale:                                              # the training code's bug
+        for m in _attentions(model):
+            m.scaling = 1.0
+    opt = torch.optim.Adam(model.parameters(), 3e-3)
+    g = torch.Generator().manual_seed(1)
+
+    def batch(n):
+        src = torch.randint(3, 20, (n, 8), generator=g)
+        return src, torch.cat([torch.full((n, 1), 2), src, torch.full((n, 1), 2)], 1)
+    for _ in range(150):
+        src, tgt = batch(32)
+        loss = model(input_ids=src, decoder_input_ids=tgt[:, :-1], labels=tgt[:, 1:].contiguous()).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(folder)
+    src, tgt = batch(24)
+    torch.save({"src": src, "tgt": tgt}, folder / "held_out.pt")
+    return folder
+
+
+def test_sweep_finds_a_checkpoint_trained_without_the_scale(tmp_path):
+    """Weights trained by code without the scale, loaded into transformers' scaled code: the
+    sweep on the user's data finds alpha ~ sqrt(d_k) (an error); trained with it: alpha ~ 1."""
+    for no_scale in (False, True):
+        folder = _trained_copy_model(tmp_path / f"copy{int(no_scale)}", no_scale)
+        report = triage_hf(TriageOptions(str(folder), data=str(folder / "held_out.pt")))
+        sweep = report.run["temperature_sweep"]
+        errors = [f for f in flagged(report) if f.severity == "error"]
+        if no_scale:
+            assert sweep["verdict"] == "mismatch" and sweep["best_alpha"] >= 2, sweep
+            assert [f.probe for f in errors] == ["missing-scale"], describe(report.findings)
+        else:
+            assert sweep["verdict"] == "matched", sweep
+            assert not errors, describe(errors)
+
+
 # -- bad input: one line, exit 2, nothing written --------------------------------------------------------
 def _bad(argv, capsys, tmp_path, words):
     out = tmp_path / "out"
