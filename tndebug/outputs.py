@@ -138,7 +138,8 @@ class OutputLock:
                 if pid is not None and (host not in ("", socket.gethostname()) or _pid_alive(pid)):
                     where = f" on {host}" if host and host != socket.gethostname() else ""
                     raise UsageError(f"{self.path.parent} is in use by another tndebug (pid {pid}"
-                                     f"{where}); wait for it, or pass another --out") from None
+                                     f"{where}); wait for it, or pass another --out (if no "
+                                     f"tndebug runs there, remove {self.path})") from None
                 with contextlib.suppress(FileNotFoundError):   # stale: its process is gone
                     self.path.unlink()
                 continue
