@@ -194,21 +194,26 @@ def claim_output(out: str | None, default: str, *, overwrite: bool, kind: str,
 
     On exit the lock is released; a directory this call created and nothing was written into
     is removed again, so a refused or failed command leaves nothing behind."""
-    d, clear = resolve_output(out, default, overwrite=overwrite, kind=kind, continuing=continuing)
-    created = not d.exists()
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--out {d}: cannot create it ({e.strerror}); pass a directory you "
-                         f"can write") from None
-    lock = OutputLock(d)
-    try:
-        lock.acquire()
-    except UsageError:
-        if created:
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        raise
+    numbering = out is None and continuing is None
+    for attempt in range(5):
+        d, clear = resolve_output(out, default, overwrite=overwrite, kind=kind, continuing=continuing)
+        created = not d.exists()
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--out {d}: cannot create it ({e.strerror}); pass a directory you "
+                             f"can write") from None
+        lock = OutputLock(d)
+        try:
+            lock.acquire()
+            break
+        except UsageError:
+            if created:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            if not numbering or attempt == 4:
+                raise
+            # another tndebug took this default name between our look and our lock: number on
     try:
         if clear:
             clear_outputs(d, kind)
