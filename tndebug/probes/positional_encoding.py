@@ -34,6 +34,12 @@ PERM_VS_CONTROL = 1e-2   # order-blind only if permuting changes the output < 1%
 # so a low rho is forgiven when the token part is a parameter row times s >= SCALED.
 RHO_LOW, RHO_HIGH = 0.25, 20.0
 SCALED = 2.0
+# With no multiplier at all (token part = embedding row x 1), the paper's design without its
+# sqrt(d) gives rho = 1.41/sqrt(d) <= 0.5 for every d >= 8, while healthy designs sit near 1 or
+# above (1.41 with the scale; learned positions initialised like the tokens, as BART's, ~1): a
+# token part under half the PE with nothing scaling it is the notes' missing sqrt(d_model).
+RHO_UNSCALED = 0.5
+UNIT = 0.05              # |s - 1| below this: the embedding row is used as it is
 ZERO_PE = 1e-6           # RMS(PE added) / RMS(token part) below this: no PE added
 DUP_TOL = 1e-5           # two positions whose rows differ by less (relative) share a PE row
 MAX_PROBE_LEN = 1024
@@ -198,9 +204,12 @@ class PositionalEncodingProbe(Probe):
             evidence = {"rho": rho, "rms_token": tok_rms, "rms_pe": pe_rms,
                         "threshold_low": RHO_LOW, "threshold_high": RHO_HIGH,
                         "fitted_scale": scale}
-            if rho < RHO_LOW and (scale is None or scale < SCALED):
+            unscaled = scale is not None and abs(scale - 1) < UNIT
+            if (rho < RHO_LOW and (scale is None or scale < SCALED)) or (rho < RHO_UNSCALED and unscaled):
+                bound = RHO_UNSCALED if rho >= RHO_LOW else RHO_LOW
+                evidence["threshold_unscaled"] = RHO_UNSCALED
                 self.report("warning", f"PE drowns the token embeddings at {site}: "
-                            f"rho = RMS(tok)/RMS(PE) = {rho:.3f} < {RHO_LOW}"
+                            f"rho = RMS(tok)/RMS(PE) = {rho:.3f} < {bound}"
                             + (f" (token part = embedding row x {scale:.3g})" if scale else ""),
                             where=site, step=0, evidence=evidence, fix=_fix("no_emb_scale"))
             elif rho > RHO_HIGH:
