@@ -15,7 +15,14 @@ from pathlib import Path
 import torch
 
 from tndebug.triage import TriageOptions, triage
-from tndebug.triage.adapters import as_logits, import_file
+from tndebug.triage.adapters import import_file
+
+try:
+    from tndebug.triage.adapters import as_logits
+except ImportError:           # `bench/foreign.py --at` an older tndebug: train with a local copy
+    def as_logits(out, tgt, name):
+        out = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+        return out.reshape(tgt.shape[0], tgt.shape[1], -1) if out.dim() == 2 else out
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
