@@ -9,7 +9,11 @@
                        "coverage"?: {where: {"status": "checked" | "no verdict" | "not applicable",
                                              "reason"?: str}}}},
      "first_sign": finding | null, # the earliest warning/error (what a diverged run saw first)
-     "findings": [finding, ...]}
+     "findings": [finding, ...],
+     "groups": [{"probe", "severity", "message", "fix", "modules": [where, ...], "count",
+                 "step", "findings": [index into findings, ...]}, ...]}
+                                   # one defect in several modules: findings grouped by probe,
+                                   # severity, fix and message up to module names and numbers
 Keys are stable: add, never rename.
 """
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tndebug.findings import Finding, worst
+from tndebug.findings import Finding, FindingGroup, group_findings, worst
 
 SCHEMA = "tndebug.report/1"
 
@@ -58,10 +62,16 @@ class Report:
             return 0
         return 1 if any(f.at_least(fail_on) for f in self.findings) else 0
 
+    def groups(self) -> list[FindingGroup]:
+        """The findings grouped across the modules they affect (`group_findings`); `members`
+        index `self.findings`."""
+        return group_findings(self.findings)
+
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "run": self.run, "verdict": self.verdict, "probes": self.probes,
                 "first_sign": self.first_sign.to_dict() if self.first_sign else None,
-                "findings": [f.to_dict() for f in self.findings]}
+                "findings": [f.to_dict() for f in self.findings],
+                "groups": [g.to_dict() for g in self.groups()]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Report":

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import math
+import re
 
-from tndebug.findings import Finding, severity_rank
+from tndebug.findings import Finding, FindingGroup, severity_rank
 from tndebug.report import Report
 
 SEVERITY_WORD = {"error": "ERROR", "warning": "WARN", "info": "INFO"}
@@ -66,6 +67,46 @@ def sorted_findings(report: Report) -> list[Finding]:
     """Errors first, then warnings, then info; earliest step first within a severity."""
     return sorted(report.findings,
                   key=lambda f: (-severity_rank(f.severity), f.step if f.step is not None else -1))
+
+
+def sorted_groups(report: Report) -> list[tuple[FindingGroup, list[Finding]]]:
+    """(group, its findings) for one defect across modules: errors first, then warnings, then
+    info; earliest step first within a severity."""
+    groups = [(g, [report.findings[i] for i in g.members]) for g in report.groups()]
+    return sorted(groups, key=lambda gf: (-severity_rank(gf[0].severity),
+                                          gf[0].step if gf[0].step is not None else -1))
+
+
+def places_text(fs: list[Finding], limit: int | None = None) -> str:
+    """`a, b, c (+3 more)`: the places of a group's findings, heads included."""
+    places = list(dict.fromkeys(where_text(f) for f in fs))
+    shown = places if limit is None else places[:limit]
+    rest = len(places) - len(shown)
+    return ", ".join(shown) + (f" (+{rest} more)" if rest else "")
+
+
+def group_where_text(fs: list[Finding]) -> str:
+    """The place of a group of one; `N places` (modules, heads or the run) for more."""
+    places = list(dict.fromkeys(where_text(f) for f in fs))
+    if len(places) == 1:
+        return places[0]
+    noun = "modules" if all(f.where for f in fs) else "places"
+    return f"{len(places)} {noun}"
+
+
+def break_at_dots(path: str, width: int) -> str:
+    """A module path on lines of at most `width`, broken only after a dot (a part longer than
+    `width` keeps its own line)."""
+    if len(path) <= width or width < 1:
+        return path
+    lines, line = [], ""
+    for part in path.replace(" ", " \0").split("\0"):      # spaces (`x head 2`) break too
+        for piece in re.split(r"(?<=\.)", part):
+            if line and len(line) + len(piece) > width:
+                lines.append(line.rstrip())
+                line = ""
+            line += piece
+    return "\n".join(lines + [line.rstrip()])
 
 
 def counts(report: Report) -> dict[str, int]:

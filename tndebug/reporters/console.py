@@ -22,8 +22,9 @@ from rich.text import Text
 
 from tndebug.report import Report
 from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
-    evidence_text, first_sign_text, fmt_value, no_verdict_places, probe_groups, reasons_text, \
-    sorted_findings, status_text, unchecked_text, where_text
+    break_at_dots, evidence_text, first_sign_text, fmt_value, group_where_text, \
+    no_verdict_places, places_text, probe_groups, reasons_text, sorted_groups, status_text, \
+    unchecked_text, where_text
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {"clean": "bold green", "warnings": "bold yellow", "errors": "bold red",
@@ -134,31 +135,51 @@ def progress(total: int, description: str = "training", console: Console | None 
 # -- the summary -------------------------------------------------------------------------
 EVIDENCE_ITEMS = 4           # scalar evidence items in the terminal; all of it is in report.md
 WIDE = 140                   # from this width on, message / evidence / fix get their own columns
+NARROW = 100                 # below it, the place goes on the message's first line, not a column
+WHERE_WIDTH = 30             # the where column; paths break only at dots
+PLACES_SHOWN = 6             # places of a group listed in the terminal; all are in report.md
 
 
 def findings_table(report: Report, width: int = PLAIN_WIDTH) -> Table:
-    """severity, probe, where, step, message, evidence, fix: six columns on a wide console;
-    on a narrow one message, evidence and fix stack in one column."""
+    """One row per group of findings (one defect in several modules is one row, its places
+    listed): severity, probe, where, step, message, evidence, fix on a wide console; on a
+    narrower one message, evidence and fix stack in one column, and below NARROW columns the
+    place moves into that column too."""
     t = Table(box=box.SIMPLE_HEAD, show_lines=False, expand=False, pad_edge=False)
     t.add_column("severity", no_wrap=True)
     t.add_column("probe", no_wrap=True)
-    t.add_column("where", overflow="fold", max_width=34)
+    narrow, wide = width < NARROW, width >= WIDE
+    if not narrow:
+        t.add_column("where", no_wrap=True)
     t.add_column("step", justify="right", no_wrap=True)
-    wide = width >= WIDE
     if wide:
         t.add_column("message", overflow="fold", ratio=3)
         t.add_column("evidence", overflow="fold", ratio=2)
         t.add_column("fix", overflow="fold", ratio=3)
     else:
-        t.add_column("message / evidence / fix", overflow="fold")
-    for f in sorted_findings(report):
-        cells = [Text(SEVERITY_WORD[f.severity], style=SEVERITY_STYLE[f.severity]), f.probe,
-                 where_text(f), "" if f.step is None else str(f.step)]
+        t.add_column(("where / " if narrow else "") + "message / evidence / fix", overflow="fold")
+    for group, fs in sorted_groups(report):
+        f = fs[0]
+        many = len({where_text(x) for x in fs}) > 1
+        cells = [Text(SEVERITY_WORD[f.severity], style=SEVERITY_STYLE[f.severity]), f.probe]
+        if not narrow:
+            cells.append(break_at_dots(group_where_text(fs), WHERE_WIDTH))
+        cells.append("" if group.step is None else str(group.step))
         evidence = evidence_text(f, "\n" if wide else ", ", limit=EVIDENCE_ITEMS)
+        if many:
+            evidence = f"({where_text(f)}) {evidence}" if evidence else ""
+        places = f"{group_where_text(fs)}: {places_text(fs, PLACES_SHOWN)}" if many else ""
+        message = Text(f.message)
+        if many and not narrow:
+            message.append("\nin ", style="bold").append(places)
         if wide:
-            cells += [f.message, evidence, f.fix]
+            cells += [message, evidence, f.fix]
         else:
-            body = Text(f.message)
+            body = Text()
+            if narrow:
+                body.append("where: ", style="bold").append(places if many else where_text(f))
+                body.append("\n")
+            body.append(message)
             if evidence:
                 body.append("\nevidence: ", style="bold").append(evidence)
             if f.fix:

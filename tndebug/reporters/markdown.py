@@ -2,11 +2,11 @@
 module path), the probes' statuses, and the figures as relative PNG links."""
 from __future__ import annotations
 
-from tndebug.findings import Finding
+from tndebug.findings import NUMBER, Finding
 from tndebug.notes import PROBE_CAUSES
 from tndebug.report import Report
 from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
-    first_sign_text, fmt_value, no_verdict_places, reasons_text, sorted_findings, status_text, \
+    first_sign_text, fmt_value, group_where_text, where_text, no_verdict_places, reasons_text, sorted_groups, status_text, \
     unchecked_text
 from tndebug.reporters.plots import Plot
 
@@ -41,11 +41,11 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
     out += [f"| {_md(k)} | {_md(fmt_value(report.run[k]))} |" for k in keys]
 
     out += ["", "## Findings", ""]
-    findings = sorted_findings(report)
-    if not findings:
+    groups = sorted_groups(report)
+    if not groups:
         out.append("No findings.")
-    for i, f in enumerate(findings, 1):
-        out += _finding(i, f)
+    for i, (_, fs) in enumerate(groups, 1):
+        out += _finding(i, fs[0]) if len(fs) == 1 else _group(i, fs)
 
     out += ["", "## Probes", "", "| probe | status | reason |", "|---|---|---|"]
     for name, st in report.probes.items():
@@ -117,3 +117,40 @@ def _finding(i: int, f: Finding) -> list[str]:
                                   f"rank {f.rank}" if f.rank is not None else "") if x)
     lines.append(f"- **Where:** {where}" + (f" ({extra})" if extra else ""))
     return lines + [""]
+
+
+def _group(i: int, fs: list[Finding]) -> list[str]:
+    """One defect in several places: one block, the places listed with their step and their own
+    message where it differs beyond the module's name; the evidence shown is the first's."""
+    f = fs[0]
+    steps = [x.step for x in fs if x.step is not None]
+    at = f" at step {min(steps)}" if steps else ""
+    lines = [f"### {i}. {SEVERITY_WORD[f.severity]} `{f.probe}`{at}, in {group_where_text(fs)}", "",
+             f"- **Symptom:** {f.message}"]
+    if f.evidence:
+        ev = evidence_lines(f.evidence)
+        lines += [ev[0].replace("- **Evidence:**", f"- **Evidence** (`{where_text(f)}`):", 1)] + ev[1:]
+    cause = PROBE_CAUSES.get(f.probe)
+    if cause:
+        lines.append(f"- **Probable cause (from the notes):** {cause}")
+    if f.fix:
+        lines.append(f"- **Fix:** {f.fix}")
+    lines.append(f"- **Where** ({len(fs)} findings, in {group_where_text(fs)}):")
+    for x in fs:
+        same = x.message.replace(x.where, f.where) == f.message if x.where else x.message == f.message
+        step = f"step {x.step}" if x.step is not None else "no step"
+        where = f"`{x.where}`" if x.where else "the run as a whole"
+        extra = f" head {x.head}" if x.head is not None else ""
+        lines.append(f"  - {where}{extra} ({step})" + ("" if same else _differs(x, f)))
+    return lines + [""]
+
+
+def _differs(x: Finding, first: Finding) -> str:
+    """`: 69% (77% above)`, the numbers of `x`'s message that differ from the first's; the
+    whole message when more than numbers differ."""
+    mine = NUMBER.findall(x.message.replace(x.where, first.where) if x.where else x.message)
+    theirs = NUMBER.findall(first.message)
+    if len(mine) != len(theirs):
+        return f": {x.message}"
+    diff = [(a, b) for a, b in zip(mine, theirs) if a != b]
+    return ": " + ", ".join(f"{a} ({b} above)" for a, b in diff) if diff else f": {x.message}"
