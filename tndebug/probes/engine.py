@@ -23,6 +23,7 @@ from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.trace import Trace
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
+SNAPSHOT_READS = frozenset({"attn.probs", "stream", "grad.stream"})   # what the figures draw
 
 
 class ProbeEngine:
@@ -63,12 +64,15 @@ class ProbeEngine:
                 time.perf_counter() - t0
 
     def _note_findings(self) -> None:
-        if self.first_sign is None:
-            for p in self.probes:
-                for f in p.findings:
-                    if f.severity in ("warning", "error"):
-                        if self.first_sign is None or (f.step or 0) < (self.first_sign.step or 0):
-                            self.first_sign = f
+        """first_sign: the earliest warning or error by step (a step-less one counts as 0),
+        revisited whenever findings arrive: a probe that judges late (loss-health at step 10,
+        reported after ln-placement's step-16 warning) may have seen it first. On a tie the
+        one reported first stays."""
+        for p in self.probes:
+            for f in p.findings:
+                if f.severity in ("warning", "error") and (
+                        self.first_sign is None or (f.step or 0) < (self.first_sign.step or 0)):
+                    self.first_sign = f
 
     def setup(self) -> None:
         t0 = time.perf_counter()
@@ -100,14 +104,21 @@ class ProbeEngine:
     def begin_step(self, step: int, src: torch.Tensor | None = None,
                    tgt: torch.Tensor | None = None) -> Trace | None:
         self._due = [p for p in self.probes if p.schedule(step)]
-        if not self._due:
+        final = self._final_snapshot(step)
+        if not self._due and not final:
             return None
-        reads = frozenset(r for p in self._due for r in p.reads)
+        reads = frozenset(r for p in self._due for r in p.reads) | (SNAPSHOT_READS if final else frozenset())
         trace = Trace(step=step, src=src, tgt=tgt, pad_id=self.run.subject.pad_id)
         if reads and self.run.subject.capture is not None:
             self._stack.enter_context(self.run.subject.capture.recording(reads, trace))
         self._trace = trace
         return trace
+
+    def _final_snapshot(self, step: int) -> bool:
+        """The last training step is captured for the sinks (the figures show the model as it
+        ended, whatever the probes' schedules), without any probe observing it."""
+        return (self.run.total_steps is not None and step == self.run.total_steps - 1
+                and any(hasattr(s, "on_trace") for s in self.sinks))
 
     def end_step(self, info: StepInfo) -> None:
         if self._trace is None:
