@@ -259,3 +259,27 @@ def test_bad_input_one_clear_message_each():
         dbg.step(loss=1.0)
     assert dbg.report.verdict == "unchecked"
     assert any("no training step was observed" in n for n in dbg.report.run["notes"])
+
+
+def test_capture_only_on_steps_a_probe_reads_the_model():
+    """The recording (hooks on every module, patched attention ops) opens on the steps whose due
+    probes read the trace, decided before the forward; lr-schedule alone (every step) reads none."""
+    from tndebug.probes import make_probes
+    torch.manual_seed(0)
+    model = M.FusedSDPA()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    recorded, holder = [], []
+    inner = model.enc[0].attn.proj
+
+    def seen(module, args):                  # the user's forward, not the probes' own calls
+        if holder and not holder[0]._busy:
+            recorded.append(bool(inner._forward_hooks))
+    model.enc[0].register_forward_pre_hook(seen)
+    probes = make_probes("all")
+    with tndebug.watch(model, opt, forward=M.fused_forward, quiet=True, probes=probes) as dbg:
+        holder.append(dbg)
+        M.train("sdpa", model, opt, 24)
+    expected = [any(p.reads and p.schedule(s) for p in probes) for s in range(24)]
+    assert recorded == expected
+    assert sum(expected) < 12 and not expected[3]
+    assert dbg.report.probes["lr-schedule"]["steps_observed"] == 24
