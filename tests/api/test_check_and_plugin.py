@@ -5,7 +5,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 import models as M
 import tndebug

@@ -24,8 +24,6 @@ from tndebug.subject import Subject
 from tndebug.triage.adapters import Adapter, as_logits, guess_adapter, builtin_adapter
 from tndebug.triage.capture import GenericCapture
 
-ATTENTION_READS = ("attn.",)
-
 
 def is_hf_seq2seq(model: nn.Module) -> bool:
     cfg = getattr(model, "config", None)
