@@ -283,3 +283,16 @@ def test_capture_only_on_steps_a_probe_reads_the_model():
     assert recorded == expected
     assert sum(expected) < 12 and not expected[3]
     assert dbg.report.probes["lr-schedule"]["steps_observed"] == 24
+
+
+def test_the_issue_loop_dbg_step_after_the_optimizer():
+    """`dbg.step(loss=loss)` at the end of the loop, as in the issue: the steps still come from
+    the optimizer's hooks; the loss after the step is checked for NaN."""
+    torch.manual_seed(0)
+    model = M.FusedSDPA()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with tndebug.watch(model, opt, forward=M.fused_forward, quiet=True) as dbg:
+        M.train("sdpa", model, opt, 21, dbg=dbg, step_after=True)
+    assert dbg.report.run["steps"] == 21 and dbg.report.run["stopped_at_step"] == 21
+    assert dbg.report.probes["loss-health"]["steps_observed"] == 3
+    assert serious(dbg.report) == []
