@@ -14,7 +14,8 @@ def test_findings_are_explained(tiny_run):
     md = (tiny_run["dir"] / "report.md").read_text()
     assert md.startswith("# tndebug report: ERRORS")
     assert "> **RUN DIVERGED at step 8.**" in md
-    assert "> **First sign:** missing-scale at step 4 in encoder.layers.0.self_attn" in md
+    # the error about step 0 is reported at the end, after the step-4 warning: still the first
+    assert "> **First sign:** missing-scale at step 0 in decoder.layers.1.cross_attn" in md
     error = md.index("### 1. ERROR `missing-scale` at step 0")
     warn = md.index("### 2. WARN `missing-scale` at step 4")
     assert error < warn

@@ -58,18 +58,28 @@ def make_figures(rec: Recorder, report: Report, fig_dir: Path) -> list[Plot]:
 
 # -- attention entropy per layer x head --------------------------------------------------
 def entropy_matrix(rec: Recorder, kind: str) -> tuple[np.ndarray, int | None, str] | None:
-    """[layers, heads] mean normalised attention entropy (entropy / ln keys, 1 = uniform), from
-    head-collapse's metric when it ran, else from the probe batch (same definition)."""
-    cells = {(int(l), int(h)): sv for (k, l, h, m), sv in rec.matching(_HEAD_METRIC).items()
-             if k == kind and m == "entropy"}
-    if cells:
-        L = max(l for l, _ in cells) + 1
-        H = max(h for _, h in cells) + 1
+    """([layers, heads] mean normalised attention entropy (entropy / ln keys, 1 = uniform), step,
+    source, note): from the probe batch's snapshot when it is later than head-collapse's last
+    metric (the run's final step), else from that metric (same definition); each the last
+    finite values, the note saying `no finite data after step N` where later ones were not."""
+    series = {(int(l), int(h)): sv for (k, l, h, m), sv in rec.series_matching(_HEAD_METRIC).items()
+              if k == kind and m == "entropy"}
+    snap, note = rec.attention_snapshot()
+    later = snap is not None and series and snap.step > max(x for sv in series.values() for x, _ in sv) \
+        and any(a.kind == kind for a in snap.attention)
+    if series and not later:                # else the probe batch at a later step (the final one)
+        L = max(l for l, _ in series) + 1
+        H = max(h for _, h in series) + 1
         mat = np.full((L, H), np.nan)
-        for (l, h), (_, v) in cells.items():
-            mat[l, h] = v
-        return mat, max(s for s, _ in cells.values()), "the head-collapse metric"
-    snap = rec.last
+        last = max(s for sv in series.values() for s, _ in sv)
+        finite = [s for sv in series.values() for s, v in sv if math.isfinite(v)]
+        if not finite:
+            return mat, None, "the head-collapse metric", f"no finite data (last step {last})"
+        step = max(finite)                          # one step for every cell: the last finite
+        for (l, h), sv in series.items():
+            mat[l, h] = next((v for s, v in reversed(sv) if s <= step and math.isfinite(v)), np.nan)
+        return mat, step, "the head-collapse metric", \
+            (f"no finite data after step {step}" if last > step else "")
     recs = [a for a in (snap.attention if snap else []) if a.kind == kind and a.layer is not None]
     if not recs:
         return None
@@ -82,7 +92,8 @@ def entropy_matrix(rec: Recorder, kind: str) -> tuple[np.ndarray, int | None, st
         ent = -(p * p.clamp_min(1e-30).log()).sum(-1) / n.clamp(min=2).float().log()
         w = (valid[:, None, :] & (n >= 2)).float()                  # [b, h, T]
         mat[a.layer, :p.shape[1]] = ((ent * w).sum((0, 2)) / w.sum((0, 2)).clamp_min(1)).numpy()
-    return mat, snap.step, "the probe batch"
+    return mat, snap.step, f"the probe batch ({recs[0].probs.shape[0]} examples)", \
+        note.replace("attention", "data")
 
 
 def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
@@ -95,19 +106,28 @@ def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
     fig = Figure(figsize=(len(got) * max(2.6, 0.55 * H + 1.0) + 1.2, max(2.6, 0.45 * L + 1.7)),
                  dpi=DPI)
     axes = fig.subplots(1, len(got), squeeze=False)[0]
-    for ax, (kind, (mat, step, source)) in zip(axes, got.items()):
+    steps = {m[1] for m in got.values()}
+    one = len(steps) == 1 and None not in steps
+    for ax, (kind, (mat, step, source, note)) in zip(axes, got.items()):
         im = ax.imshow(mat, cmap="magma", aspect="auto", vmin=0, vmax=top)
         _ticks(ax, mat.shape[1], mat.shape[0], "head", "layer")
         _annotate(ax, mat, im)
-        ax.set_title(f"{KIND_SHORT[kind]}\n(step {step})", fontsize=9)
-    fig.suptitle("Attention entropy per layer and head", fontsize=10)
+        if not np.isfinite(mat).any():
+            ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes,
+                    fontsize=8, color="gray", wrap=True)
+        at = "" if one else ("(no finite data)" if step is None else f"(step {step})")
+        ax.set_title(f"{KIND_SHORT[kind]}\n{at}".rstrip(), fontsize=9)
+    notes = sorted({m[3] for m in got.values() if m[3] and np.isfinite(m[0]).any()})
+    fig.suptitle("Attention entropy per layer and head" + (f", step {steps.pop()}" if one else "")
+                 + (f"\n{'; '.join(notes)}" if notes else ""), fontsize=10)
     _colorbar(fig, im, "entropy / ln(keys)", left=0.07, top=0.76, bottom=0.17, wspace=0.35)
     _save(fig, fig_dir / "entropy.png")
     sources = sorted({m[2] for m in got.values()})
     return Plot("entropy.png", "Attention entropy per layer and head",
                 f"Mean normalised entropy (entropy / ln of the keys in play) of each head's "
                 f"attention over real query rows, from {' and '.join(sources)}, one panel per "
-                f"attention type. 0: every query looks at one key; 1: uniform attention.")
+                f"attention type. 0: every query looks at one key; 1: uniform attention."
+                + _notes_sentence({KIND_SHORT[k]: m[3] for k, m in got.items()}))
 
 
 # -- head similarity matrices ------------------------------------------------------------
@@ -132,7 +152,7 @@ def similarity_matrices(snap: TraceSnapshot, kind: str) -> list[tuple[int, np.nd
 
 
 def figure_similarity(rec: Recorder, fig_dir: Path) -> Plot | None:
-    snap = rec.last
+    snap, note = rec.attention_snapshot()
     got = {k: m for k in KINDS if snap and (m := similarity_matrices(snap, k))}
     if not got:
         return None
@@ -157,72 +177,113 @@ def figure_similarity(rec: Recorder, fig_dir: Path) -> Plot | None:
         if grid.size <= 400:
             _annotate(ax, grid, im, fmt="{:.1f}")
         ax.spines[:].set_visible(False)
-    fig.suptitle(f"Head similarity per layer (probe batch, step {snap.step})", fontsize=10)
+    fig.suptitle(f"Head similarity per layer (probe batch, step {snap.step})"
+                 + (f"\n{note}" if note else ""), fontsize=10)
     _colorbar(fig, im, "1 - JS divergence (bits)", left=0.1, top=0.86, bottom=0.08, hspace=0.45)
     _save(fig, fig_dir / "head_similarity.png")
     return Plot("head_similarity.png", "Head similarity per layer",
                 f"Similarity of every pair of heads, 1 - Jensen-Shannon divergence (bits) of "
-                f"their attention rows on the probe batch at step {snap.step}, one block per "
+                f"their attention rows on the probe batch at step {snap.step}"
+                + (f" ({note})" if note else "") + ", one block per "
                 f"layer (1 on the diagonal). Off-diagonal cells near 1 are duplicated heads; "
                 f"some redundancy is normal, exact copies are a bug.")
 
 
 # -- attention maps of the probe batch ---------------------------------------------------
+LABEL_CELL = 0.11            # inches per cell from which every token gets a tick label
+
+
 def figure_attention_maps(rec: Recorder, kind: str, fig_dir: Path,
                           example: int | None = None) -> Plot | None:
-    snap = rec.last
+    """Layers (rows) x heads (columns) of one example's attention at one step, the queries'
+    tokens down the side and the keys' along the bottom; NaN/Inf cells in magenta."""
+    snap, note = rec.attention_snapshot()
     recs = sorted((a for a in (snap.attention if snap else []) if a.kind == kind),
                   key=lambda a: a.layer or 0)
     if example is None:
         example = padded_example(snap)
     if not recs or recs[0].probs.shape[0] <= example:
         return None
-    L, H = len(recs), recs[0].probs.shape[1]
+    L, H = len(recs), max(a.probs.shape[1] for a in recs)
     T, S = recs[0].probs.shape[-2:]
-    grid = _grid([[a.probs[example, h].numpy() for h in range(a.probs.shape[1])] for a in recs])
     queries = _tokens(snap.src if kind == "enc_self" else snap.tgt, example, T)
     keys = _tokens(snap.tgt if kind == "dec_self" else snap.src, example, S)
-    scale = min(0.22, 7.5 / max(H * (S + 1), 1))        # inches per cell, at most ~10 in wide
-    fig = Figure(figsize=(max(5.0, scale * H * (S + 1) + 2.0), max(2.8, scale * L * (T + 1) + 1.6)),
+    q_labels = _token_labels(queries, snap, bos=kind != "enc_self") or [str(i) for i in range(T)]
+    k_labels = _token_labels(keys, snap, bos=kind == "dec_self") or [str(i) for i in range(S)]
+    cell = min(0.24, 7.5 / max(H * (S + 2), 1), 6.0 / max(L * (T + 2), 1))   # inches per cell
+    fig = Figure(figsize=(max(5.0, cell * H * (S + 2) + 2.4), max(3.0, cell * L * (T + 2) + 2.0)),
                  dpi=DPI)
-    ax = fig.add_subplot()
-    im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, interpolation="nearest", aspect="equal")
-    ax.set_xticks([h * (S + 1) + (S - 1) / 2 for h in range(H)], [f"head {h}" for h in range(H)],
-                  fontsize=8)
-    ax.set_yticks([i * (T + 1) + (T - 1) / 2 for i in range(L)],
-                  [f"layer {a.layer}" for a in recs], fontsize=8)
-    ax.set_xlabel("keys (left to right), one block per head")
-    ax.set_ylabel("queries (top to bottom)")
-    ax.spines[:].set_visible(False)
-    ax.tick_params(length=0)
+    axes = fig.subplots(L, H, squeeze=False)
+    cmap = colormaps["viridis"].with_extremes(under="magenta")
     k0 = _first_pad(keys, snap.pad_id)
     q0 = _first_pad(queries, snap.pad_id)
-    pads, diag = [], []
-    for i in range(L):
+    font = 6 if cell >= LABEL_CELL else 5
+    nonfinite = 0
+    for i, a in enumerate(recs):
         for h in range(H):
-            x, y = h * (S + 1) - 0.5, i * (T + 1) - 0.5
+            ax = axes[i, h]
+            if h >= a.probs.shape[1]:
+                ax.set_axis_off()
+                continue
+            p = a.probs[example, h].numpy()                                   # [T, S]
+            bad = ~np.isfinite(p)
+            nonfinite += int(bad.sum())
+            im = ax.imshow(np.where(bad, -1.0, p), cmap=cmap, vmin=0, vmax=1,
+                           interpolation="nearest", aspect="equal")
+            _token_ticks(ax.set_xticks, k_labels, cell, font, rotate=True)
+            _token_ticks(ax.set_yticks, q_labels, cell, font)
+            ax.tick_params(length=0, pad=1, labelbottom=i == L - 1, labelleft=h == 0)
             if k0 is not None:
-                pads.append([(x + k0, y), (x + k0, y + T)])
+                ax.axvline(k0 - 0.5, color="red", linestyle="--", linewidth=1.0)
             if q0 is not None:
-                pads.append([(x, y + q0), (x + S, y + q0)])
-            diag.append([(x, y), (x + min(S, T), y + min(S, T))])
-    ax.add_collection(LineCollection(pads, colors="red", linestyles="--", linewidths=1.0))
-    if kind == "dec_self":
-        ax.add_collection(LineCollection(diag, colors="white", linewidths=0.5, alpha=0.6))
+                ax.axhline(q0 - 0.5, color="red", linestyle="--", linewidth=1.0)
+            if kind == "dec_self":
+                ax.plot([-0.5, min(S, T) - 0.5], [-0.5, min(S, T) - 0.5], color="white",
+                        linewidth=0.5, alpha=0.6)
+            if i == 0:
+                ax.set_title(f"head {h}", fontsize=8)
+            if h == 0:
+                ax.set_ylabel(f"layer {a.layer}\nqueries", fontsize=8)
+            if i == L - 1:
+                ax.set_xlabel("keys", fontsize=8)
     index = snap.rows[example] if example < len(snap.rows) else example
-    ax.set_title(f"Attention maps: {KIND_TITLE[kind]}\nexample {index} of the probe batch, "
-                 f"step {snap.step}", fontsize=10)
-    _colorbar(fig, im, "attention probability", left=0.12, top=0.86, bottom=0.14)
+    fig.suptitle(f"Attention maps: {KIND_TITLE[kind]}\nexample {index} of the probe batch, "
+                 f"step {snap.step}" + (f"; {note}" if note else ""), fontsize=10)
+    _colorbar(fig, im, "attention probability", left=0.14, top=0.84, bottom=0.12,
+              wspace=0.08, hspace=0.15)
     name = f"attention_{kind}.png"
     _save(fig, fig_dir / name)
     marks = ("Red dashed lines mark where padding starts (vertical: keys, horizontal: queries); "
              "none are drawn when this example has no padding. ")
     if kind == "dec_self":
         marks += "The faint diagonal is the causal limit: any mass right of it sees the future. "
+    if nonfinite:
+        marks += f"Magenta: {nonfinite} NaN/Inf cells. "
     return Plot(name, f"Attention maps: {kind}",
-                f"One block per layer (rows) and head (columns), example {index} of the probe "
-                f"batch at step {snap.step}. Queries: {_fmt_tokens(queries, snap.pad_id)}; keys: "
-                f"{_fmt_tokens(keys, snap.pad_id)}. {marks}Mass on padding is a mask bug.")
+                f"One panel per layer (rows) and head (columns), example {index} of the probe "
+                f"batch at step {snap.step}" + (f" ({note})" if note else "") +
+                f"; query tokens down the side, key tokens along the bottom. Queries: "
+                f"{_fmt_tokens(queries, snap.pad_id)}; keys: {_fmt_tokens(keys, snap.pad_id)}. "
+                f"{marks}Mass on padding is a mask bug.")
+
+
+def _token_labels(tokens: list[int] | None, snap: TraceSnapshot, bos: bool) -> list[str] | None:
+    """`BOS 5 7 ... pad`: token ids, `pad` for padding, `BOS` for a decoder input's first token
+    when every kept example starts with it."""
+    if tokens is None:
+        return None
+    labels = ["pad" if t == snap.pad_id else str(t) for t in tokens]
+    first = snap.tgt[:, 0] if snap.tgt is not None and snap.tgt.dim() == 2 else None
+    if bos and labels and first is not None and bool((first == first[0]).all()):
+        labels[0] = "BOS"
+    return labels
+
+
+def _token_ticks(set_ticks, labels: list[str], cell: float, font: int, rotate: bool = False) -> None:
+    """A tick per token where cells are wide enough for a label, else every k-th."""
+    k = max(1, math.ceil(LABEL_CELL / max(cell, 1e-6))) if cell < LABEL_CELL else 1
+    idx = list(range(0, len(labels), k))
+    set_ticks(idx, [labels[i] for i in idx], fontsize=font, **({"rotation": 90} if rotate else {}))
 
 
 def padded_example(snap: TraceSnapshot | None) -> int:
@@ -251,59 +312,95 @@ def attention_image(probs: torch.Tensor, min_cell: int = 96) -> np.ndarray:
 
 
 # -- depth: residual RMS and gradient norm -----------------------------------------------
-def _depth_series(rec: Recorder, pattern: re.Pattern, from_snap: str):
-    """{stack: {step: {layer: value}}} from metrics, else from the probe-batch snapshots."""
-    out: dict[str, dict[int, dict[int, float]]] = {}
-    for (stack, layer), series in rec.series_matching(pattern).items():
-        for step, v in series:
-            out.setdefault(stack, {}).setdefault(step, {})[int(layer)] = v
-    if out:
-        return out, "probe metrics"
+GRAD_AT_OUTPUT = "gradient norm at the layer's output (dL/dx)"
+GRAD_OF_PARAMS = "gradient norm of the layer's parameters"
+
+
+def _depth_data(rec: Recorder):
+    """({step: (rms {(stack, layer): v}, grad {(stack, layer): v})}, source, grad label): from
+    the probe-batch snapshots that hold both (the same step for both panels), else from the
+    probe metrics at the steps both were measured at (else every step either was)."""
+    snaps = {}
     for snap in rec.snapshots:
-        values = getattr(snap, from_snap)
-        for (stack, layer, kind, _), v in values.items():
-            if layer is not None and kind == "layer":
-                out.setdefault(stack, {}).setdefault(snap.step, {})[layer] = v
-    return out, "the probe batch"
+        rms = {(st, l): v for (st, l, kind, _), v in snap.stream_rms.items()
+               if l is not None and kind == "layer"}
+        grad = {(st, l): v for (st, l, kind, _), v in snap.grad_norm.items()
+                if l is not None and kind == "layer"}
+        if rms or grad:
+            snaps[snap.step] = (rms, grad)
+    both = {s: rg for s, rg in snaps.items() if rg[0] and rg[1]}
+    rms, grad = {}, {}
+    for pattern, out in ((_RESID, rms), (_GRAD, grad)):
+        for (stack, layer), series in rec.series_matching(pattern).items():
+            for step, v in series:
+                out.setdefault(step, {})[(stack, int(layer))] = v
+    steps = sorted(set(rms) & set(grad)) or sorted(set(rms) | set(grad))
+    if both and (not steps or max(both) >= max(steps)):      # the snapshots reach as far
+        return both, "the probe batch", GRAD_AT_OUTPUT
+    if not steps and snaps:
+        return snaps, "the probe batch", GRAD_AT_OUTPUT
+    return {s: (rms.get(s, {}), grad.get(s, {})) for s in steps}, "probe metrics", GRAD_OF_PARAMS
 
 
 def figure_depth(rec: Recorder, fig_dir: Path) -> Plot | None:
-    rms, rms_src = _depth_series(rec, _RESID, "stream_rms")
-    grad, grad_src = _depth_series(rec, _GRAD, "grad_norm")
-    if not rms and not grad:
+    data, source, grad_label = _depth_data(rec)
+    if not data:
         return None
-    fig = Figure(figsize=(9.0, 3.6), dpi=DPI)
+    finite = [s for s, (r, g) in data.items()
+              if all(math.isfinite(v) for v in (*r.values(), *g.values()))]
+    last_step = max(data)
+    note = ""
+    if not finite:
+        shown, note = [], f"no finite data (last step {last_step})"
+    else:
+        shown = sorted({min(finite), max(finite)})
+        if last_step > max(finite):
+            note = f"no finite data after step {max(finite)}"
+    fig = Figure(figsize=(9.0, 3.8), dpi=DPI)
     ax1, ax2 = fig.subplots(1, 2)
-    for ax, data, label, log in ((ax1, rms, "residual stream RMS", False),
-                                 (ax2, grad, "gradient norm", True)):
-        if not data:
-            ax.text(0.5, 0.5, "not measured in this run", ha="center", va="center",
-                    transform=ax.transAxes, color="gray")
-        for stack, by_step in sorted(data.items()):
-            steps = sorted(by_step)
-            shown = [steps[0], steps[-1]] if len(steps) > 1 else steps
-            for s in shown:
-                layers = sorted(by_step[s])
-                last = s == steps[-1]
-                ax.plot(layers, [by_step[s][l] for l in layers], marker="o",
-                        color=STACK_COLOR.get(stack, "tab:green"), linestyle="-" if last else ":",
-                        alpha=1.0 if last else 0.6, label=f"{stack}, step {s}")
+    for ax, which, label, log in ((ax1, 0, "residual stream RMS", False),
+                                  (ax2, 1, grad_label, True)):
+        values = []
+        for s in shown:
+            by = data[s][which]
+            last = s == shown[-1]
+            for stack in sorted({st for st, _ in by}):
+                layers = sorted(l for st, l in by if st == stack)
+                ys = [by[(stack, l)] for l in layers]
+                values += ys
+                ax.plot(layers, ys, marker="o", color=STACK_COLOR.get(stack, "tab:green"),
+                        linestyle="-" if last else ":", alpha=1.0 if last else 0.6,
+                        label=f"{stack}, step {s}")
+        if not values:
+            ax.text(0.5, 0.5, note or f"not measured at step {shown[-1]}", ha="center",
+                    va="center", transform=ax.transAxes, color="gray")
         ax.set_xlabel("layer")
-        ax.set_ylabel(label)
-        if log and data and all(v > 0 for d in data.values() for m in d.values() for v in m.values()):
+        ax.set_ylabel(label, fontsize=8 if len(label) > 24 else 10)
+        if log and values and all(v > 0 for v in values):
             ax.set_yscale("log")
+        elif values and all(math.isfinite(v) for v in values):
+            ax.ticklabel_format(axis="y", useOffset=False)
+            ax.set_ylim(bottom=min(0.0, min(values)), top=max(values) * 1.1 or 1.0)   # from 0
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
-        if data:
+        if values:
             ax.legend(fontsize=7)
-    ax1.set_title(f"Residual stream RMS by depth\n(from {rms_src})", fontsize=10)
-    ax2.set_title(f"Gradient norm by depth\n(from {grad_src})", fontsize=10)
+    ax1.set_title("Residual stream RMS by depth", fontsize=10)
+    ax2.set_title("Gradient norm by depth", fontsize=10)
+    steps = (f"step {shown[0]} (dotted) and step {shown[-1]} (solid)" if len(shown) > 1 else
+             f"step {shown[0]}" if shown else "")
+    fig.suptitle(f"From {source}" + (f", {steps}" if steps else "") + (f"; {note}" if note else ""),
+                 fontsize=9)
     fig.subplots_adjust(left=0.08, right=0.98, top=0.82, bottom=0.15, wspace=0.3)
     _save(fig, fig_dir / "depth.png")
+    what = "output RMS and the " + grad_label.removeprefix("gradient norm ").replace(
+        "of the layer's parameters", "norm of its parameters' gradient").replace(
+        "at the layer's output (dL/dx)", "norm of the loss gradient at its output")
     return Plot("depth.png", "Residual RMS and gradient norm by depth",
-                "Each layer's output RMS and gradient norm, at the first (dotted) and last "
-                "(solid) probed step. Steady growth with depth is normal for Pre-LN; a jump or "
-                "a collapse to 0 at one layer is not.")
+                f"Each layer's {what}, from {source}, at {steps or 'no step'}: both panels "
+                f"show the same steps." + (f" {note.capitalize()}." if note else "") +
+                " Steady growth with depth is normal for Pre-LN; a jump or a collapse to 0 at "
+                "one layer is not.")
 
 
 # -- loss and learning-rate curves -------------------------------------------------------
@@ -325,38 +422,83 @@ def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
         return None
     panels = [(label, data) for label, data in (("loss", losses), ("learning rate", lrs),
                                                 ("evaluation", others)) if data]
-    fig = Figure(figsize=(4.2 * len(panels), 3.4), dpi=DPI)
-    axes = fig.subplots(1, len(panels), squeeze=False, sharex=True)[0]
+    fig = Figure(figsize=(4.2 * len(panels), 3.6), dpi=DPI)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
     marks = _step_marks(report)
+    all_steps = [x for _, data in panels for s in data.values() for x, _ in s]
+    lo, hi = min(all_steps + [m[0] for m in marks]), max(all_steps + [m[0] for m in marks])
+    notes: dict[str, str] = {}
     for ax, (label, data) in zip(axes, panels):
+        finite = []
         for tag, series in sorted(data.items()):
-            xs, ys = zip(*series)
-            ax.plot(xs, ys, label=tag, marker="." if len(xs) < 30 else None)
-        finite = [y for s in data.values() for _, y in s if math.isfinite(y)]
+            pts = [(x, y) for x, y in series if math.isfinite(y)]      # plot what is finite
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, label=tag, marker="." if len(xs) < 30 else None)
+                finite += ys
+            last_finite = pts[-1][0] if pts else None
+            if len(pts) < len(series):
+                after = [x for x, y in series if not math.isfinite(y)]
+                notes[tag] = (f"no finite data after step {last_finite}" if last_finite is not None
+                              and max(after) > last_finite else
+                              f"no finite data (steps {min(after)}-{max(after)})"
+                              if last_finite is None else
+                              f"{len(series) - len(pts)} non-finite values left out")
         if label != "evaluation" and finite and min(finite) > 0 and max(finite) / min(finite) > 30:
             ax.set_yscale("log")
-        for step, text, color in marks:
+        ax.set_xlim(lo - 0.5 - 0.02 * (hi - lo), hi + 0.5 + 0.02 * (hi - lo))
+        for i, (step, text, color) in enumerate(_merge_marks(marks, hi - lo)):
             ax.axvline(step, color=color, linestyle="--", linewidth=1)
             ax.text(step, 0.98, f" {text}", color=color, fontsize=7, rotation=90,
-                    va="top", ha="right", transform=ax.get_xaxis_transform())
+                    va="top", ha="right" if i % 2 == 0 else "left",
+                    transform=ax.get_xaxis_transform())
+        said = [notes[t] for t in sorted(data) if t in notes]
+        if not finite:
+            ax.text(0.5, 0.5, "\n".join(said) or "no finite data", ha="center", va="center",
+                    transform=ax.transAxes, color="gray", fontsize=9)
+            ax.set_yticks([])
+        elif said:
+            ax.text(0.02, 0.02, "\n".join(said), transform=ax.transAxes, ha="left", va="bottom",
+                    fontsize=7, color="tab:red")
         ax.set_xlabel("step")
         ax.set_ylabel(label)
-        ax.set_title(label.capitalize(), fontsize=10)
+        title = label.capitalize()
         if label == "loss" and finals:
-            ax.text(0.98, 0.75, "\n".join(f"{t} = {v:.4g}" for t, v in finals.items()),
-                    transform=ax.transAxes, ha="right", va="top", fontsize=7,
-                    bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
+            title += "\n" + ", ".join(f"{t.removeprefix('eval/')} {v:.4g}" for t, v in finals.items())
+        ax.set_title(title, fontsize=10 if "\n" not in title else 8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if finite:
+            ax.legend(fontsize=7, loc="best")
     w = fig.get_figwidth()
-    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=0.88, bottom=0.16, wspace=0.3)
+    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=0.86, bottom=0.15, wspace=0.3)
     _save(fig, fig_dir / "curves.png")
     return Plot("curves.png", "Loss and learning rate",
-                "Training (and evaluation) curves as logged; dashed lines mark the first sign "
-                "a probe saw and where the run stopped.")
+                "Training (and evaluation) curves as logged, finite values only; dashed lines "
+                "mark the first sign a probe saw and where the run stopped."
+                + _notes_sentence(notes))
+
+
+def _merge_marks(marks: list[tuple[int, str, str]], span: int) -> list[tuple[int, str, str]]:
+    """Marks closer than 4% of the x range share one line and one label (no overprinting)."""
+    out: list[tuple[int, str, str]] = []
+    for step, text, color in sorted(marks):
+        if out and step - out[-1][0] <= max(1, 0.04 * span):
+            out[-1] = (out[-1][0], f"{out[-1][1]} / {text}", out[-1][2])
+        else:
+            out.append((step, text, color))
+    return out
 
 
 # -- helpers -----------------------------------------------------------------------------
+def _notes_sentence(notes: dict[str, str]) -> str:
+    """` Encoder self: no finite data after step 20.` for the panels that have a note."""
+    by: dict[str, list[str]] = {}
+    for panel, note in notes.items():
+        if note:
+            by.setdefault(note, []).append(panel)
+    return "".join(f" {', '.join(p)}: {n}." for n, p in by.items())
+
+
 def _step_marks(report: Report) -> list[tuple[int, str, str]]:
     from tndebug.reporters.common import run_status
     marks = []

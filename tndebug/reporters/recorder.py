@@ -2,9 +2,11 @@
 
 * probe metrics as series `{tag: [(step, value), ...]}` (from `on_metric`);
 * training scalars the same way (`log_scalars`: `train/loss`, `train/lr`, `eval/...`);
-* a small snapshot of the probe batch at each probed step (`on_trace`): the attention
-  probabilities of the first few examples, and the RMS of every stream point and gradient,
-  so that the last Trace itself (and its device memory) is never held.
+* a small snapshot of the probe batch at the first probed step, every `every` steps and at
+  `final_step` (the run's last, which the engine captures for the sinks): the RMS of every
+  stream point and stream gradient, and, for the last snapshot with attention and the last
+  one where it was finite, the attention probabilities of the first few examples; the Trace
+  itself (and its device memory) is never held.
 """
 from __future__ import annotations
 
@@ -66,6 +68,9 @@ class Recorder:
         self.scalars: dict[str, list[tuple[int, float]]] = {}
         self.snapshots: list[TraceSnapshot] = []     # every probed step: RMS only
         self.last: TraceSnapshot | None = None       # the last probed step, with attention
+        self.last_attention: TraceSnapshot | None = None   # the last one with attention
+        self.last_finite: TraceSnapshot | None = None   # the last one whose attention is finite
+        self.final_step: int | None = None           # the run's last step: always snapshotted
         self.last_step = 0
 
     # -- sink interface -------------------------------------------------------------------
@@ -82,7 +87,8 @@ class Recorder:
         self.last_step = max(self.last_step, step)
         if not (trace.streams or trace.grads or any(r.probs is not None for r in trace.records())):
             return
-        if self.snapshots and step % self.every and step != self.snapshots[-1].step:
+        if self.snapshots and step % self.every and step != self.snapshots[-1].step \
+                and step != self.final_step:
             return
         rows = _rows(trace)
         snap = TraceSnapshot(step, _cpu_rows(trace.src, rows), _cpu_rows(trace.tgt, rows),
@@ -102,12 +108,30 @@ class Recorder:
             if rec.probs is not None and rec.probs.dim() == 4:
                 probs = rec.probs.detach()[rows.to(rec.probs.device)].float().cpu()
                 snap.attention.append(AttentionSnapshot(rec.site, rec.kind, rec.layer, probs))
-        if self.last is not None:
-            self.last.attention = []          # keep attention only for the last probed step
+        # attention is kept for the last snapshot that has any, and for the last one where it
+        # is finite (what a diverged run's figures can still draw)
+        before = [x for x in (self.last_attention, self.last_finite) if x is not None]
+        if snap.attention:
+            self.last_attention = snap
+            if all(bool(torch.isfinite(a.probs).all()) for a in snap.attention):
+                self.last_finite = snap
+        for old in before:
+            if old is not self.last_attention and old is not self.last_finite:
+                old.attention = []
         self.snapshots.append(snap)
         self.last = snap
 
     # -- reading --------------------------------------------------------------------------
+    def attention_snapshot(self) -> tuple[TraceSnapshot | None, str]:
+        """(the snapshot the attention figures draw, a note): the last one with attention; if
+        its attention is not finite and an earlier one's was, that earlier one, with the note
+        `no finite attention after step N (non-finite at step M)`."""
+        snap = self.last_attention
+        if snap is None or snap is self.last_finite or self.last_finite is None:
+            return snap, ""
+        return self.last_finite, (f"no finite attention after step {self.last_finite.step} "
+                                  f"(non-finite at step {snap.step})")
+
     def latest(self, tag: str) -> tuple[int, float] | None:
         series = self.metrics.get(tag) or self.scalars.get(tag)
         return series[-1] if series else None

@@ -64,6 +64,7 @@ class ReportSession:
         `total` also sets how often TensorBoard gets histograms and images (about 20 times)."""
         every = self.tb_every or plan_every(total)
         self.recorder.every = every
+        self.recorder.final_step = total - 1 if total else None
         if self.tb is not None:
             self.tb.heavy_every = every
         with console.progress(total, description, console.make_console(stderr=True)) as bar:
