@@ -166,3 +166,36 @@ def test_histograms_and_images_are_sparse_and_exact(tmp_path):
     assert (h.min, h.max, h.num) == (-2.0, 2.0, 101)
     assert h.sum == pytest.approx(0.0, abs=1e-5) and h.sum_squares == pytest.approx(float((x * x).sum()))
     assert sum(h.bucket) == 101 and list(h.bucket_limit) == sorted(h.bucket_limit)
+
+
+def test_one_tag_per_quantity(tmp_path):
+    """A probe's `loss/train` and `lr/observed` are the trainer's `train/loss` and `train/lr`:
+    one tag each, one value a step, whichever of the two logged it first."""
+    sink = TensorBoardSink(tmp_path)
+    for step in range(5):
+        sink.on_metric(step, "loss/train", 2.0 - step / 10)          # the probe first ...
+        sink.on_metric(step, "lr/observed", 1e-3)
+        sink.log_scalars(step, {"train/loss": 2.0 - step / 10, "train/lr": 1e-3})   # ... then the trainer
+    sink.log_scalars(5, {"train/loss": 1.4, "train/lr": 1e-3})
+    sink.on_metric(5, "loss/train", 1.4)
+    sink.close()
+    acc = load(tmp_path)
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr"} <= tags and not tags & {"loss/train", "lr/observed"}
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(6))
+    assert [e.step for e in acc.Scalars("train/lr")] == list(range(6))
+
+
+def test_a_resumed_run_purges_the_steps_written_after_the_checkpoint(tmp_path):
+    """Killed at step 14 after a checkpoint at step 10; the resumed run writes 10.. again."""
+    first = TensorBoardSink(tmp_path)
+    for step in range(15):
+        first.log_scalars(step, {"train/loss": 1.0})
+    first.close()
+    resumed = TensorBoardSink(tmp_path, purge_step=10)
+    for step in range(10, 20):
+        resumed.log_scalars(step, {"train/loss": 2.0})
+    resumed.close()
+    events = load(tmp_path).Scalars("train/loss")
+    assert [e.step for e in events] == list(range(20))
+    assert [e.value for e in events] == [1.0] * 10 + [2.0] * 10

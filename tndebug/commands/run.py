@@ -243,7 +243,8 @@ def _train(mcfg, tcfg, state, out, args, dist, signals=None) -> int:
     from tndebug.reporters.session import ReportSession
     from tndebug.train import run_training
 
-    with ReportSession(out, fmt=args.format) as session:     # closes TensorBoard on any exit
+    resume_step = int(state["global_step"]) if state else None    # TensorBoard purges from it
+    with ReportSession(out, fmt=args.format, resume_step=resume_step) as session:   # closes TB
         what = (f"{tcfg.task}, {preset_name(mcfg)} preset, {mcfg.norm}-LN"
                 + (f", faults {'+'.join(mcfg.faults)}" if mcfg.faults else "")
                 + (f", resuming at step {int(state['global_step'])}" if state else ""))

@@ -6,8 +6,8 @@ from tndebug.findings import NUMBER, Finding
 from tndebug.notes import PROBE_CAUSES
 from tndebug.report import Report
 from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
-    first_sign_text, fmt_value, group_where_text, where_text, no_verdict_places, reasons_text, sorted_groups, status_text, \
-    unchecked_text
+    first_sign_text, fmt_value, group_where_text, no_verdict_places, reasons_text, sorted_groups, \
+    status_text, unchecked_text, where_text
 from tndebug.reporters.plots import Plot
 
 RUN_KEYS_FIRST = ("status", "task", "preset", "norm", "faults", "probes", "seed", "steps",
@@ -137,7 +137,7 @@ def _group(i: int, fs: list[Finding]) -> list[str]:
         lines.append(f"- **Fix:** {f.fix}")
     lines.append(f"- **Where** ({len(fs)} findings, in {group_where_text(fs)}):")
     for x in fs:
-        same = x.message.replace(x.where, f.where) == f.message if x.where else x.message == f.message
+        same = (x.message.replace(x.where, f.where) if x.where else x.message) == f.message
         step = f"step {x.step}" if x.step is not None else "no step"
         where = f"`{x.where}`" if x.where else "the run as a whole"
         extra = f" head {x.head}" if x.head is not None else ""

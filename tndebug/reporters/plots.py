@@ -65,8 +65,8 @@ def entropy_matrix(rec: Recorder, kind: str) -> tuple[np.ndarray, int | None, st
     series = {(int(l), int(h)): sv for (k, l, h, m), sv in rec.series_matching(_HEAD_METRIC).items()
               if k == kind and m == "entropy"}
     snap, note = rec.attention_snapshot()
-    later = snap is not None and series and snap.step > max(x for sv in series.values() for x, _ in sv) \
-        and any(a.kind == kind for a in snap.attention)
+    last_metric = max((x for sv in series.values() for x, _ in sv), default=-1)
+    later = snap is not None and snap.step > last_metric and any(a.kind == kind for a in snap.attention)
     if series and not later:                # else the probe batch at a later step (the final one)
         L = max(l for l, _ in series) + 1
         H = max(h for _, h in series) + 1

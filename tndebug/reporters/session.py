@@ -36,10 +36,13 @@ class ReportSession:
         markdown: write report.md.
         tb_every: snapshot the probe batch (TensorBoard histograms and images, the figures'
             data) on the first probed step and every N steps; default about 20 per run.
+        resume_step: the step a resumed run starts from: TensorBoard purges the events of
+            the earlier run from there on (they were written after its last checkpoint).
     """
 
     def __init__(self, out_dir: str | Path, fmt: str = "text", tensorboard: bool = True, *,
-                 figures: bool = True, markdown: bool = True, tb_every: int | None = None) -> None:
+                 figures: bool = True, markdown: bool = True, tb_every: int | None = None,
+                 resume_step: int | None = None) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self.out_dir = Path(out_dir)
@@ -51,7 +54,8 @@ class ReportSession:
         self.tb = None
         if tensorboard:
             from tndebug.reporters.tensorboard import TensorBoardSink   # TB only when asked
-            self.tb = TensorBoardSink(self.out_dir / "tb", heavy_every=tb_every)
+            self.tb = TensorBoardSink(self.out_dir / "tb", heavy_every=tb_every,
+                                      purge_step=resume_step)
         self.sinks: list = [self.recorder] + ([self.tb] if self.tb else [])
         self.plots: list = []
         self.report_seconds = 0.0        # time spent in finish() (figures, files, printing)

@@ -3,7 +3,8 @@
 What goes in (tags):
 
 * every probe metric as it arrives (`attn/enc_self/layer0/head1/entropy`, `depth/...`, `grad/...`);
-* the trainer's scalars (`train/loss`, `train/lr`, `eval/accuracy`, ...);
+* the trainer's scalars (`train/loss`, `train/lr`, `eval/accuracy`, ...); a probe metric that
+  repeats one (`loss/train`, `lr/observed`: SAME_AS) goes under the trainer's tag, once a step;
 * at probed steps only, and of those only the first and multiples of `heavy_every` (about 20
   per run; some probes run every step): histograms `hist/stream/<tap>`,
   `hist/attn/<kind>/layer<N>/probs`, `hist/ffn/<module>`, `hist/grad/<tap>` of whole tensors
@@ -14,6 +15,10 @@ What goes in (tags):
   "Depth" (resid_rms and grad norm of all layers of a stack);
 * at the end: the Markdown report (`report` text), and the run's hyperparameters with its final
   metrics (`hparams/<name>` scalars) in the same directory, for the HParams dashboard.
+
+A resumed run passes `purge_step` (the checkpoint's step): TensorBoard then drops the events
+the killed run wrote from that step on (between its last checkpoint and the kill), so no step
+appears twice.
 """
 from __future__ import annotations
 
@@ -39,15 +44,20 @@ _GRAD = re.compile(r"grad/(\w+)/layer\d+/norm")
 RESULT_KEYS = ("exact_match", "token_accuracy", "peak_gpu_mem_bytes", "stopped_at_step", "stopped_at")
 RESULT_PREFIXES = ("final_", "best_")
 RESULT_SUFFIXES = ("_s", "_s_by_probe")        # timings (wall_s, tokens_per_s, ...) and per-probe dicts
+# probe metrics that are the trainer's own scalars under another name: one tag per quantity
+SAME_AS = {"loss/train": "train/loss", "lr/observed": "train/lr"}
 
 
 class TensorBoardSink:
     """A ProbeEngine sink (`on_metric`, `on_trace`) that also takes the trainer's scalars."""
 
     def __init__(self, log_dir: str | Path, *, histograms: bool = True, images: bool = True,
-                 heavy_every: int | None = None, flush_secs: int = 30) -> None:
+                 heavy_every: int | None = None, flush_secs: int = 30,
+                 purge_step: int | None = None) -> None:
         self.log_dir = Path(log_dir)
-        self.writer = SummaryWriter(str(self.log_dir), flush_secs=flush_secs)
+        self.writer = SummaryWriter(str(self.log_dir), flush_secs=flush_secs,
+                                    purge_step=purge_step or None)
+        self._written: dict[str, int] = {}             # SAME_AS tag -> last step written
         self.histograms, self.images = histograms, images
         self.heavy_every = heavy_every or HEAVY_EVERY   # steps that get histograms and images
         self._heavy_steps: set[int] = set()
@@ -63,15 +73,26 @@ class TensorBoardSink:
         if step > self._step:
             self._step_boundary()
             self._step = step
-        self.writer.add_scalar(tag, value, step)
-        self._chart_for(tag)
+        tag = SAME_AS.get(tag, tag)
+        if self._once(tag, step):
+            self.writer.add_scalar(tag, value, step)
+            self._chart_for(tag)
 
     def log_scalars(self, step: int, scalars: dict) -> None:
         if self.closed:
             return
         for tag, value in scalars.items():
-            if value is not None:
+            if value is not None and self._once(tag, step):
                 self.writer.add_scalar(tag, float(value), step)
+
+    def _once(self, tag: str, step: int) -> bool:
+        """False for a SAME_AS tag already written at `step` (by the trainer or the probe)."""
+        if tag not in SAME_AS.values():
+            return True
+        if self._written.get(tag, -1) >= step:
+            return False
+        self._written[tag] = step
+        return True
 
     def on_trace(self, step: int, trace: Trace) -> None:
         if self.closed:
