@@ -132,3 +132,20 @@ def test_a_diverged_run_full_of_nan_still_reports(tmp_path, capsys):
     for p in s.plots:
         assert (tmp_path / "figures" / p.name).read_bytes()[:8] == PNG
     assert "RUN DIVERGED" in capsys.readouterr().out
+
+
+def test_paths_in_reports_are_relative_to_the_run_directory(tmp_path, monkeypatch, capsys):
+    """report.json and report.md name the checkpoint as `checkpoint.pt`, not as a path of the
+    machine that made it; a file outside the run directory is relative to the current one."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs" / "a"
+    s = ReportSession(out, fmt="text", tensorboard=False, figures=False)
+    s.finish(Report(run={"status": "completed", "checkpoint": str(out / "checkpoint.pt")}))
+    assert json.loads((out / "report.json").read_text())["run"]["checkpoint"] == "checkpoint.pt"
+    md = (out / "report.md").read_text()
+    assert "| checkpoint | checkpoint.pt |" in md and str(tmp_path) not in md
+    (tmp_path / "models").mkdir()
+    s = ReportSession(tmp_path / "triage-x", fmt="text", tensorboard=False, figures=False)
+    s.finish(Report(run={"mode": "triage", "checkpoint": str(tmp_path / "models" / "m.pt")}))
+    data = json.loads((tmp_path / "triage-x" / "report.json").read_text())
+    assert data["run"]["checkpoint"] == "models/m.pt"

@@ -92,6 +92,7 @@ class ReportSession:
         if self._code is not None:
             return self._code
         t0 = time.perf_counter()
+        report.run = relative_paths(report.run, self.out_dir)
         paths = {"report": str(self.out_dir / "report.json")}
         md = ""
         try:
@@ -153,6 +154,31 @@ class ReportSession:
             console.print_summary(report, console.make_console(stderr=True), paths)
         else:
             console.print_summary(report, console.make_console(), paths)
+
+
+PATH_KEYS = ("checkpoint",)          # run keys that hold a file's path (`data` is a description)
+
+
+def relative_paths(run: dict, out_dir: Path) -> dict:
+    """`run` with its paths (PATH_KEYS) relative to the run directory (`checkpoint.pt`), so a
+    report reads the same on another machine; a file outside it (triage's input) relative to
+    the current directory when under it, else absolute."""
+    out = dict(run)
+    base, cwd = Path(out_dir).resolve(), Path.cwd().resolve()
+    for key in PATH_KEYS:
+        value = out.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        path = Path(value).resolve()
+        for root in (base, cwd):
+            try:
+                out[key] = str(path.relative_to(root))
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = str(path)
+    return out
 
 
 def _guarded(what: str, fn, *args):
