@@ -117,3 +117,39 @@ def test_nested_evidence_is_named_not_dumped():
     console.print_summary(r, console.make_console(buf))
     out = buf.getvalue()
     assert "modules, thresholds (in report.md)" in out and "decoder.layers.0.self_attn" not in out
+
+
+def _live(width: int, total: int = 60) -> str:
+    buf = io.StringIO()
+    c = console.Console(file=buf, force_terminal=True, width=width, color_system=None)
+    with console.progress(total, "training", c) as bar:
+        for step in range(total):
+            bar.update(step + 1, loss=7.314e4, lr=32.27, acc=0.1238)
+    return buf.getvalue().split("\r")[-1]
+
+
+def test_progress_bar_reads_right_at_80_columns():
+    last = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _live(80)).strip()
+    assert "…" not in last and len(last) <= 80, last
+    assert "60/60" in last and "loss 7.314e+04" in last and "lr 32.27" in last
+    assert "step/s" in _live(160) and "100%" in _live(160)
+
+
+def test_findings_table_reads_right_at_80_columns():
+    """Nothing wider than the console; a module path is broken only after a dot."""
+    from tndebug.findings import PATH
+    from tests.reporters.test_report_groups import six_module_report
+    for report in (sample_report(), six_module_report()):
+        known = {p for f in report.findings for p in PATH.findall(f.message) + [f.where] if p}
+        for width in (80, 110):
+            buf = io.StringIO()
+            console.print_summary(report, console.Console(file=buf, width=width, highlight=False))
+            out = buf.getvalue()
+            assert max(len(line) for line in out.splitlines()) <= width
+            for line in out.splitlines():
+                for word in re.findall(r"[A-Za-z_][\w.]*\w\.?", line):
+                    if "." not in word.strip(".") or word in known:
+                        continue
+                    head = word.endswith(".") and any(k.startswith(word) for k in known)
+                    tail = any(k.endswith("." + word) for k in known)
+                    assert head or tail, (width, word, line)

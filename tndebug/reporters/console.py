@@ -30,6 +30,7 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {"clean": "bold green", "warnings": "bold yellow", "errors": "bold red",
                  "unchecked": "bold magenta"}
 PLAIN_WIDTH = 160            # not a terminal (CI logs, pipes): rich's 80 columns squeeze the table
+BAR_NARROW = 140             # below it the progress bar drops %, time left, the metrics that do not fit
 
 
 def make_console(file: TextIO | None = None, *, stderr: bool = False) -> Console:
@@ -66,23 +67,42 @@ class ProgressBar:
         self._printed = 0
         self._progress: Progress | None = None
         self._task = None
+        self.info_width: int | None = None      # room for the metrics on a narrow terminal
 
     def _rate(self) -> float:
         dt = time.perf_counter() - self.t0
         return self.done / dt if dt > 0 else 0.0
 
-    def fields(self) -> str:
+    def fields(self, width: int | None = None) -> str:
+        """`loss 1.02  lr 0.001  2.2 step/s`; with `width`, metrics dropped from the end (the
+        rate first) until it fits, never cut mid-number."""
         parts = [f"{k} {_fmt_metric(v)}" for k, v in self.metrics.items()]
         parts.append(f"{self._rate():.1f} step/s")
-        return "  ".join(parts)
+        if width is not None:
+            while len(parts) > 1 and len("  ".join(parts)) > width:
+                parts.pop()
+        return "  ".join(parts) if width is None or len("  ".join(parts)) <= width else ""
+
+    def _columns(self) -> list:
+        """The bar's columns for this console's width: below BAR_NARROW columns a short bar, the
+        count, the elapsed time and the metrics that fit (no column squeezed into `…`)."""
+        width = self.console.width
+        n = len(str(self.total or 0))
+        if width >= BAR_NARROW:
+            self.info_width = None
+            return [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TaskProgressColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                    TextColumn("{task.fields[info]}")]
+        bar = 10 if width >= 60 else 5
+        fixed = len(self.description) + 1 + bar + 1 + (2 * n + 1) + 1 + 7 + 1
+        self.info_width = max(0, width - fixed - 1)
+        return [TextColumn("[bold]{task.description}"), BarColumn(bar_width=bar),
+                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}")]
 
     def __enter__(self) -> "ProgressBar":
         if self.live:
-            self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TaskProgressColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                TextColumn("{task.fields[info]}"), console=self.console, refresh_per_second=4,
-                transient=False)
+            self._progress = Progress(*self._columns(), console=self.console,
+                                      refresh_per_second=4, transient=False)
             self._progress.__enter__()
             self._task = self._progress.add_task(self.description, total=self.total or None,
                                                  info="")
@@ -119,10 +139,10 @@ class _LazyFields:
         self.bar = bar
 
     def __format__(self, spec: str) -> str:
-        return self.bar.fields()
+        return self.bar.fields(self.bar.info_width)
 
     def __str__(self) -> str:
-        return self.bar.fields()
+        return self.bar.fields(self.bar.info_width)
 
 
 @contextlib.contextmanager
