@@ -143,3 +143,37 @@ def test_one_layer_rising_while_the_total_is_calm_is_not_a_spike():
         probe.update({"grad_norm": torch.tensor([norm0, 5.0]), "grad_present": [True, True]},
                      StepInfo(step))
     assert probe.findings == []
+
+
+def test_gradients_that_grow_by_orders_of_magnitude_are_an_explosion():
+    from tndebug.probes.gradient_flow import EXPLODE
+    probe = GradientFlowProbe(every(10))
+    probe._groups, probe._indexed = {"layers.0": [], "layers.1": []}, {"layers.0", "layers.1"}
+    totals = [5.9, 3083.0, 4436.0, 1557.0, 1344.0]         # `--lr-factor 2000 --warmup 1`, post-LN
+    for i, t in enumerate(totals):
+        probe.update({"grad_norm": torch.tensor([t * 0.6, t * 0.8]), "grad_present": [True, True]},
+                     StepInfo(10 * i, lr=75.4 if i == 1 else 50.0))
+    [f] = probe.findings
+    assert (f.severity, f.step) == ("error", 10)
+    assert f.evidence["ratio"] > EXPLODE and f.evidence["steps"] == [10, 20]
+    assert "from step 10" in f.message and "lr is 75.4 at step 10" in f.message
+
+
+def test_an_exploding_run_is_an_error_not_a_pass():
+    probe = GradientFlowProbe()
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm="post"), [probe], steps=30, batch=32,
+                                       warmup=1, lr_factor=2000)
+    errors = [f for f in findings if f.probe == NAME and f.severity == "error"]
+    assert errors and errors[0].step <= 20, findings
+    assert probe.status() == "fail"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_healthy_200_step_runs_never_look_exploded(norm):
+    probe = GradientFlowProbe()
+    _, findings, _ = train_with_probes(ModelConfig.tiny(norm=norm), [probe], steps=200, batch=32,
+                                       warmup=20)
+    assert kinds(findings, NAME) == set(), findings
+    first = probe._first[1]
+    assert max(probe._peak.get("total", 0), first) <= 2 * first     # far below EXPLODE

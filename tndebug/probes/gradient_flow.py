@@ -10,6 +10,9 @@ Decided from parameter gradients after backward (grouped by layer from parameter
   small, mid-training; embeddings 13.6x, since their norms follow the batch's tokens) while
   the total stays within 6.3x. Near convergence a hard batch gives the total 6x its median
   (no dropout) yet stays below the early-training peak; an explosion does not;
+* the total norm above EXPLODE x its first probed value at EXPLODE_RUN probed steps in a row
+  -> error (gradients exploded), naming the first of those steps, the layer group whose norm
+  grew most against its own first value, and the lr there;
 * a group whose gradient is zero or absent at every probed step -> warning;
 * dead ReLUs: the share of hidden units never active over >= MIN_TOKENS tokens in a layer
   above DEAD_SHARE at setup (random batches, eval mode), or above DEAD_SHARE_TRAINING in any
@@ -37,6 +40,12 @@ MIN_TOKENS = 4096     # FAILURE_MODES 7f
 DEAD_SHARE, DEAD_SHARE_TRAINING = 0.5, 0.9
 SPIKE = 10.0          # FAILURE_MODES 7g; the healthy total reaches 6.3x its running median
 WINDOW, MIN_HISTORY = 20, 5
+# Gradients at init are the largest a healthy run sees: tiny Pre-/Post-LN copy runs (120-400
+# steps, default Noam lr) stay at or below 1x their step-0 total (at most 0.27x after step 0),
+# while `--norm post --lr-factor 2000 --warmup 1` reaches 523x at step 10 and 752x at step 20.
+# Two orders of magnitude is an explosion whatever the model; a loss scale left on for one step
+# (1000x once) is a spike, hence two probed steps in a row.
+EXPLODE, EXPLODE_RUN = 100.0, 2
 _NOTE = FAULT_NOTES["dead_relu_init"][2]
 
 
@@ -68,6 +77,9 @@ class GradientFlowProbe(Probe):
         self._grad_steps = 0
         self._nonfinite = False
         self._spiked = False
+        self._first: tuple[int, float, dict[str, float]] | None = None   # step, total, per group
+        self._over: list[tuple] = []             # (step, total, lr, norms) above EXPLODE x first
+        self._exploded = False
         self._window: dict[str, list] = {}      # site -> [ever-active mask (host), tokens]
         self._index: dict[tuple, torch.Tensor] = {}   # which group each present gradient is in
 
@@ -147,7 +159,7 @@ class GradientFlowProbe(Probe):
 
     def update(self, stats, info: StepInfo) -> None:
         if "grad_norm" in stats:
-            self._grads(stats["grad_norm"].tolist(), stats["grad_present"], info.step)
+            self._grads(stats["grad_norm"].tolist(), stats["grad_present"], info.step, info.lr)
         for key, act in stats.items():
             if not key.startswith("active/"):
                 continue
@@ -160,7 +172,7 @@ class GradientFlowProbe(Probe):
                 mask, tokens = torch.zeros_like(mask), 0
             self._window[site] = (mask, tokens)
 
-    def _grads(self, norms: list[float], present: list[bool], step: int) -> None:
+    def _grads(self, norms: list[float], present: list[bool], step: int, lr=None) -> None:
         names = list(self._groups)
         self._grad_steps += 1
         for group, has in zip(names, present):
@@ -187,6 +199,7 @@ class GradientFlowProbe(Probe):
                 ratio, _, _ = self._against_history(group, norm)
                 if ratio is not None:
                     ratios[group] = ratio
+        self._explosion(step, total, dict(zip(names, norms)), lr)
         ratio, med, peak = self._against_history("total", total)
         if ratio is not None and ratio > SPIKE and total > peak and not self._spiked:
             self._spiked = True               # the first spike is the finding; later ones metrics
@@ -199,6 +212,38 @@ class GradientFlowProbe(Probe):
                                   "threshold_ratio": SPIKE, "window": WINDOW,
                                   "earlier_peak": peak,
                                   "layer_ratios": {g: r for g, r in ratios.items() if r > SPIKE}})
+
+    def _explosion(self, step: int, total: float, norms: dict[str, float], lr) -> None:
+        """Error when the total norm stays above EXPLODE x its first probed value."""
+        if self._first is None:
+            self._first = (step, total, norms)
+            return
+        step0, total0, norms0 = self._first
+        if self._exploded or total0 <= 0:
+            return
+        if total <= EXPLODE * total0:
+            self._over = []
+            return
+        self._over.append((step, total, lr, norms))
+        if len(self._over) < EXPLODE_RUN:
+            return
+        self._exploded = self._spiked = True      # the spike warning would say less, later
+        begin, total_b, lr_b, norms_b = self._over[0]
+        growth = {g: n / norms0[g] for g, n in norms_b.items() if norms0.get(g, 0) > 0}
+        where = max(growth, key=growth.get) if growth else ""
+        at = ", ".join(f"{t:.3g} at step {s} ({t / total0:.0f}x)" for s, t, _, _ in self._over)
+        lr_text = f"; the lr is {lr_b:.3g} at step {begin}" if lr_b is not None else ""
+        self.report("error", f"gradients exploded from step {begin}: total norm {at}, against "
+                    f"{total0:.3g} at step {step0}; largest growth in {where} "
+                    f"(x{growth.get(where, 0):.3g}){lr_text}: likely a too-high lr or too short "
+                    f"a warmup (Post-LN needs warmup most), with no gradient clipping",
+                    where=where, step=begin,
+                    evidence={"norm": total_b, "first_norm": total0, "first_step": step0,
+                              "ratio": total_b / total0, "threshold_ratio": EXPLODE,
+                              "threshold_steps_in_a_row": EXPLODE_RUN, "lr": lr_b,
+                              "steps": [s for s, *_ in self._over],
+                              "layer_growth": {g: r for g, r in sorted(
+                                  growth.items(), key=lambda kv: -kv[1])[:4]}})
 
     def _against_history(self, group: str, norm: float):
         """(norm / running median or None, median, earlier peak); then records `norm`."""
