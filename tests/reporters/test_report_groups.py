@@ -76,3 +76,16 @@ def test_many_findings_of_few_kinds_stay_short():
     console.print_summary(Report(run={}, findings=fs), console.Console(file=buf, width=80))
     assert len(buf.getvalue().splitlines()) < 45
     assert len(group_findings(fs)) == 2
+
+
+def test_tensorboard_text_is_grouped_too(tmp_path, capsys):
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from tensorboard.util import tensor_util
+
+    from tndebug.reporters.session import ReportSession
+    s = ReportSession(tmp_path, fmt="text", figures=False)
+    s.finish(six_module_report())
+    acc = ea.EventAccumulator(str(tmp_path / "tb"), size_guidance={ea.TENSORS: 0})
+    acc.Reload()
+    text = tensor_util.make_ndarray(acc.Tensors("report/text_summary")[-1].tensor_proto).item().decode()
+    assert text.count("ERROR `head-collapse`") == 1 and "in 6 modules" in text
