@@ -199,3 +199,14 @@ def test_a_resumed_run_purges_the_steps_written_after_the_checkpoint(tmp_path):
     events = load(tmp_path).Scalars("train/loss")
     assert [e.step for e in events] == list(range(20))
     assert [e.value for e in events] == [1.0] * 10 + [2.0] * 10
+
+
+def test_images_at_the_final_step_too(tmp_path):
+    sink = TensorBoardSink(tmp_path, heavy_every=50)
+    sink.final_step = 59
+    probs = torch.full((1, 2, 3, 3), 1 / 3)
+    for step in (0, 10, 50, 59):
+        sink.on_trace(step, Trace(step=step, attention={"encoder.layers.0.self_attn": AttentionRecord(
+            "encoder.layers.0.self_attn", "enc_self", 0, probs=probs)}))
+    sink.close()
+    assert [e.step for e in load(tmp_path).Images("attn_maps/enc_self/layer0")] == [0, 50, 59]

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from matplotlib import colormaps
-from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from tndebug.report import Report

@@ -71,6 +71,7 @@ class ReportSession:
         self.recorder.final_step = total - 1 if total else None
         if self.tb is not None:
             self.tb.heavy_every = every
+            self.tb.final_step = self.recorder.final_step
         with console.progress(total, description, console.make_console(stderr=True)) as bar:
             yield bar
 

@@ -5,8 +5,8 @@ What goes in (tags):
 * every probe metric as it arrives (`attn/enc_self/layer0/head1/entropy`, `depth/...`, `grad/...`);
 * the trainer's scalars (`train/loss`, `train/lr`, `eval/accuracy`, ...); a probe metric that
   repeats one (`loss/train`, `lr/observed`: SAME_AS) goes under the trainer's tag, once a step;
-* at probed steps only, and of those only the first and multiples of `heavy_every` (about 20
-  per run; some probes run every step): histograms `hist/stream/<tap>`,
+* at probed steps only, and of those only the first, multiples of `heavy_every` (about 20
+  per run; some probes run every step) and the run's last step: histograms `hist/stream/<tap>`,
   `hist/attn/<kind>/layer<N>/probs`, `hist/ffn/<module>`, `hist/grad/<tap>` of whole tensors
   (non-finite values left out and counted in `nonfinite/<same name>`, plus `nonfinite/total`),
   and attention maps `attn_maps/<kind>/layer<N>` (heads side by side, example 0 of the batch);
@@ -60,6 +60,7 @@ class TensorBoardSink:
         self._written: dict[str, int] = {}             # SAME_AS tag -> last step written
         self.histograms, self.images = histograms, images
         self.heavy_every = heavy_every or HEAVY_EVERY   # steps that get histograms and images
+        self.final_step: int | None = None             # ... and the run's last step
         self._heavy_steps: set[int] = set()
         self.charts: dict[str, dict[str, list]] = {}   # category -> title -> ["Multiline", [regex]]
         self._layout_written: int = 0                  # number of charts in the last layout written
@@ -115,12 +116,13 @@ class TensorBoardSink:
                                           dataformats="HWC")
 
     def wants_heavy(self, step: int, trace: Trace) -> bool:
-        """Histograms and images at the first probed step and at multiples of `heavy_every`
-        (probes run at least that often on the steps that matter; some run every step)."""
+        """Histograms and images at the first probed step, at multiples of `heavy_every`
+        (probes run at least that often on the steps that matter; some run every step) and at
+        `final_step`, the run's last (the engine captures it for the sinks)."""
         if step in self._heavy_steps or not (trace.streams or trace.attention or trace.grads
                                              or trace.ffn_hidden):
             return False
-        return not self._heavy_steps or step % self.heavy_every == 0
+        return not self._heavy_steps or step % self.heavy_every == 0 or step == self.final_step
 
     # -- pieces ---------------------------------------------------------------------------
     def add_histograms(self, step: int, named: list[tuple[str, torch.Tensor]]) -> int:
