@@ -345,6 +345,9 @@ def figure_depth(rec: Recorder, fig_dir: Path) -> Plot | None:
     data, source, grad_label = _depth_data(rec)
     if not data:
         return None
+    measured = max([s.step for s in rec.snapshots if s.stream_rms or s.grad_norm] +
+                   [x for pat in (_RESID, _GRAD) for sv in rec.series_matching(pat).values()
+                    for x, _ in sv], default=-1)      # the last step either quantity was seen
     finite = [s for s, (r, g) in data.items()
               if all(math.isfinite(v) for v in (*r.values(), *g.values()))]
     last_step = max(data)
@@ -355,6 +358,9 @@ def figure_depth(rec: Recorder, fig_dir: Path) -> Plot | None:
         shown = sorted({min(finite), max(finite)})
         if last_step > max(finite):
             note = f"no finite data after step {max(finite)}"
+        elif measured > max(finite):
+            note = (f"later steps, to step {measured}, measured only one of the two "
+                    f"(TensorBoard: depth/, grad/)")
     fig = Figure(figsize=(9.0, 3.8), dpi=DPI)
     ax1, ax2 = fig.subplots(1, 2)
     for ax, which, label, log in ((ax1, 0, "residual stream RMS", False),
@@ -397,7 +403,7 @@ def figure_depth(rec: Recorder, fig_dir: Path) -> Plot | None:
         "at the layer's output (dL/dx)", "norm of the loss gradient at its output")
     return Plot("depth.png", "Residual RMS and gradient norm by depth",
                 f"Each layer's {what}, from {source}, at {steps or 'no step'}: both panels "
-                f"show the same steps." + (f" {note.capitalize()}." if note else "") +
+                f"show the same steps." + (f" {note[0].upper()}{note[1:]}." if note else "") +
                 " Steady growth with depth is normal for Pre-LN; a jump or a collapse to 0 at "
                 "one layer is not.")
 
