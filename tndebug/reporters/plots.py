@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from tndebug.report import Report
 from tndebug.reporters.recorder import Recorder, TraceSnapshot
@@ -56,30 +57,34 @@ def make_figures(rec: Recorder, report: Report, fig_dir: Path) -> list[Plot]:
 
 
 # -- attention entropy per layer x head --------------------------------------------------
-def entropy_matrix(rec: Recorder, kind: str) -> tuple[np.ndarray, int | None, str] | None:
+def entropy_matrix(rec: Recorder, kind: str):
     """([layers, heads] mean normalised attention entropy (entropy / ln keys, 1 = uniform), step,
-    source, note): from the probe batch's snapshot when it is later than head-collapse's last
-    metric (the run's final step), else from that metric (same definition); each the last
-    finite values, the note saying `no finite data after step N` where later ones were not."""
+    source, note) or None: from head-collapse's metric (its last finite values), unless the
+    probe batch's snapshot is later (the run's final step) or the metric has no finite value;
+    then from the snapshot (same definition, non-finite rows left out). The note says
+    `no finite data after step N` where later values were not finite."""
     series = {(int(l), int(h)): sv for (k, l, h, m), sv in rec.series_matching(_HEAD_METRIC).items()
               if k == kind and m == "entropy"}
     snap, note = rec.attention_snapshot()
-    last_metric = max((x for sv in series.values() for x, _ in sv), default=-1)
-    later = snap is not None and snap.step > last_metric and any(a.kind == kind for a in snap.attention)
-    if series and not later:                # else the probe batch at a later step (the final one)
+    recs = [a for a in (snap.attention if snap else []) if a.kind == kind and a.layer is not None]
+    if series:
         L = max(l for l, _ in series) + 1
         H = max(h for _, h in series) + 1
         mat = np.full((L, H), np.nan)
         last = max(s for sv in series.values() for s, _ in sv)
         finite = [s for sv in series.values() for s, v in sv if math.isfinite(v)]
-        if not finite:
+        if finite and not (recs and snap.step > last):
+            step = max(finite)                      # one step for every cell: the last finite
+            for (l, h), sv in series.items():
+                mat[l, h] = next((v for s, v in reversed(sv) if s <= step and math.isfinite(v)),
+                                 np.nan)
+            return mat, step, "the head-collapse metric", \
+                (f"no finite data after step {step}" if last > step else "")
+        if not recs:
             return mat, None, "the head-collapse metric", f"no finite data (last step {last})"
-        step = max(finite)                          # one step for every cell: the last finite
-        for (l, h), sv in series.items():
-            mat[l, h] = next((v for s, v in reversed(sv) if s <= step and math.isfinite(v)), np.nan)
-        return mat, step, "the head-collapse metric", \
-            (f"no finite data after step {step}" if last > step else "")
-    recs = [a for a in (snap.attention if snap else []) if a.kind == kind and a.layer is not None]
+        if not finite:
+            note = "; ".join(x for x in (note, "the head-collapse metric is NaN; "
+                                         "non-finite rows left out") if x)
     if not recs:
         return None
     L = max(a.layer for a in recs) + 1
@@ -92,7 +97,7 @@ def entropy_matrix(rec: Recorder, kind: str) -> tuple[np.ndarray, int | None, st
         w = (valid[:, None, :] & (n >= 2)).float()                  # [b, h, T]
         mat[a.layer, :p.shape[1]] = ((ent * w).sum((0, 2)) / w.sum((0, 2)).clamp_min(1)).numpy()
     return mat, snap.step, f"the probe batch ({recs[0].probs.shape[0]} examples)", \
-        note.replace("attention", "data")
+        note.replace("no finite attention", "no finite data")
 
 
 def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
@@ -119,7 +124,8 @@ def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
     notes = sorted({m[3] for m in got.values() if m[3] and np.isfinite(m[0]).any()})
     fig.suptitle("Attention entropy per layer and head" + (f", step {steps.pop()}" if one else "")
                  + (f"\n{'; '.join(notes)}" if notes else ""), fontsize=10)
-    _colorbar(fig, im, "entropy / ln(keys)", left=0.07, top=0.76, bottom=0.17, wspace=0.35)
+    _colorbar(fig, im, "entropy / ln(keys)", left=0.07, top=0.70 if notes else 0.76, bottom=0.17,
+              wspace=0.35)
     _save(fig, fig_dir / "entropy.png")
     sources = sorted({m[2] for m in got.values()})
     return Plot("entropy.png", "Attention entropy per layer and head",
@@ -446,11 +452,14 @@ def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
                 after = [x for x, y in series if not math.isfinite(y)]
                 notes[tag] = (f"no finite data after step {last_finite}" if last_finite is not None
                               and max(after) > last_finite else
-                              f"no finite data (steps {min(after)}-{max(after)})"
+                              (f"no finite data (step {min(after)})" if min(after) == max(after)
+                               else f"no finite data (steps {min(after)}-{max(after)})")
                               if last_finite is None else
                               f"{len(series) - len(pts)} non-finite values left out")
         if label != "evaluation" and finite and min(finite) > 0 and max(finite) / min(finite) > 30:
             ax.set_yscale("log")
+        else:
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))   # short tick labels
         ax.set_xlim(lo - 0.5 - 0.02 * (hi - lo), hi + 0.5 + 0.02 * (hi - lo))
         for i, (step, text, color) in enumerate(_merge_marks(marks, hi - lo)):
             ax.axvline(step, color=color, linestyle="--", linewidth=1)
@@ -459,12 +468,14 @@ def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
                     transform=ax.get_xaxis_transform())
         said = [notes[t] for t in sorted(data) if t in notes]
         if not finite:
-            ax.text(0.5, 0.5, "\n".join(said) or "no finite data", ha="center", va="center",
-                    transform=ax.transAxes, color="gray", fontsize=9)
+            ax.text(0.5, 0.3, "\n".join(said) or "no finite data", ha="center", va="center",
+                    transform=ax.transAxes, color="gray", fontsize=9,
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9})
             ax.set_yticks([])
         elif said:
             ax.text(0.02, 0.02, "\n".join(said), transform=ax.transAxes, ha="left", va="bottom",
                     fontsize=7, color="tab:red")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))   # steps, not -0.4
         ax.set_xlabel("step")
         ax.set_ylabel(label)
         title = label.capitalize()
@@ -475,7 +486,7 @@ def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
         if finite:
             ax.legend(fontsize=7, loc="best")
     w = fig.get_figwidth()
-    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=0.86, bottom=0.15, wspace=0.3)
+    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=0.86, bottom=0.15, wspace=0.4)
     _save(fig, fig_dir / "curves.png")
     return Plot("curves.png", "Loss and learning rate",
                 "Training (and evaluation) curves as logged, finite values only; dashed lines "
