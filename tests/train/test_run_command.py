@@ -239,3 +239,22 @@ def test_probes_listing_reads_right(capsys):
     text = capsys.readouterr().out
     assert "runs never" not in text and "every 1 steps" not in text
     assert "(at setup only)" in text and "(runs every step)" in text
+
+
+# -- issue 14: --threads -----------------------------------------------------------------------
+def test_threads_apply_to_the_run_and_are_restored(tmp_path, capsys, monkeypatch):
+    import tndebug.train
+    seen, real = [], tndebug.train.run_training
+
+    def spy(*args, **kw):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tndebug.train, "run_training", spy)
+    before = torch.get_num_threads()
+    assert main(TINY + ["--steps", "1", "--threads", "3", "--out", str(tmp_path / "r")]) == 0
+    assert seen == [3] and torch.get_num_threads() == before
+    assert main(TINY + ["--steps", "1", "--out", str(tmp_path / "d")]) == 0
+    assert seen[-1] == 1                                  # the default: one thread
+    assert main(["run", "--threads", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "argument --threads: 0: must be an integer >= 1" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from tndebug.faults import FAULTS
 from tndebug.train.config import AMPS, DEVICES, TrainConfig, model_config, preset_name
 
 _D = TrainConfig()
+THREADS = 1      # --threads: see its help and bench/results/default_run.md
 
 
 OUTPUT_RULE = (
@@ -69,9 +70,14 @@ def add_parser(sub) -> None:
     p.add_argument("--save-every", type=nonneg_int, default=None, metavar="N",
                    help=f"also write checkpoint.pt every N steps (atomically), so a killed run "
                         f"loses at most N steps; 0: only at the end. A save of the small preset "
-                        f"costs ~0.05 s against ~0.2 s a step on one CPU thread, so "
+                        f"costs ~0.008 s against ~0.035 s a step on one CPU thread, so "
                         f"{_D.save_every} keeps saving under 1%% of training time "
                         f"(default {_D.save_every})")
+    p.add_argument("--threads", type=positive_int, default=THREADS, metavar="N",
+                   help="torch intra-op threads for this run (restored after it). One thread is "
+                        "the default: on the small preset a second thread gains little on an idle "
+                        "machine and collapses when another process holds a core "
+                        "(bench/default_run.py measures both) (default %(default)s)")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="auto: CUDA when available, else CPU (default auto)")
     p.add_argument("--amp", choices=AMPS, default="none",
@@ -198,13 +204,32 @@ class _SigTermAsInterrupt:
 
 
 def main(args) -> int:
-    from tndebug.outputs import claim_output
-    from tndebug.train import distributed
     from tndebug.train.loop import autocast_factory, resolve_device
 
     check_probes(args.probe)
     autocast_factory(resolve_device(args.device), args.amp)   # bad --device/--amp: one line, no output yet
     mcfg, tcfg, state, default, resumed = configs(args)
+    with _torch_threads(args.threads):
+        return _main(args, mcfg, tcfg, state, default, resumed)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """torch's intra-op threads set to `n` inside, the previous count restored on exit (main()
+    also runs in-process: the tests, `tndebug.cli.main` from Python)."""
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _main(args, mcfg, tcfg, state, default, resumed) -> int:
+    from tndebug.outputs import claim_output
+    from tndebug.train import distributed
+
     launched = distributed.under_torchrun() and os.environ.get(distributed.EXIT_FILE_ENV)
     if distributed.under_torchrun() and (launched or os.environ.get("RANK") != "0"):
         out = args.out or default      # `launch` (or torchrun's rank 0) claimed the directory
