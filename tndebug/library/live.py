@@ -182,8 +182,8 @@ def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None =
     * Hugging Face style: `input_ids`, then `decoder_input_ids`, else `labels` shifted right
       (what the model itself does); `labels` (-100 -> pad) is the target.
     * otherwise: the first two 2-D integer tensors among the positional, then keyword
-      arguments are src and tgt_in (`model(src, tgt_in, ...)`); the target is tgt_in shifted
-      left, its last position unknown (pad): teacher forcing makes this exact elsewhere.
+      arguments are src and tgt_in (`model(src, tgt_in, ...)`); the target is None, for the
+      caller to take as `shift_left(tgt_in)` where it needs one.
     """
     ids = kwargs.get("input_ids")
     if isinstance(ids, torch.Tensor):
@@ -197,17 +197,17 @@ def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None =
             tgt_in = torch.cat([torch.full_like(tgt_out[:, :1], start), tgt_out[:, :-1]], dim=1)
         if not isinstance(tgt_in, torch.Tensor):
             return None
-        return ids, tgt_in, tgt_out if tgt_out is not None else _shift_left(tgt_in, pad_id)
+        return ids, tgt_in, tgt_out
     found = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() == 2
              and not a.is_floating_point() and a.dtype != torch.bool]
     if len(found) < 2:
         return None
-    src, tgt_in = found[0], found[1]
-    return src, tgt_in, _shift_left(tgt_in, pad_id)
+    return found[0], found[1], None
 
 
-def _shift_left(tgt_in: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """tgt_out[:, i] = tgt_in[:, i+1]; the last position is pad (ignored).  [B, T] -> [B, T]"""
+def shift_left(tgt_in: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """The target of teacher forcing from its input: tgt_out[:, i] = tgt_in[:, i+1], exact but
+    for the last position, unknown and so pad (ignored).  [B, T] -> [B, T]"""
     return torch.cat([tgt_in[:, 1:], torch.full_like(tgt_in[:, :1], pad_id)], dim=1)
 
 

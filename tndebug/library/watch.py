@@ -204,8 +204,8 @@ class Watch:
         elif self._forward_seen == self._step and not self._moment_done:
             if t is not None:
                 self._loss = t               # before optimizer.step(): this step's loss
-        elif t is not None:                  # after it: the step just taken
-            self._check_finite(self._step - 1, t, self._prev_batch)
+        elif t is not None and t.device.type == "cpu":   # after it: the step just taken
+            self._check_finite(self._step - 1, t, self._prev_batch)   # (no sync on a GPU)
 
     # -- hooks (through weak references) ----------------------------------------------------------
     def _on_forward(self, module, args, kwargs):
@@ -289,7 +289,7 @@ class Watch:
         self._steps_seen += 1
         if self._open:
             self._open = False
-            src, tgt_in, tgt_out = self._batch if self._batch is not None else (None, None, None)
+            src, tgt_in, tgt_out = _complete(self._batch, self._pad_id)
             info = StepInfo(step, lr=lr, loss=loss, logits=self._logits, src=src, tgt_in=tgt_in,
                             tgt_out=tgt_out)
             self._call(self._engine.end_step, info, full=self._recording)
@@ -307,10 +307,10 @@ class Watch:
     def _check_finite(self, step: int, loss: torch.Tensor, batch, lr: float | None = None) -> None:
         if self.diverged is not None or self._stopped() or (self._dist is not None and self._dist.active):
             return                            # under DDP the ranks' losses differ: loss-health judges
-        if bool(torch.isfinite(loss).all()):
+        if math.isfinite(float(loss)):          # a scalar: on the CPU, or a step synced already
             return
         self.diverged = step
-        src, tgt_in, tgt_out = batch if batch is not None else (None, None, None)
+        src, tgt_in, tgt_out = _complete(batch, self._pad_id)
         self._call(self._engine.diverged, StepInfo(step, lr=lr, loss=loss, src=src, tgt_in=tgt_in,
                                                    tgt_out=tgt_out), full=True)
 
@@ -349,7 +349,7 @@ class Watch:
         finally:
             for p, g in grads:
                 p.grad = g
-            if was is not None:
+            if was is not None and model.training != was:
                 model.train(was)
             self._busy = False
 
@@ -609,6 +609,18 @@ class _BackwardTap:
 
 
 _BACKWARD = _BackwardTap()
+
+
+def _complete(batch, pad_id: int):
+    """(src, tgt_in, tgt_out): the target, when the call gave none, is tgt_in shifted left
+    (computed here, on the steps that need it, not in every forward)."""
+    if batch is None:
+        return None, None, None
+    src, tgt_in, tgt_out = batch
+    if tgt_out is None and isinstance(tgt_in, torch.Tensor) and tgt_in.dim() == 2:
+        from tndebug.library.live import shift_left
+        tgt_out = shift_left(tgt_in, pad_id)
+    return src, tgt_in, tgt_out
 
 
 def _inner_optimizer(opt):
