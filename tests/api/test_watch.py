@@ -296,3 +296,16 @@ def test_the_issue_loop_dbg_step_after_the_optimizer():
     assert dbg.report.run["steps"] == 21 and dbg.report.run["stopped_at_step"] == 21
     assert dbg.report.probes["loss-health"]["steps_observed"] == 3
     assert serious(dbg.report) == []
+
+
+def test_annotated_layout_needs_no_forward():
+    """The Annotated Transformer's layout is called by the built-in adapter; the report says
+    that the mask tests then judged tndebug's masks."""
+    torch.manual_seed(0)
+    model = M.annotated()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with tndebug.watch(model, opt, quiet=True) as dbg:
+        M.train("annotated", model, opt, 11)
+    assert dbg.report.run["adapter"] == "annotated"
+    assert any("tndebug" in n and "mask" in n for n in dbg.report.run["notes"])
+    assert serious(dbg.report) == [] and dbg.report.probes["loss-health"]["steps_observed"] == 2
