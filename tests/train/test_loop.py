@@ -110,6 +110,6 @@ def test_greedy_decode_and_metrics():
 
 @pytest.mark.slow
 def test_default_run_learns_copy():
-    """The default recipe (small preset, 400 steps) reaches >= 99% exact match (~60 s CPU)."""
+    """The default recipe (small preset, 400 steps) reaches >= 99% exact match (~15 s CPU)."""
     report = run_training(model_config("copy", "small"), TrainConfig(device="cpu")).report
     assert report.run["exact_match"] >= 0.99
