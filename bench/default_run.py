@@ -24,9 +24,12 @@ when the load was low (`quiet`: load < 2.5 on 2 cores); CPU time is, loaded or n
 what one thread takes on an idle core.
 
 Threads: the training loop alone (new small and old small, 60 steps, every probe, no
-evaluation), at 1 and 2 torch threads, idle and while one CPU-bound process (a Python busy loop)
-holds a core. It is measured only when the load is < 2.5 (else recorded as not measured), unless
---force.
+evaluation), at 1 and 2 torch threads, on the machine as found (idle, if it is) and while one
+CPU-bound process (a Python busy loop) holds a core. It is measured only when the load is < 2.5
+(else recorded as not measured), unless --force. Measured on this shared machine (another
+session's benchmark held a core throughout): 2 threads ran 6-32x slower than 1, at 0.4-1.0
+step/s, and burnt 0.4-1.7 CPU s a step spinning; one thread kept its CPU cost (0.036 s new,
+0.12 s old). The idle 2-core gain of a second thread could not be measured here.
 
 How the new default was found (one thread; optimizer steps, held-out exact match, and CPU s per
 step by time.process_time; the default's own loop without probes unless said):
@@ -170,8 +173,8 @@ def threads(steps: int, force: bool, wait_s: float = 0.0) -> dict:
                     if hog is not None:
                         hog.kill()
                         hog.wait()
-                rows.append(dict(settings=s, threads=t, machine="busy (1 busy process)" if busy else "idle", **r))
-                print(f"threads {s:3} {t} {'busy' if busy else 'idle'}: {r['steps_per_s']} step/s, "
+                rows.append(dict(settings=s, threads=t, machine="+1 busy process" if busy else "as found", **r))
+                print(f"threads {s:3} {t} {'+busy' if busy else 'as found'}: {r['steps_per_s']} step/s, "
                       f"{r['cpu_s_per_step']} CPU s/step, load {r['load_before']:.1f}", file=sys.stderr, flush=True)
     return {"measured": True, "steps": steps, "rows": rows}
 
@@ -192,7 +195,11 @@ def write_md(result: dict, path: Path) -> None:
         lines += ["", f"Before, not rerun in this invocation: {OLD_RECORDED}."]
     th = result.get("threads")
     if th:
-        lines += ["", "Threads (training loop, every probe, no evaluation):", ""]
+        lines += ["", "Threads (training loop, every probe, no evaluation; `as found`: the machine with no "
+                  "process added by this script, its load in the last column; `+1 busy process`: a "
+                  "Python busy loop beside it):", ""]
+        if th.get("note"):
+            lines += [f"Note: {th['note']}.", ""]
         if th.get("measured"):
             lines += ["| settings | machine | threads | step/s | CPU s/step | load |", "|---|---|---|---|---|---|"]
             for r in th["rows"]:

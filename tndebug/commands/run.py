@@ -74,10 +74,10 @@ def add_parser(sub) -> None:
                         f"{_D.save_every} keeps saving under 1%% of training time "
                         f"(default {_D.save_every})")
     p.add_argument("--threads", type=positive_int, default=THREADS, metavar="N",
-                   help="torch intra-op threads for this run (restored after it). One thread is "
-                        "the default: on the small preset a second thread gains little on an idle "
-                        "machine and collapses when another process holds a core "
-                        "(bench/default_run.py measures both) (default %(default)s)")
+                   help="torch intra-op threads for this run (restored after it). One is the "
+                        "default: beside another CPU-bound process, 2 threads ran the small preset "
+                        "at 0.8-1.0 step/s against 8-27 for one (bench/results/default_run.md); "
+                        "on an idle machine try 2 (default %(default)s)")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="auto: CUDA when available, else CPU (default auto)")
     p.add_argument("--amp", choices=AMPS, default="none",
