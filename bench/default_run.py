@@ -26,10 +26,11 @@ what one thread takes on an idle core.
 Threads: the training loop alone (new small and old small, 60 steps, every probe, no
 evaluation), at 1 and 2 torch threads, on the machine as found (idle, if it is) and while one
 CPU-bound process (a Python busy loop) holds a core. It is measured only when the load is < 2.5
-(else recorded as not measured), unless --force. Measured on this shared machine (another
-session's benchmark held a core throughout): 2 threads ran 6-32x slower than 1, at 0.4-1.0
-step/s, and burnt 0.4-1.7 CPU s a step spinning; one thread kept its CPU cost (0.036 s new,
-0.12 s old). The idle 2-core gain of a second thread could not be measured here.
+(else recorded as not measured), unless --force. Measured (results/default_run.md): on the
+quiet machine a second thread ran the new small 1.23x faster (34.2 vs 27.7 step/s) for 1.6x the
+CPU, the old small 1.5x; beside one busy process 2.4x slower than one thread (11.8 vs 28.3
+step/s); on a machine loaded by another session, 6-32x slower (0.4-1.0 step/s), burning 0.4-1.7
+CPU s a step spinning. One thread kept its cost in every case: the default is 1 (`--threads`).
 
 How the new default was found (one thread; optimizer steps, held-out exact match, and CPU s per
 step by time.process_time; the default's own loop without probes unless said):
@@ -193,11 +194,13 @@ def write_md(result: dict, path: Path) -> None:
                      f"{r['wall_s']:.1f} | {r['load_before']:.1f} | {r['verdict']} |")
     if not any(r["settings"] == "old" for r in result["runs"]):
         lines += ["", f"Before, not rerun in this invocation: {OLD_RECORDED}."]
-    th = result.get("threads")
-    if th:
-        lines += ["", "Threads (training loop, every probe, no evaluation; `as found`: the machine with no "
-                  "process added by this script, its load in the last column; `+1 busy process`: a "
-                  "Python busy loop beside it):", ""]
+    for key, title in (("threads", "Threads"), ("threads_loaded", "Threads on a loaded machine (an earlier invocation)")):
+        th = result.get(key)
+        if not th:
+            continue
+        lines += ["", f"{title} (training loop, every probe, no evaluation; `as found`: the machine "
+                  "with no process added by this script, its load in the last column; `+1 busy "
+                  "process`: a Python busy loop beside it):", ""]
         if th.get("note"):
             lines += [f"Note: {th['note']}.", ""]
         if th.get("measured"):

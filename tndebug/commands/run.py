@@ -75,9 +75,10 @@ def add_parser(sub) -> None:
                         f"(default {_D.save_every})")
     p.add_argument("--threads", type=positive_int, default=THREADS, metavar="N",
                    help="torch intra-op threads for this run (restored after it). One is the "
-                        "default: beside another CPU-bound process, 2 threads ran the small preset "
-                        "at 0.8-1.0 step/s against 8-27 for one (bench/results/default_run.md); "
-                        "on an idle machine try 2 (default %(default)s)")
+                        "default: on an idle 2-core machine a second thread ran the small preset "
+                        "only 1.2x faster (34 vs 28 step/s) for 1.6x the CPU, and beside one busy "
+                        "process 2.4x slower (12 vs 28 step/s; up to 32x on a loaded machine); "
+                        "bench/results/default_run.md (default %(default)s)")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="auto: CUDA when available, else CPU (default auto)")
     p.add_argument("--amp", choices=AMPS, default="none",
