@@ -21,7 +21,7 @@ from torch import nn
 
 from tndebug.errors import UsageError
 from tndebug.subject import Subject
-from tndebug.triage.adapters import Adapter, as_logits, guess_adapter, builtin_adapter
+from tndebug.triage.adapters import Adapter, as_logits, builtin_adapter, first_tensor, guess_adapter
 from tndebug.triage.capture import GenericCapture
 
 
@@ -140,7 +140,7 @@ def _call_once(model: nn.Module, adapter: Adapter, src, tgt, pad_id: int) -> dic
 
     def hook(name):
         def record(mod, args, out):
-            t = _first_tensor(out)
+            t = first_tensor(out)
             if t is not None:
                 outputs.append((name, t))                         # returns None: output unchanged
         return record
@@ -164,15 +164,6 @@ def _call_once(model: nn.Module, adapter: Adapter, src, tgt, pad_id: int) -> dic
     path = next((n for n, t in outputs if t is logits), None)
     outputs.clear()
     return {"logits": logits, "path": path}
-
-
-def _first_tensor(out):
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)):
-        return next((o for o in out if isinstance(o, torch.Tensor)), None)
-    logits = getattr(out, "logits", None)
-    return logits if isinstance(logits, torch.Tensor) else None
 
 
 # -- the batch of the user's own call --------------------------------------------------------------

@@ -46,6 +46,7 @@ from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext, StepI
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.schedule import never
 from tndebug.report import Report
+from tndebug.triage.adapters import first_tensor
 
 MOMENTS = ("setup", "observe", "update", "finish", "on_divergence", "on_resume")
 SEVERITIES = ("info", "warning", "error", "never")
@@ -252,7 +253,7 @@ class Watch:
     def _on_logits(self, module, args, kwargs, output):
         if not self._open or self._logits is not None or self._busy:
             return None
-        logits = _logits_of(output)
+        logits = first_tensor(output)
         tgt_in = self._batch[1] if self._batch is not None else None
         if logits is not None and tgt_in is not None and logits.dim() == 3 \
                 and tuple(logits.shape[:2]) == tuple(tgt_in.shape) \
@@ -630,15 +631,6 @@ def _inner_optimizer(opt):
             isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer) and seen < 4:
         opt, seen = opt.optimizer, seen + 1
     return opt
-
-
-def _logits_of(output):
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)):
-        return next((o for o in output if isinstance(o, torch.Tensor)), None)
-    logits = getattr(output, "logits", None)
-    return logits if isinstance(logits, torch.Tensor) else None
 
 
 def _as_tensor(loss):

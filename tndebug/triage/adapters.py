@@ -112,13 +112,22 @@ def builtin_adapter(name: str, model: nn.Module | None = None) -> Adapter:
     raise UsageError(f"unknown adapter {name!r}; use annotated, tndebug or FILE.py:FUNCTION")
 
 
+def first_tensor(out) -> torch.Tensor | None:
+    """The logits a model or adapter returned: the tensor itself, the first tensor of a tuple or
+    list, or `.logits` of an output object (Hugging Face); else None."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return next((o for o in out if isinstance(o, torch.Tensor)), None)
+    logits = getattr(out, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
 def as_logits(out, tgt: torch.Tensor, name: str) -> torch.Tensor:
     """A user adapter's output -> logits [B, T, V]: the first tensor of a tuple or list, `.logits`
     of an output object, [B*T, V] reshaped; otherwise a UsageError naming what came back."""
-    if isinstance(out, (tuple, list)):
-        out = next((o for o in out if isinstance(o, torch.Tensor)), out)
-    elif not isinstance(out, torch.Tensor) and isinstance(getattr(out, "logits", None), torch.Tensor):
-        out = out.logits
+    found = first_tensor(out)
+    out = found if found is not None else out
     B, T = tgt.shape[:2]
     if isinstance(out, torch.Tensor):
         if out.dim() == 3 and tuple(out.shape[:2]) == (B, T):

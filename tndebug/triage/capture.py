@@ -452,7 +452,6 @@ class _State:
             return
         if not call.softmaxed and call.raw is None:
             call.q, call.k, call.raw = a, (b.transpose(-2, -1) if b_is_kT else b), out
-            call.extra["product"] = True
         elif call.softmaxed and call.z is None:
             call.v, call.z = b, out
 
@@ -620,8 +619,7 @@ class _State:
             found.append(hit)
         (sq, q_in, q_map), (sk, k_in, k_map) = found
         call.q, call.k = call.q / sq, call.k / sk
-        call.extra["shared_projection"] = _same_map(q_map, k_map)
-        call.extra.update(qk_source="projection", q_fold=sq, k_fold=sk,
+        call.extra.update(qk_source="projection", shared_projection=_same_map(q_map, k_map),
                           kv_from_other_input=not _same(q_in, k_in))
 
     def wants(self, read: str) -> bool:
