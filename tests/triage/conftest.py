@@ -37,3 +37,23 @@ def annotated_ckpt(tmp_path):
                     "config": {"src_vocab": 11, "tgt_vocab": 11, **TINY, **bugs}}, path)
         return path, m
     return make
+
+
+def run_triage_cli(argv, capsys):
+    """`tndebug triage ARGV` in-process -> (exit code, stdout, stderr)."""
+    from tndebug.cli import main
+    code = main(["triage", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def assert_bad_input(argv, capsys, tmp_path, words):
+    """Bad input: exit 2, exactly one `tndebug: error:` line containing `words`, no traceback,
+    nothing written to --out (the user's own code may print its warnings besides)."""
+    out_dir = tmp_path / "out"
+    code, _, err = run_triage_cli([*argv, "--out", out_dir], capsys)
+    assert code == 2, err
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("tndebug:")]
+    assert len(lines) == 1 and lines[0].startswith("tndebug: error: "), err
+    assert "Traceback" not in err and words in lines[0], lines[0]
+    assert not out_dir.exists()

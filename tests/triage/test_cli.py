@@ -9,26 +9,12 @@ import torch
 
 from tndebug.cli import main
 
-from conftest import TINY, ZOO, zoo, zoo_spec
+from conftest import TINY, ZOO, assert_bad_input, run_triage_cli, zoo, zoo_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def run(argv, capsys):
-    code = main(["triage", *map(str, argv)])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def bad(argv, capsys, tmp_path, words):
-    out_dir = tmp_path / "out"
-    code, _, err = run([*argv, "--out", out_dir], capsys)
-    assert code == 2, err
-    # the user's own code may print its warnings; ours is exactly one line
-    lines = [ln for ln in err.strip().splitlines() if ln.startswith("tndebug:")]
-    assert len(lines) == 1 and lines[0].startswith("tndebug: error: "), err
-    assert "Traceback" not in err and words in lines[0], lines[0]
-    assert not out_dir.exists()
+run, bad = run_triage_cli, assert_bad_input
 
 
 def test_missing_file(capsys, tmp_path):

@@ -14,7 +14,7 @@ from tndebug.errors import UsageError
 from tndebug.triage import TriageOptions, triage
 from tndebug.triage.userdata import load_data, to_batch
 
-from conftest import zoo_spec
+from conftest import assert_bad_input, run_triage_cli, zoo_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -33,20 +33,7 @@ def held_out(tmp_path):
     return make
 
 
-def run(argv, capsys):
-    code = main(["triage", *map(str, argv)])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def bad(argv, capsys, tmp_path, words):
-    out_dir = tmp_path / "out"
-    code, _, err = run([*argv, "--out", out_dir], capsys)
-    assert code == 2, err
-    lines = [ln for ln in err.strip().splitlines() if ln.startswith("tndebug:")]
-    assert len(lines) == 1 and lines[0].startswith("tndebug: error: "), err
-    assert "Traceback" not in err and words in lines[0], lines[0]
-    assert not out_dir.exists()
+run, bad = run_triage_cli, assert_bad_input
 
 
 def test_the_convention_matches_the_built_in_batches():
