@@ -112,6 +112,7 @@ class Watch:
             raise UsageError("this tndebug.watch(...) was already used; make a new one per run")
         model = self._model_ref()
         self._t0 = time.perf_counter()
+        self._params = list(model.parameters())   # whose .grad the probes' own calls restore
         probes = self._make_probes()
         needs_attention = any(r.startswith("attn.") for p in probes for r in p.reads)
         self._subject, self._info = live_subject(
@@ -290,7 +291,9 @@ class Watch:
         self._steps_seen += 1
         if self._open:
             self._open = False
-            src, tgt_in, tgt_out = _complete(self._batch, self._pad_id)
+            # a step of host_only probes (lr-schedule's every step) needs no batch: no target
+            src, tgt_in, tgt_out = (None, None, None) if self._engine.host_only \
+                else _complete(self._batch, self._pad_id)
             info = StepInfo(step, lr=lr, loss=loss, logits=self._logits, src=src, tgt_in=tgt_in,
                             tgt_out=tgt_out)
             self._call(self._engine.end_step, info, full=self._recording)
@@ -338,7 +341,7 @@ class Watch:
         train/eval mode come back as they were; an error of ours stops probing, not training."""
         model = self._model_ref()
         was = model.training if model is not None else None
-        grads = [(p, p.grad) for p in model.parameters()] if full and model is not None else ()
+        grads = [(p, p.grad) for p in self._params] if full and model is not None else ()
         self._busy = True
         try:
             rng = torch.random.fork_rng(devices=self._rng_devices) if full else contextlib.nullcontext()
@@ -471,6 +474,7 @@ class Watch:
             self._engine.probes = []
             self._engine.run = None
         self._engine = self._subject = self._capture = self._session = None
+        self._params = []
         self._batch = self._prev_batch = self._loss = self._logits = None
         self._optimizer = self._model = None
 

@@ -85,6 +85,9 @@ class Probe:
     # training run (mode "train") that observed none of its steps it has no verdict, whatever
     # its setup examined, and the report is "unchecked".
     needs_steps: ClassVar[bool] = False
+    # True when observe/update use only StepInfo's host numbers (step, lr): a step on which only
+    # such probes are due needs no batch, no trace and no device sync (`ProbeEngine.host_only`).
+    host_only: ClassVar[bool] = False
 
     def __init__(self, schedule: Schedule | None = None) -> None:
         if not self.name:

@@ -38,6 +38,7 @@ class ProbeEngine:
         self._due: list[Probe] = []
         self.first_sign: Finding | None = None   # the earliest warning/error, for diverged runs
         self.probe_seconds = 0.0
+        self.host_only = False          # the step begun needs no batch (its probes are host_only)
         self.seconds_by_probe: dict[str, float] = {p.name: 0.0 for p in self.probes}
         for p in self.probes:
             p.mode = run.mode
@@ -105,6 +106,7 @@ class ProbeEngine:
                    tgt: torch.Tensor | None = None) -> Trace | None:
         self._due = [p for p in self.probes if p.schedule(step)]
         final = self._final_snapshot(step)
+        self.host_only = bool(self._due) and not final and all(p.host_only for p in self._due)
         if not self._due and not final:
             return None
         reads = frozenset(r for p in self._due for r in p.reads) | (SNAPSHOT_READS if final else frozenset())

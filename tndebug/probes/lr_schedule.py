@@ -31,6 +31,7 @@ class LrScheduleProbe(Probe):
     fix = _FIX
     default_schedule = staticmethod(lambda: every(1))   # host numbers only: no device sync
     needs_steps = True           # the lr applied at training steps is what it judges
+    host_only = True             # the step and the lr: nothing from the batch or the device
 
     def __init__(self, schedule=None) -> None:
         super().__init__(schedule)

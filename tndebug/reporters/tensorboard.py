@@ -1,4 +1,11 @@
-"""TensorBoard: the only module that imports it. One SummaryWriter in `out_dir/tb`, `add_scalar` only.
+"""TensorBoard: the only module that imports it. One SummaryWriter in `out_dir/tb`.
+
+Scalars are written as TensorBoard's `add_scalar` writes them (a `simple_value` per tag), but
+all the scalars of one step go in one event, with the wall time of the first, and the events of
+up to EVENT_BATCH steps are handed to the writer thread together: each hand-over wakes that
+thread and costs the training loop ~0.1 ms (measured: `train/lr` every step cost 1% of a 57 ms
+step). Held events go out before anything else is written (histograms, images, the layout, the
+report), so the file stays in step order, and at `flush` and `close`.
 
 What goes in (tags):
 
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +43,7 @@ from tndebug.trace import Trace
 
 HIST_BINS = 30                   # equal-width buckets between the finite min and max
 HIST_SAMPLE = 16384              # bucket counts from a strided sample of at most this many values
+EVENT_BATCH = 64                 # steps of scalar events held before they are written together
 HEAVY_EVERY = 50                 # histograms and images at step 0 and every N steps (at most)
 _HEAD = re.compile(r"attn/(enc_self|dec_self|cross)/layer(\d+)/head\d+/(entropy|similarity)")
 _DIVERSITY = re.compile(r"attn/(enc_self|dec_self|cross)/layer\d+/diversity")
@@ -65,6 +74,11 @@ class TensorBoardSink:
         self.charts: dict[str, dict[str, list]] = {}   # category -> title -> ["Multiline", [regex]]
         self._layout_written: int = 0                  # number of charts in the last layout written
         self._step = 0
+        self._values: list = []                        # this step's scalars, not yet written
+        self._values_step: int | None = None
+        self._values_wall = 0.0
+        self._held: list[tuple] = []                   # (Summary, step, wall time), not yet written
+        self._charted: set[str] = set()                # tags already given a chart (or none)
         self.closed = False
 
     # -- sink interface -------------------------------------------------------------------
@@ -76,15 +90,43 @@ class TensorBoardSink:
             self._step = step
         tag = SAME_AS.get(tag, tag)
         if self._once(tag, step):
-            self.writer.add_scalar(tag, value, step)
-            self._chart_for(tag)
+            self.scalar(tag, value, step)
+            if tag not in self._charted:
+                self._charted.add(tag)
+                self._chart_for(tag)
 
     def log_scalars(self, step: int, scalars: dict) -> None:
         if self.closed:
             return
         for tag, value in scalars.items():
             if value is not None and self._once(tag, step):
-                self.writer.add_scalar(tag, float(value), step)
+                self.scalar(tag, value, step)
+
+    def scalar(self, tag: str, value, step: int) -> None:
+        """One scalar, as `add_scalar` writes it; held until the step's other scalars are in."""
+        if self._values_step != step:
+            self._write_values()
+            self._values_step, self._values_wall = step, time.time()
+        self._values.append(Summary.Value(tag=tag, simple_value=float(value)))
+
+    def _write_values(self) -> None:
+        """The step's scalars become one event, held until EVENT_BATCH steps are."""
+        if self._values:
+            self._held.append((Summary(value=self._values), self._values_step, self._values_wall))
+        self._values, self._values_step = [], None
+        if len(self._held) >= EVENT_BATCH:
+            self._file()
+
+    def _file(self):
+        """The file writer, once every held scalar event is written to it (in step order)."""
+        file_writer = self.writer._get_file_writer()
+        if self._values:
+            self._held.append((Summary(value=self._values), self._values_step, self._values_wall))
+            self._values, self._values_step = [], None
+        held, self._held = self._held, []
+        for summary, step, wall in held:
+            file_writer.add_summary(summary, step, wall)
+        return file_writer
 
     def _once(self, tag: str, step: int) -> bool:
         """False for a SAME_AS tag already written at `step` (by the trainer or the probe)."""
@@ -112,6 +154,7 @@ class TensorBoardSink:
             from tndebug.reporters.plots import attention_image
             for r in trace.records():
                 if r.probs is not None and r.probs.dim() == 4 and r.probs.shape[0] > 0:
+                    self._file()
                     self.writer.add_image(f"attn_maps/{r.tag}", attention_image(r.probs[0]), step,
                                           dataformats="HWC")
 
@@ -154,12 +197,12 @@ class TensorBoardSink:
                        for x, _, lo, hi in rows if x.numel()]
         host = iter(torch.stack([r.to(dev) for r in device_rows]).cpu().double().tolist()
                     if device_rows else [])
-        file_writer = self.writer._get_file_writer()
+        file_writer = self._file()
         total = 0
         for (name, _), (x, bad, lo, hi) in zip(named, rows):
             total += bad
             if bad:
-                self.writer.add_scalar(f"nonfinite/{name}", bad, step)
+                self.scalar(f"nonfinite/{name}", bad, step)
             n = x.numel()
             if not n:
                 continue
@@ -174,7 +217,7 @@ class TensorBoardSink:
                                    bucket_limit=limits, bucket=buckets)
             file_writer.add_summary(Summary(value=[Summary.Value(tag=f"hist/{name}",
                                                                  histo=proto)]), step)
-        self.writer.add_scalar("nonfinite/total", total, step)
+        self.scalar("nonfinite/total", total, step)
         return total
 
     def _chart_for(self, tag: str) -> None:
@@ -216,7 +259,7 @@ class TensorBoardSink:
     def write_layout(self) -> None:
         ordered = {cat: dict(sorted(self.charts[cat].items(), key=lambda kv: _chart_order(kv[0])))
                    for cat in ("Head diversity", "Head similarity", "Depth") if cat in self.charts}
-        self.writer._get_file_writer().add_summary(custom_scalars(ordered), self._step)
+        self._file().add_summary(custom_scalars(ordered), self._step)
         self._layout_written = self._n_charts()
 
     # -- the end --------------------------------------------------------------------------
@@ -225,23 +268,26 @@ class TensorBoardSink:
         if self.closed:
             return
         self._step_boundary()
+        self._file()
         self.writer.add_text("report", markdown, step)
         metrics = {f"hparams/{k}": float(v) for k, v in run.items()
                    if _is_result(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
         metrics.update({f"hparams/{k}": float(v) for k, v in extra_metrics.items()})
         hp = _flat_hparams({k: v for k, v in run.items() if not _is_result(k)})
         for summary in hparams(hp, metrics):
-            self.writer._get_file_writer().add_summary(summary, step)
+            self._file().add_summary(summary, step)
         for tag, value in metrics.items():
-            self.writer.add_scalar(tag, value, step)
+            self.scalar(tag, value, step)
 
     def flush(self) -> None:
         if not self.closed:
+            self._file()
             self.writer.flush()
 
     def close(self) -> None:
         if not self.closed:
             self._step_boundary()
+            self._file()
             self.writer.flush()
             self.writer.close()
             self.closed = True
