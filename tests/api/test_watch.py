@@ -262,27 +262,37 @@ def test_bad_input_one_clear_message_each():
 
 
 def test_capture_only_on_steps_a_probe_reads_the_model():
-    """The recording (hooks on every module, patched attention ops) opens on the steps whose due
-    probes read the trace, decided before the forward; lr-schedule alone (every step) reads none."""
+    """The recording (module hooks, patched attention ops) opens on the steps whose due probes
+    read the trace, decided before the forward; lr-schedule alone (every step) reads none. It
+    hooks what the due probes read: gradient-flow's steps (FFN activations) leave attention
+    alone."""
     from tndebug.probes import make_probes
     torch.manual_seed(0)
     model = M.FusedSDPA()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     recorded, holder = [], []
-    inner = model.enc[0].attn.proj
+    mine = {"", "enc.0", "lm_head"}          # the watch's (root, logits head), this test's
 
     def seen(module, args):                  # the user's forward, not the probes' own calls
         if holder and not holder[0]._busy:
-            recorded.append(bool(inner._forward_hooks))
+            recorded.append({n for n, m in model.named_modules() if n not in mine
+                             and (m._forward_hooks or m._forward_pre_hooks)})
     model.enc[0].register_forward_pre_hook(seen)
     probes = make_probes("all")
     with tndebug.watch(model, opt, forward=M.fused_forward, quiet=True, probes=probes) as dbg:
         holder.append(dbg)
         M.train("sdpa", model, opt, 24)
     expected = [any(p.reads and p.schedule(s) for p in probes) for s in range(24)]
-    assert recorded == expected
+    assert [bool(h) for h in recorded] == expected
     assert sum(expected) < 12 and not expected[3]
     assert dbg.report.probes["lr-schedule"]["steps_observed"] == 24
+    ffn_only = [s for s in range(24) if [p.name for p in probes if p.reads and p.schedule(s)]
+                == ["gradient-flow"]]
+    assert ffn_only, "no step on which gradient-flow alone reads the model"
+    assert any(n.endswith("attn.proj") for n in recorded[0])          # step 0: everything
+    for s in ffn_only:      # the FFNs' output Linear (its input) and the token embedding (layout)
+        assert recorded[s] == {"wte", "enc.0.mlp.fc2", "enc.1.mlp.fc2", "dec.0.mlp.fc2",
+                               "dec.1.mlp.fc2"}, recorded[s]
 
 
 def test_the_issue_loop_dbg_step_after_the_optimizer():

@@ -128,6 +128,7 @@ class Watch:
             from tndebug.reporters.session import ReportSession
             cls = _quiet(ReportSession) if self._quiet else ReportSession
             self._session = cls(self.out, tensorboard=self._tensorboard)
+            self._session.plan(self._total_steps)   # snapshots: ~20 a run, fewer if unknown
         for p in probes:
             self._shield(p)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)

