@@ -97,6 +97,24 @@ def test_no_criterion_or_raw_logits_skip_with_a_reason():
     assert "log_softmax" in probe.skipped
 
 
+def test_runtime_pad_mass_still_falling_is_no_verdict():
+    """Above the threshold but falling fast (a model still converging): no warning."""
+    from tndebug.probes.base import RunContext, StepInfo
+    from tndebug.trace import Trace
+    run = RunContext(subject=tndebug_subject(make_model(ModelConfig.tiny())), criterion=None)
+    probe = LabelSmoothingProbe(every(50))
+    probe.setup(run)
+    tgt_out = torch.randint(2, V, (4, 6))
+    for step, p_pad in ((100, 0.004), (150, 0.0121), (200, 0.0071), (250, 0.0028)):
+        probs = torch.full((4, 6, V), (1 - p_pad) / (V - 1))
+        probs[..., PAD] = p_pad
+        info = StepInfo(step, logits=probs.log(), tgt_out=tgt_out)
+        probe.update(probe.observe(Trace(step=step), info), info)
+    probe.finish(run)
+    assert kinds(probe.findings, NAME) == set()
+    assert "still falling" in probe.status_entry()["coverage"][""]["reason"]
+
+
 @pytest.mark.parametrize("p_pad, warned", [(0.01, True), (0.0005, False)])
 def test_runtime_pad_mass_is_checked_when_the_unit_test_cannot_run(p_pad, warned):
     from tndebug.probes.base import RunContext, StepInfo

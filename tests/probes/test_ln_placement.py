@@ -229,6 +229,30 @@ def test_hand_written_post_ln_constant_lr_warns():
     assert f.severity == "warning" and f.evidence["lr_peak"] == pytest.approx(1e-3)
 
 
+def test_post_ln_without_warmup_that_trains_is_info_with_the_loss_as_evidence():
+    """The hazard is judged from the loss: a Post-LN run at a constant 1e-3 whose loss falls
+    below PROGRESS x its first by a probed step (every LOSS_EVERY) trains despite it: info, not
+    a warning. The same run stopped at 17 steps cannot tell yet: the warning stands."""
+    from tndebug.probes.ln_placement import LOSS_EVERY, PROGRESS
+    torch.manual_seed(0)
+    probe = hand_train(HandSeq2Seq(pre=False, final_norm=False), lambda s: 1e-3,
+                       steps=LOSS_EVERY + 1)
+    assert alarms(probe.findings) == []
+    (f,) = [f for f in probe.findings if "warmup" in f.message]
+    assert f.severity == "info" and "trains anyway" in f.message and f.step == 16
+    (s0, l0), (s1, l1) = f.evidence["loss_trend"][0], f.evidence["loss_trend"][-1]
+    assert s1 == LOSS_EVERY and l1 < PROGRESS * probe.loss_steps[0][1]
+
+
+def test_post_ln_without_warmup_whose_loss_does_not_fall_warns_at_the_end():
+    """lr 0.3 from step 0: the loss never halves; the warning says where it went."""
+    torch.manual_seed(0)
+    probe = hand_train(HandSeq2Seq(pre=False, final_norm=False), lambda s: 0.3, steps=40)
+    (f,) = alarms(probe.findings)
+    assert f.severity == "warning" and "the loss went from" in f.message, f.message
+    assert f.evidence["threshold_progress"] == 0.5
+
+
 def test_hand_written_post_ln_with_linear_warmup_is_clean():
     probe = hand_train(HandSeq2Seq(pre=False, final_norm=False), lambda s: 1e-3 * min(1.0, (s + 1) / 100))
     assert probe.placement == "post" and alarms(probe.findings) == []

@@ -25,7 +25,13 @@ Q_MIN = 1e-5            # below this the criterion is taken as unsmoothed (one-h
 # last 3 probed steps at or after step 100.  Healthy tiny pre/post runs are at <= 6e-4 from step
 # 50 on; eps/(V-1) smoothing onto pad holds it at eps/(V-1) = 0.01 (V = 11).  This scales as
 # 1/V, so for large vocabularies only the unit test can see the bug.
+# The mass must also hold: smoothing onto pad is a floor the model learns and keeps (tiny, the
+# fault: 0.0095, 0.0101, 0.0107 at steps 250-350), while a model still converging lowers it
+# (Hugging Face BART, masked labels, a tied pad row fixed at zero: 0.0121, 0.0071, 0.0028 at
+# steps 150-250, 2.5e-4 by step 750). Falling below FALLING x its first value over the last
+# RUNTIME_LAST probed steps is no verdict, not a warning.
 PAD_MASS, RUNTIME_STEPS, RUNTIME_LAST = 3e-3, 100, 3
+FALLING = 0.5
 _FIX = FAULT_NOTES["label_smoothing_on_pad"][2] + " [notes 003, 001]"
 
 
@@ -138,6 +144,11 @@ class LabelSmoothingProbe(Probe):
             return
         last = self._mass[-RUNTIME_LAST:]
         mass = sum(m for _, m in last) / len(last)
+        if mass > PAD_MASS and last[-1][1] < FALLING * last[0][1]:
+            self.cover("", "no verdict", f"p(<pad>) at real targets is still falling "
+                       f"({last[0][1]:.2g} at step {last[0][0]}, {last[-1][1]:.2g} at step "
+                       f"{last[-1][0]}): the run ended before it settled")
+            return
         self.cover("", "checked")              # what the model learned to give <pad>
         if mass > PAD_MASS:
             self.report("warning", f"the model gives <pad> {mass:.2g} of its probability at real "
