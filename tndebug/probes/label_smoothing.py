@@ -26,9 +26,10 @@ Q_MIN = 1e-5            # below this the criterion is taken as unsmoothed (one-h
 # 50 on; eps/(V-1) smoothing onto pad holds it at eps/(V-1) = 0.01 (V = 11).  This scales as
 # 1/V, so for large vocabularies only the unit test can see the bug.
 # The mass must also hold: smoothing onto pad is a floor the model learns and keeps (tiny, the
-# fault: 0.0095, 0.0101, 0.0107 at steps 250-350), while a model still converging lowers it
+# fault: 0.0095, 0.0101, 0.0107 at steps 250-350; `tndebug run --preset tiny --fault
+# label_smoothing_on_pad --steps 400 --seed 10`), while a model still converging lowers it
 # (Hugging Face BART, masked labels, a tied pad row fixed at zero: 0.0121, 0.0071, 0.0028 at
-# steps 150-250, 2.5e-4 by step 750). Falling below FALLING x its first value over the last
+# steps 150-250, 2.5e-4 by step 750; `python bench/watch_breakdown.py --model bart`). Falling below FALLING x its first value over the last
 # RUNTIME_LAST probed steps is no verdict, not a warning.
 PAD_MASS, RUNTIME_STEPS, RUNTIME_LAST = 3e-3, 100, 3
 FALLING = 0.5

@@ -21,8 +21,10 @@ How it decides (tensors and behaviour only; FAILURE_MODES 2.6, 6):
   Once the loss at a probed step (every 250) is below PROGRESS x the step-0 loss, the run
   trains despite it: info. A run that never gets there (or diverges) by its end: warning.
   Measured: the `no_warmup_high_lr` fault on `tiny` (Post-LN, 5x the Noam peak) ends at 0.66x
-  its first loss with 0% exact match; Hugging Face BART (3+3 layers, Adam 3e-4 constant, copy
-  task) is at 0.03x by step 250 and 0.002x at step 800.
+  its first loss (`tndebug run --preset tiny --norm post --fault no_warmup_high_lr --steps 200
+  --seed 10`; 0% exact match in bench/results/detection_eval_rerun.jsonl); Hugging Face BART
+  (3+3 layers, Adam 3e-4 constant, copy task) is at 0.021x at step 250 and 0.0016x at step 750
+  (`python bench/watch_breakdown.py --model bart`).
 Setup traces a random batch itself (forward and backward, eval mode); the training traces of
 the early steps are used only when setup could not run the model.
 """
@@ -42,7 +44,7 @@ DECIDE_AT = 16        # steps of lr history before the warmup verdict
 EARLY_STEPS = (0, 1, 2, 4, 8, 16, 32, 64)
 LOSS_EVERY = 250      # after the early steps, the loss is looked at every N steps
 # a run whose loss fell below this share of its step-0 loss trains despite the missing warmup
-# (measured, module docstring: the failing fault ends at 0.66, healthy BART at 0.002-0.03)
+# (measured, module docstring: the failing fault ends at 0.66, healthy BART at 0.0016-0.021)
 PROGRESS = 0.5
 
 
@@ -67,7 +69,6 @@ class LnPlacement(Probe):
         self.evidence: dict[str, Any] = {}
         self.lrs: list[tuple[int, float]] = []
         self.lr_decided = False
-        self.losses: list[float] = []
         self.loss_steps: list[tuple[int, float]] = []   # (step, loss) at every probed step
         self._hazard: dict | None = None        # post-LN without warmup, awaiting the loss
         self._run: RunContext | None = None
@@ -96,10 +97,7 @@ class LnPlacement(Probe):
         if lr is not None:
             self.lrs.append((info.step, float(lr)))
         if "loss" in stats:
-            loss = float(stats["loss"][0])
-            if info.step <= EARLY_STEPS[-1]:
-                self.losses.append(loss)
-            self.loss_steps.append((info.step, loss))
+            self.loss_steps.append((info.step, float(stats["loss"][0])))
         if self._pending is not None and self._run is not None:
             trace, self._pending = self._pending, None
             self.skipped = None
@@ -219,18 +217,19 @@ class LnPlacement(Probe):
     def _judge_hazard(self) -> None:
         """Report the missing warmup: info if the run trains anyway, else a warning."""
         hazard, self._hazard = self._hazard, None
-        ev = {**hazard["evidence"], "losses": [round(v, 4) for v in self.losses[:8]],
+        early = [round(v, 4) for s, v in self.loss_steps if s <= EARLY_STEPS[-1]][:8]
+        ev = {**hazard["evidence"], "losses": early,
               "loss_trend": [(s, round(v, 4)) for s, v in self.loss_steps[-4:]],
               "threshold_progress": PROGRESS}
         fix = FAULT_NOTES["no_warmup_high_lr"][2]
-        if self._trains():
-            (s0, l0), (s1, l1) = self.loss_steps[0], self.loss_steps[-1]
-            self.report("info", f"{hazard['message']}; this run trains anyway (loss {l0:.3g} at "
-                        f"step {s0}, {l1:.3g} at step {s1}): a hazard if you raise the lr or the "
-                        f"depth (by design here)", step=hazard["step"], evidence=ev, fix=fix)
-            return
-        tail = ""
+        trend = ""
         if len(self.loss_steps) >= 2 and self.loss_steps[0][0] == 0:
             (s0, l0), (s1, l1) = self.loss_steps[0], self.loss_steps[-1]
-            tail = f"; the loss went from {l0:.3g} at step {s0} to {l1:.3g} at step {s1}"
-        self.report("warning", hazard["message"] + tail, step=hazard["step"], evidence=ev, fix=fix)
+            trend = f"loss {l0:.3g} at step {s0}, {l1:.3g} at step {s1}"
+        if self._trains():
+            self.report("info", f"{hazard['message']}; this run trains anyway ({trend}): a hazard "
+                        f"if you raise the lr or the depth (by design here)",
+                        step=hazard["step"], evidence=ev, fix=fix)
+        else:
+            self.report("warning", hazard["message"] + (f"; {trend}" if trend else ""),
+                        step=hazard["step"], evidence=ev, fix=fix)

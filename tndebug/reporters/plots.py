@@ -304,8 +304,8 @@ def padded_example(snap: TraceSnapshot | None) -> int:
 def attention_image(probs: torch.Tensor, min_cell: int = 96) -> np.ndarray:
     """Heads side by side, viridis, upscaled; NaN in magenta.  probs [h, T, S] -> [H, W, 3] uint8
 
-    Coloured at [h, T, S] and upscaled as bytes (an image per attention site at every
-    snapshot step of a training run: 0.2 ms, not 1 ms, at 4 heads x 16 x 17)."""
+    Coloured at [h, T, S] and upscaled as bytes, not as floats (an image per attention site
+    at every snapshot step of a training run)."""
     p = probs.detach().float().cpu().numpy()
     h, T, S = p.shape
     k = max(1, math.ceil(min_cell / max(T, S, 1)))
