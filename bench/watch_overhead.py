@@ -34,6 +34,7 @@ Targets (issue 13): default <= 1.03x; every probe on every step <= 2x.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -127,8 +128,11 @@ def memory_child(kind: str, arm: str, steps: int) -> dict:
             "peak_python_mb": peak / 2 ** 20}
 
 
-def paired(kind: str, arm: str, steps: int, skip: int) -> dict:
-    """The plain loop and the watched loop side by side, a step of each in turn."""
+def paired(kind: str, arm: str, steps: int, skip: int, *, on_step=None, out=None) -> dict:
+    """The plain loop and the watched loop side by side, a step of each in turn.
+
+    on_step(i, dbg, plain_cpu_s, watched_cpu_s, watched_loss) after each pair of steps (the
+    loss read outside the timing); out: the watch's run directory (default: a temporary one)."""
     import tndebug
     plain, forward = build(kind)
     watched, _ = build(kind)
@@ -143,9 +147,9 @@ def paired(kind: str, arm: str, steps: int, skip: int) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        return time.thread_time() - c0, time.perf_counter() - w0
+        return time.thread_time() - c0, time.perf_counter() - w0, loss
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with (tempfile.TemporaryDirectory() if out is None else contextlib.nullcontext(out)) as tmp:
         t0 = time.perf_counter()
         dbg = tndebug.watch(watched, opt_w, forward=forward, out=tmp, quiet=True,
                             probes=probes_for(arm), total_steps=steps)
@@ -171,12 +175,17 @@ def paired(kind: str, arm: str, steps: int, skip: int) -> dict:
                 if i == skip:
                     proc0, thread0 = time.process_time(), time.thread_time()
                 order = (("plain", plain, opt_p), ("watched", watched, opt_w))
+                took = {}
                 for name, model, opt in (order if i % 2 == 0 else order[::-1]):
                     now["arm"] = name if i >= skip else None
-                    c, w = step(model, opt, src, tgt)
+                    c, w, loss = step(model, opt, src, tgt)
+                    took[name] = (c, loss)
                     if i >= skip:
                         cpu[name] += c
                         wall[name] += w
+                if on_step is not None:
+                    on_step(i, dbg, took["plain"][0], took["watched"][0],
+                            float(took["watched"][1].detach()))
             other = (time.process_time() - proc0) - (time.thread_time() - thread0)
         finally:
             gc.callbacks.remove(collected)
