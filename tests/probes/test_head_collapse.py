@@ -356,3 +356,42 @@ def test_shared_projection_message_says_what_to_do():
     assert "one module computes both" not in f.message
     assert "encoder.layers.0.self_attn.proj_q computes q, k and v: give each its own nn.Linear" in f.message
     assert "q equals k (relative difference 0 < 1e-06)" in f.message
+
+
+# -- uniform heads are alike because they attend to nothing, not because of a shared draw (issue 19)
+def cross_model(kind):
+    """HandModel whose cross-attention is near-uniform (W_Q 100x too small: an unused
+    cross-attention) or has every head copied from head 0 (W_Q, W_K, W_V rows)."""
+    torch.manual_seed(0)
+    model = HandModel(shared=False)
+    attn = model.decoder.layers[0].cross_attn
+    with torch.no_grad():
+        if kind == "uniform":
+            attn.proj_q.weight.mul_(0.01)
+            attn.proj_q.bias.mul_(0.01)
+        else:
+            for lin in (attn.proj_q, attn.proj_k, attn.proj_v):
+                w = lin.weight.view(attn.h, attn.dk, -1)
+                w[1:] = w[:1].clone()
+                b = lin.bias.view(attn.h, attn.dk)
+                b[1:] = b[:1].clone()
+    return model
+
+
+@pytest.mark.parametrize("kind", ["uniform", "copies"])
+def test_uniform_heads_get_no_duplicate_verdict(kind):
+    model = cross_model(kind)
+    probe = HeadCollapse()
+    probe.setup(RunContext(subject=Subject(model, lambda m, s, t, pad: m(s, t), src_vocab=11,
+                                           tgt_vocab=11, capture=ScoresOnly(model))))
+    found = {f.where: f for f in alarms(probe.findings)}
+    cov = probe.coverage["decoder.layers.0.cross_attn"]
+    if kind == "uniform":
+        assert found == {}
+        assert cov["status"] == "no verdict" and "uniform" in cov["reason"]
+        assert "0,1,2,3" in cov["reason"]
+    else:
+        f = found["decoder.layers.0.cross_attn"]
+        assert f.severity == "error" and f.evidence["heads"] == [0, 1, 2, 3]
+        assert min(f.evidence["uniform_js_bits"]) >= f.evidence["threshold_uniform_js_bits"]
+        assert cov["status"] == "checked"

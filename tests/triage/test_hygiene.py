@@ -62,6 +62,15 @@ def test_duplicate_heads_in_weights():
     assert f.evidence == {"shared": "qkv"}
 
 
+def test_zero_query_and_key_weights_are_not_shared_or_duplicated():
+    """W_Q = W_K = 0 (an attention that ended up attending uniformly): torch.equal holds and the
+    heads agree, but from a zero weight, not from one projection or one draw (issue 19)."""
+    where, wq, wk, wv, h = attn_weights(ModelConfig.tiny())
+    assert hygiene.duplicate_heads([(where, torch.zeros_like(wq), torch.zeros_like(wk), wv, h)]) == []
+    (f,) = hygiene.duplicate_heads([(where, wq, wq.clone(), wv, h)])     # the pair: equal, non-zero
+    assert f.evidence == {"shared": "qk"}
+
+
 def test_stored_pe_table():
     from tndebug.model.embedding import sinusoid_table
     assert hygiene.stored_pe(sinusoid_table(16, 8)[None], "src_embed.1.pe", 8) == []

@@ -45,6 +45,22 @@ def head_stats(P: torch.Tensor, keys: torch.Tensor | None, rows: torch.Tensor) -
     return torch.stack([ent, maxp, sim], dim=-1), js
 
 
+def uniform_js(P: torch.Tensor, keys: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+    """Per head, the mean JS divergence in bits of its rows from the uniform distribution over
+    the keys each row may attend to.  P [B, h, T, S], keys [B, h|1, T, S] | None, rows [B, T] -> [h]"""
+    P = P.float()
+    keys = (P > 0) if keys is None else keys.expand_as(P)
+    n = keys.sum(-1, keepdim=True)                                      # [B, h, T, 1]
+    U = keys.float() / n.clamp(min=1).float()                           # [B, h, T, S]
+    m = (P + U) / 2
+    logm = m.clamp_min(1e-30).log()
+    kl_p = (P * (P.clamp_min(1e-30).log() - logm)).sum(-1)              # [B, h, T]
+    kl_u = (U * (U.clamp_min(1e-30).log() - logm)).sum(-1)
+    js = ((kl_p + kl_u) / (2 * LN2)).clamp(min=0)                       # [B, h, T]
+    w = (rows[:, None, :] & (n[..., 0] >= 2) & P.isfinite().all(-1)).float()
+    return (js * w).sum((0, 2)) / w.sum((0, 2)).clamp(min=1)           # [h]
+
+
 def pairwise_js(P: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Mean Jensen-Shannon divergence in bits between heads' rows.  P [B, h, T, S] -> [h, h]"""
     h = P.shape[1]

@@ -31,7 +31,7 @@ from torch import nn
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._head_stats import (FLAT, close, flat_scores, fmt_heads, head_stats,
-                                          n_heads, packed_slices, query_keep, weight_of)
+                                          n_heads, packed_slices, query_keep, uniform_js, weight_of)
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.trace import AttentionRecord, Trace
@@ -44,6 +44,14 @@ LOST = 0.5            # ...and so is a loss that gave back half of the progress 
 DUP_COS = 0.99        # per-head weight slices this close are copies (random slices: |cos| < 0.05)
 DUP_JS = 1e-4         # bits; maps this close are copies (independent heads at init: 0.05-0.3)
 DUP_MIN_ENT = 0.3     # ...only between heads that are not sharp (sharp heads may agree by design)
+# ...and only between heads that attend to something: two heads within u bits (JS) of uniform
+# are within 4u of each other (sqrt JS is a metric), so uniform heads agree whatever their
+# weights; independent heads u from uniform sit ~2u apart, so at u >= 10 x DUP_JS a JS below
+# DUP_JS is still a 20x closer agreement than chance. Set on HandModel at init (3 seeds:
+# 0.007-0.035 bits per head) against a cross-attention whose W_Q is 100x too small (1e-6
+# bits); the unused cross-attention of a decoder without its causal mask (entropy 0.9999 of
+# ln T) sits near 1e-4 bits.
+NEAR_UNIFORM_JS = 1e-3
 ASYM = 0.05           # ‖S−Sᵀ‖/‖S‖ below this: symmetric scores (4b)
 EXACT_ASYM = 1e-4     # ...below this, symmetric to float rounding: S = c·q qᵀ exactly (shared: ~1e-7)
 # FAILURE_MODES 4b also asks for self-argmax > 0.9; with shared Q/K/V we measure 0.67-0.89 at
@@ -246,14 +254,26 @@ class HeadCollapse(Probe):
         if not groups and not weights and rec.probs is not None and not rec.head_averaged \
                 and not flat_scores(rec):
             B, _, T, _ = rec.probs.shape
-            stats, js = head_stats(rec.probs, rec.key_keep(), query_keep(trace, rec, B, T, rec.probs.device))
+            rows_ok = query_keep(trace, rec, B, T, rec.probs.device)
+            stats, js = head_stats(rec.probs, rec.key_keep(), rows_ok)
             ent = stats[:, 0]
+            uni = uniform_js(rec.probs, rec.key_keep(), rows_ok).tolist()        # [h] bits
+            judged = [m for m in range(h) if uni[m] >= NEAR_UNIFORM_JS]
             off = js + torch.eye(h, device=js.device) * 1e9
             pairs = [(a, b) for a, b in (off < DUP_JS).nonzero().tolist()
-                     if a < b and ent[a] > DUP_MIN_ENT and ent[b] > DUP_MIN_ENT]
+                     if a < b and ent[a] > DUP_MIN_ENT and ent[b] > DUP_MIN_ENT
+                     and a in judged and b in judged]
             ev = {"min_js_bits": round(float(off.min()), 8), "threshold_js_bits": DUP_JS,
-                  "entropy": [round(float(e), 4) for e in ent]}
-            self.cover(site, "checked")
+                  "entropy": [round(float(e), 4) for e in ent],
+                  "uniform_js_bits": [float(f"{u:.3g}") for u in uni],
+                  "threshold_uniform_js_bits": NEAR_UNIFORM_JS}
+            if len(judged) >= 2:
+                self.cover(site, "checked")
+            if len(judged) < h:
+                self._undecided(site, f"duplicated heads: no verdict on heads "
+                                f"{','.join(str(m) for m in range(h) if m not in judged)}, whose "
+                                f"attention is uniform (JS from uniform < {NEAR_UNIFORM_JS:g} "
+                                f"bits): uniform heads agree whatever their weights")
             if pairs:
                 groups["attention maps"] = pairs
         if not groups:
@@ -265,6 +285,14 @@ class HeadCollapse(Probe):
                     evidence={**ev, "duplicates": {k: [list(p) for p in v] for k, v in groups.items()},
                               "heads": heads},
                     fix=FAULT_NOTES["identical_head_init"][2])
+
+    def _undecided(self, site: str, reason: str) -> None:
+        """A part of `site` that could not be decided: its coverage reason (no verdict when
+        nothing else there was checked)."""
+        if self.coverage.get(site, {}).get("status") == "checked":
+            self.cover(site, "checked", reason)
+        else:
+            self.cover(site, "no verdict", reason)
 
     # -- training: diversity and collapse --------------------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, Any]:

@@ -130,6 +130,10 @@ def duplicate_heads(sites: Iterable[tuple[str, torch.Tensor, torch.Tensor, torch
     whose Q/K/V slices have cosine > 0.99."""
     out = []
     for where, wq, wk, wv, h in sites:
+        if not (wq.any() and wk.any()):
+            # a zero W_Q or W_K: every score is the same, the heads attend uniformly whatever
+            # their draw, so neither sharing nor duplicated heads can be told from these weights
+            continue
         if wq.shape == wk.shape and torch.equal(wq, wk):
             same_v = wv.shape == wq.shape and torch.equal(wq, wv)
             out.append(_f("head-collapse", "error",
