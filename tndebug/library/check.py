@@ -5,7 +5,7 @@
 
 The probes that judge code and weights from one forward and backward (`TRIAGE_PROBES`: the
 mask tests, the fitted scale, NaN provenance, head and depth statistics, ...) run as
-`tndebug triage --model` runs them (`tndebug.triage.run._run_probes`), on `data` or on random
+`tndebug triage --model` runs them (`tndebug.driver.probe_once`), on `data` or on random
 ids from the model's vocabulary; duplicated heads are read from the weights. The model's
 gradients are cleared (`zero_grad(set_to_none=True)`) and its train/eval mode restored.
 
@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, severity_rank, SEVERITIES
 from tndebug.library.live import live_subject, unwrap
@@ -47,7 +48,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         UsageError for a model it cannot call, a forward of the wrong shape, no attention found.
     """
     from tndebug.triage import hygiene
-    from tndebug.triage import run as R
+    from tndebug.triage.capture import projection_weights
     t0 = time.perf_counter()
     names = _names(probes)
     subject, info = live_subject(model, forward, pad_id=pad_id, bos_id=bos_id,
@@ -56,20 +57,21 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
     batch = _batch(subject, data)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     with torch.random.fork_rng(devices=[subject.device] if subject.device.type == "cuda" else []):
-        findings, statuses, seconds = R._run_probes(subject, names, batch, subject.pad_id, dtype)
+        probed = driver.probe_once(subject, names, batch, compute_dtype=dtype)
+    findings, statuses, seconds = probed.findings, probed.statuses, probed.seconds
     if info["hf"]:
         from tndebug.triage import hf
         from tndebug.triage.hf_findings import hf_fix, hf_where
         findings += hygiene.duplicate_heads(hf.attention_weights(model))
-        findings = R._dedupe([hf_where(hf_fix(f), model) for f in findings])
+        findings = driver.dedupe([hf_where(hf_fix(f), model) for f in findings])
     else:
-        findings += hygiene.duplicate_heads(R._user_attention_weights(model))
-        findings = R._dedupe(findings)
+        findings += hygiene.duplicate_heads(projection_weights(model))
+        findings = driver.dedupe(findings)
     if info.get("adapter_note"):
         findings.append(Finding("mask-broadcast", "info", f"{info['adapter_note']}; the mask tests "
                                 f"judged tndebug's masks, not yours: pass forward= that calls "
                                 f"your own mask code", step=0, evidence={"adapter": info["adapter"]}))
-    statuses.update(R._hygiene_statuses(findings, statuses))
+    statuses.update(driver.checks_statuses(findings, statuses))
     run = {"mode": "check", "model": type(model).__name__, "adapter": info["adapter"],
            "pad_id": subject.pad_id, "bos_id": subject.bos_id, "src_vocab": subject.src_vocab,
            "tgt_vocab": subject.tgt_vocab, "data": "data=" if data is not None else
@@ -78,10 +80,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
            "attention_modules": info["attention_modules"], "probes_run": names,
            "probe_seconds": seconds, "wall_s": round(time.perf_counter() - t0, 3),
            "status": "completed"}
-    report = Report(run=run, findings=findings, probes=statuses)
-    report.first_sign = next((f for f in findings if f.severity == "error"), None) or \
-        next((f for f in findings if f.severity == "warning"), None)
-    return report
+    return driver.make_report(run, findings, statuses)
 
 
 def _names(spec) -> list[str]:

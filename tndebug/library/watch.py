@@ -39,6 +39,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library.live import declared_schedule, default_batch, live_subject, unwrap
@@ -454,10 +455,7 @@ class Watch:
                          "inside the block, or the model was never called in train mode)")
         if notes:
             run["notes"] = notes
-        from tndebug.train import distributed
-        sign = distributed.first_sign(findings)
-        self.report = Report(run=run, findings=findings, probes=statuses, first_sign=sign,
-                             history=hist)
+        self.report = driver.make_report(run, findings, statuses, history=hist)
         if self._session is not None:
             self.exit_code = self._session.finish(self.report, self.fail_on)
         else:

@@ -357,12 +357,6 @@ def merge_findings(per_rank: list[list[Finding]]) -> list[Finding]:
     return out
 
 
-def first_sign(findings: list[Finding]) -> Finding | None:
-    """The earliest warning or error (what a diverged run saw first)."""
-    signs = [f for f in findings if f.severity in ("warning", "error")]
-    return min(signs, key=lambda f: f.step or 0) if signs else None
-
-
 def _key(f: Finding) -> tuple:
     return f.probe, f.severity, f.where, f.step, f.layer, f.head
 

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from tndebug.config import ModelConfig
+from tndebug import driver
 from tndebug.data import data_generator, eval_set, get_task
 from tndebug.errors import UsageError
 from tndebug.model import make_model
@@ -331,9 +332,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
     }
     statuses = engine.statuses(findings)      # every rank's findings under DDP
     statuses.update({n: {"status": "skipped", "reason": why} for n, why in unavailable.items()})
-    sign = distributed.first_sign(findings) if dist.active else engine.first_sign
-    report = Report(run=run_info, findings=findings, probes=statuses, first_sign=sign,
-                    history=history)
+    report = driver.make_report(run_info, findings, statuses, history=history)
     return TrainResult(report, model, opt, engine, path)
 
 

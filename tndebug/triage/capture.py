@@ -1061,3 +1061,27 @@ def _patched(state: _State):
     finally:
         for owner, name, orig in reversed(originals):
             setattr(owner, name, orig)
+
+
+def projection_weights(model: nn.Module) -> list:
+    """(path, W_Q, W_K, W_V, heads) for attention modules whose projections are recognisable."""
+    out = []
+    for name, m in model.named_modules():
+        if not is_attention(m):
+            continue
+        h = next((getattr(m, a) for a in ("num_heads", "h", "n_heads", "nhead", "n_head")
+                  if isinstance(getattr(m, a, None), int)), None)
+        if h is None:
+            continue
+        if isinstance(m, nn.MultiheadAttention) and m.in_proj_weight is not None:
+            wq, wk, wv = m.in_proj_weight.detach().chunk(3)
+        elif isinstance(getattr(m, "linears", None), nn.ModuleList) and len(m.linears) >= 3:
+            wq, wk, wv = (m.linears[i].weight.detach() for i in range(3))
+        elif all(isinstance(getattr(m, a, None), nn.Linear) for a in ("w_q", "w_k", "w_v")):
+            wq, wk, wv = m.w_q.weight.detach(), m.w_k.weight.detach(), m.w_v.weight.detach()
+        elif isinstance(getattr(m, "qkv", None), nn.Linear):
+            wq, wk, wv = m.qkv.weight.detach().chunk(3)
+        else:
+            continue
+        out.append((name, wq, wk, wv, h))
+    return out

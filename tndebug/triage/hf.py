@@ -308,7 +308,7 @@ def attention_weights(model: nn.Module) -> list:
 def triage_hf(opts, patch=None):
     """Triage a save_pretrained directory. `patch(model, adapter)` (tests): change the loaded
     model in place, or return (forward, encode) to call it differently."""
-    from tndebug.report import Report
+    from tndebug import driver
     from tndebug.triage import hygiene
     from tndebug.triage import run as R
     from tndebug.triage.capture import GenericCapture
@@ -360,8 +360,9 @@ def triage_hf(opts, patch=None):
     findings = hygiene.non_finite(sd) + resume_state(folder)
     with sliced_output(model, keep, lambda: forward(model, batch.src[:1, :3], batch.tgt_in[:1, :3],
                                                      ids["pad"])) as keep:
-        engine_findings, statuses, probe_seconds = R._run_probes(subject, probe_names, batch, ids["pad"])
-    findings += engine_findings
+        probed = driver.probe_once(subject, probe_names, batch)
+    findings += probed.findings
+    statuses, probe_seconds = probed.statuses, probed.seconds
     lap("probes")
     findings += hygiene.duplicate_heads(attention_weights(model))
     if data is not None:
@@ -378,8 +379,8 @@ def triage_hf(opts, patch=None):
     findings += sweep
     lap("hygiene")
 
-    findings = R._dedupe([hf_where(hf_fix(f), model) for f in findings])
-    statuses.update(R._hygiene_statuses(findings, statuses))
+    findings = driver.dedupe([hf_where(hf_fix(f), model) for f in findings])
+    statuses.update(driver.checks_statuses(findings, statuses))
     order = {n: i for i, n in enumerate(probe_names)}         # a stable order for the console
     statuses = {k: statuses[k] for k in sorted(statuses, key=lambda k: (order.get(k, len(order)), k))}
     run = {"mode": "triage", "checkpoint": str(folder), "format": "huggingface",
@@ -403,10 +404,7 @@ def triage_hf(opts, patch=None):
            "attention_modules": sorted(subject.capture.attention), "probes_run": probe_names,
            "temperature_sweep": sweep_ev, "timings_s": timings, "probe_seconds": probe_seconds,
            "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
-    report = Report(run=run, findings=findings, probes=statuses)
-    report.first_sign = next((f for f in findings if f.severity == "error"), None) or \
-        next((f for f in findings if f.severity == "warning"), None)
-    return report
+    return driver.make_report(run, findings, statuses)
 
 
 def _line(e: Exception) -> str:

@@ -22,22 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tndebug.config import ModelConfig
 from tndebug.data import get_task, eval_set
 from tndebug.errors import UsageError
-from tndebug.findings import Finding
-from tndebug.probes import PROBE_NAMES, make_probes, parse_probe_spec
-from tndebug.probes.base import COVERAGE, ProbeError, RunContext, StepInfo
-from tndebug.probes.engine import ProbeEngine
 from tndebug.report import Report
+from tndebug import driver
+from tndebug.findings import Finding
+from tndebug.probes import PROBE_NAMES, parse_probe_spec
+from tndebug.probes.base import COVERAGE, ProbeError
 from tndebug.subject import Subject, tndebug_subject
 from tndebug.triage import hygiene, layouts
 from tndebug.triage.adapters import (build_user_model, load_weights, parse_config,
                                      resolve_adapter)
-from tndebug.triage.capture import GenericCapture, is_attention
+from tndebug.triage.capture import GenericCapture, projection_weights
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.userdata import check_vocab as check_data_vocab, load_data
 
@@ -103,9 +102,10 @@ def triage(opts: TriageOptions) -> Report:
     subject = target.subject
     lap("model")
 
-    engine_findings, statuses, probe_seconds = _run_probes(subject, probe_names, batch, opts.pad_id,
-                                                           weights_dtype(ckpt.state_dict))
-    findings += engine_findings
+    probed = driver.probe_once(subject, probe_names, batch,
+                               compute_dtype=weights_dtype(ckpt.state_dict))
+    findings += probed.findings
+    statuses, probe_seconds = probed.statuses, probed.seconds
     lap("probes")
     findings += hygiene.duplicate_heads(target.attention_weights)
     sweep, sweep_evidence = hygiene.temperature_sweep(
@@ -114,9 +114,9 @@ def triage(opts: TriageOptions) -> Report:
     findings += sweep
     lap("hygiene")
 
-    findings = _dedupe([_rename(f, target.user_path) for f in findings])
+    findings = driver.dedupe([_rename(f, target.user_path) for f in findings])
     _rename_coverage(statuses, target.user_path)
-    statuses.update(_hygiene_statuses(findings, statuses))
+    statuses.update(driver.checks_statuses(findings, statuses))
     run = {"mode": "triage", "checkpoint": str(ckpt.path), "format": ckpt.fmt,
            "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
            "task": None if opts.data else task.name,
@@ -131,10 +131,7 @@ def triage(opts: TriageOptions) -> Report:
            "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
            "temperature_sweep": sweep_evidence, **target.run,
            "timings_s": timings, "probe_seconds": probe_seconds, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
-    report = Report(run=run, findings=findings, probes=statuses)
-    report.first_sign = next((f for f in findings if f.severity == "error"), None) or \
-        next((f for f in findings if f.severity == "warning"), None)
-    return report
+    return driver.make_report(run, findings, statuses)
 
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -329,7 +326,7 @@ def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
                                 f"tndebug's masks, not yours: pass --adapter FILE.py:forward that "
                                 f"calls your own mask code", where="", step=0,
                                 evidence={"adapter": adapter.name}))
-    return _Target(subject, capture.scaling, run, lambda p: p, findings, _user_attention_weights(model))
+    return _Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model))
 
 
 def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int]:
@@ -369,61 +366,6 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
     return src_v or (embs[0][1] if embs else tgt_v), tgt_v
 
 
-def _user_attention_weights(model: nn.Module) -> list:
-    """(path, W_Q, W_K, W_V, heads) for attention modules whose projections are recognisable."""
-    out = []
-    for name, m in model.named_modules():
-        if not is_attention(m):
-            continue
-        h = next((getattr(m, a) for a in ("num_heads", "h", "n_heads", "nhead", "n_head")
-                  if isinstance(getattr(m, a, None), int)), None)
-        if h is None:
-            continue
-        if isinstance(m, nn.MultiheadAttention) and m.in_proj_weight is not None:
-            wq, wk, wv = m.in_proj_weight.detach().chunk(3)
-        elif isinstance(getattr(m, "linears", None), nn.ModuleList) and len(m.linears) >= 3:
-            wq, wk, wv = (m.linears[i].weight.detach() for i in range(3))
-        elif all(isinstance(getattr(m, a, None), nn.Linear) for a in ("w_q", "w_k", "w_v")):
-            wq, wk, wv = m.w_q.weight.detach(), m.w_k.weight.detach(), m.w_v.weight.detach()
-        elif isinstance(getattr(m, "qkv", None), nn.Linear):
-            wq, wk, wv = m.qkv.weight.detach().chunk(3)
-        else:
-            continue
-        out.append((name, wq, wk, wv, h))
-    return out
-
-
-# -- probes -------------------------------------------------------------------------------------------
-def _run_probes(subject: Subject, names: list[str], batch, pad_id: int,
-                compute_dtype: torch.dtype = torch.float32):
-    probes = make_probes(list(names))
-    run = RunContext(subject=subject, optimizer=None, mode="triage", compute_dtype=compute_dtype,
-                     criterion=lambda lg, t: F.cross_entropy(lg.float(), t, ignore_index=pad_id),
-                     device=str(subject.device))
-    src, tgt_in, tgt_out = (t[:8].to(subject.device) for t in batch)
-    model = subject.model
-    was = model.training
-    model.eval()
-    try:
-        with ProbeEngine(probes, run) as engine:
-            engine.setup()
-            engine.begin_step(0, src, tgt_in)
-            logits = subject.logits(src, tgt_in)
-            loss = run.criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
-            model.zero_grad(set_to_none=True)
-            if loss.requires_grad:
-                loss.backward()
-            engine.end_step(StepInfo(0, loss=loss.detach(), logits=logits.detach(), src=src,
-                                     tgt_in=tgt_in, tgt_out=tgt_out))
-            findings = engine.finish()
-            statuses = engine.statuses()
-            seconds = {k: round(v, 3) for k, v in engine.seconds_by_probe.items()}
-    finally:
-        model.zero_grad(set_to_none=True)
-        model.train(was)
-    return findings, statuses, seconds
-
-
 # -- findings -------------------------------------------------------------------------------------------
 def _rename(f: Finding, user_path) -> Finding:
     if not f.where:
@@ -448,31 +390,6 @@ def _rename_coverage(statuses: dict, user_path) -> None:
             if old is None or COVERAGE.index(c["status"]) > COVERAGE.index(old["status"]):
                 merged[new] = c
         st["coverage"] = merged
-
-
-def _dedupe(findings: list[Finding]) -> list[Finding]:
-    """One finding per (probe, where, severity); a probe's own beats hygiene's copy."""
-    seen, out = set(), []
-    for f in findings:
-        key = (f.probe, f.where, f.severity)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(f)
-    return out
-
-
-def _hygiene_statuses(findings: list[Finding], statuses: dict) -> dict:
-    out = {}
-    for name in {f.probe for f in findings} | {"checkpoint"}:
-        mine = [f for f in findings if f.probe == name]
-        st = ("fail" if any(f.severity == "error" for f in mine) else
-              "warn" if any(f.severity == "warning" for f in mine) else "pass")
-        prev = statuses.get(name, {}).get("status")
-        order = ["skipped", "no verdict", "pass", "warn", "fail"]
-        if prev is None or order.index(st) > order.index(prev):
-            out[name] = {**statuses.get(name, {}), "status": st}
-    return out
 
 
 def output_name(checkpoint: str) -> str:
