@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance  # noqa: E402
 from _timing import StepTimer  # noqa: E402
 
 from tndebug.train import TrainConfig, distributed, model_config, run_training  # noqa: E402
@@ -109,8 +110,7 @@ def main(argv=None) -> int:
         return 0
 
     torch.set_num_threads(1)
-    t0 = time.monotonic()
-    load0 = round(os.getloadavg()[0], 2)
+    prov = Provenance.start(__file__, argv)
     ddp: dict[str, list] = {a: [] for a in ARMS}
     single: dict[str, list] = {a: [] for a in ARMS}
     reduce_ms: list[float] = []
@@ -139,9 +139,7 @@ def main(argv=None) -> int:
         "reduce_ms_per_step": round(med(reduce_ms), 4),
         "reduce_share": round(med(reduce_ms) / med(ddp["none"]), 5),
         "target": TARGET, "meets_target": ratio_ddp <= TARGET, "note": NOTE,
-        "command": "python bench/ddp_overhead.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "wall_s": round(time.monotonic() - t0, 1),
-        "load_average_1m_at_start": load0, "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "provenance": prov.finish(),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("median_step_ms", "ratio_ddp", "ratio_single",

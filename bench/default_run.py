@@ -26,14 +26,13 @@ what one thread takes on an idle core.
 Threads: the training loop alone (new small and old small, 60 steps, every probe, no
 evaluation), at 1 and 2 torch threads, on the machine as found (idle, if it is) and while one
 CPU-bound process (a Python busy loop) holds a core. It is measured only when the load is < 2.5
-(else recorded as not measured), unless --force. Measured (results/default_run.md): on the
-quiet machine a second thread ran the new small 1.23x faster (34.2 vs 27.7 step/s) for 1.6x the
-CPU, the old small 1.5x; beside one busy process 2.4x slower than one thread (11.8 vs 28.3
-step/s); on a machine loaded by another session, 6-32x slower (0.4-1.0 step/s), burning 0.4-1.7
-CPU s a step spinning. One thread kept its cost in every case: the default is 1 (`--threads`).
+(else recorded as not measured), unless --force. The figures are in results/default_run.json
+and .md, written by this script only; why the default is one thread (`--threads`) rests on them.
 
-How the new default was found (one thread; optimizer steps, held-out exact match, and CPU s per
-step by time.process_time; the default's own loop without probes unless said):
+Notes from the search for the new default. NOT MEASURED BY THIS SCRIPT: no results file records
+these runs, so no commit reproduces them; they say why the settings were tried, not what they
+give (one thread; optimizer steps, held-out exact match, and CPU s per step by
+time.process_time; the default's own loop without probes unless said):
 
 * The cost is steps x model compute: an old small step was 0.107 s CPU (forward ~50%, backward
   ~40%, Adam ~8%; a batch 0.3 ms, the probes ~5 ms with their setup, logging and checkpoints
@@ -54,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -62,16 +60,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance, provenance_line  # noqa: E402
+
 TARGET_EXACT, TARGET_SECONDS, QUIET_LOAD = 0.99, 30.0, 2.5
 OLD_SMALL = dict(d_model=128, n_heads=4, n_layers=3, d_ff=512)
 RESULT = Path(__file__).parent / "results" / "default_run.json"
-# The old default as last measured by this script's predecessor (bench/results/default_run.json at
-# commit b6de71b, 2026-11-29, load 4.7-5.0 on 2 cores, 2 threads, Pre-LN only):
-OLD_RECORDED = ("old default (d_model 128, N=3, d_ff 512, 2 threads), recorded 2026-11-29 by the "
-                "previous bench/default_run.py, Pre-LN, probes off: seeds 0/1/2 99.7 / 99.4 / 99.8% exact "
-                "match, 57.6 / 56.9 / 57.1 s of training (57.3 / 56.5 / 56.7 s CPU); seed 0 with "
-                "--probe all: 99.7% in 59.1 s (58.6 s CPU). Post-LN was not measured then; the loop "
-                "without probes was at 71-85% exact match after 300 steps (seeds 0-2)")
 RUN_KEYS = ("preset", "norm", "seed", "steps", "batch_size", "warmup", "lr_factor", "exact_match",
             "token_accuracy", "eval_size", "status", "train_s", "train_cpu_s", "eval_s", "probe_s")
 
@@ -181,9 +175,16 @@ def threads(steps: int, force: bool, wait_s: float = 0.0) -> dict:
 
 
 def write_md(result: dict, path: Path) -> None:
+    prov = result.get("provenance")
     lines = ["# Default run, before and after issue 14 (`bench/default_run.py`)", "",
-             f"Measured {result['measured_at']}; {result['machine']['cpus']} CPUs; torch "
-             f"{result['machine']['torch']}. Target: exact match >= {TARGET_EXACT:.0%}, training "
+             "Written by `bench/default_run.py` from `default_run.json`; nothing here is typed by hand.", "",
+             provenance_line(prov) if prov else
+             f"* Provenance: not recorded (written before bench/_provenance.py, {result.get('measured_at')}); "
+             "no commit is known to reproduce it: rerun `python -m bench run default_run`",
+             *([f"* Kept from an earlier invocation ({', '.join(result['kept'])}); its provenance: "
+                + (provenance_line(result['kept_provenance'])[2:] if result.get('kept_provenance') else "not recorded")]
+               if result.get("kept") else []), "",
+             f"Target: exact match >= {TARGET_EXACT:.0%}, training "
              f"<= {TARGET_SECONDS:.0f} s on 2 cores, verdict clean. Wall times are evidence only "
              f"where `quiet` (load < {QUIET_LOAD}).", "",
              "| seed | norm | settings | threads | exact match | train s | train CPU s | wall s (command) | load | verdict |",
@@ -193,16 +194,12 @@ def write_md(result: dict, path: Path) -> None:
                      f"{r['exact_match']:.3f} | {r['train_s']:.1f} | {r['train_cpu_s']:.1f} | "
                      f"{r['wall_s']:.1f} | {r['load_before']:.1f} | {r['verdict']} |")
     if not any(r["settings"] == "old" for r in result["runs"]):
-        lines += ["", f"Before, not rerun in this invocation: {OLD_RECORDED}."]
-    for key, title in (("threads", "Threads"), ("threads_loaded", "Threads on a loaded machine (an earlier invocation)")):
-        th = result.get(key)
-        if not th:
-            continue
-        lines += ["", f"{title} (training loop, every probe, no evaluation; `as found`: the machine "
+        lines += ["", "Before (the old default): not run in this invocation."]
+    th = result.get("threads")
+    if th:
+        lines += ["", "Threads (training loop, every probe, no evaluation; `as found`: the machine "
                   "with no process added by this script, its load in the last column; `+1 busy "
                   "process`: a Python busy loop beside it):", ""]
-        if th.get("note"):
-            lines += [f"Note: {th['note']}.", ""]
         if th.get("measured"):
             lines += ["| settings | machine | threads | step/s | CPU s/step | load |", "|---|---|---|---|---|---|"]
             for r in th["rows"]:
@@ -210,8 +207,6 @@ def write_md(result: dict, path: Path) -> None:
                              f"{r['cpu_s_per_step']} | {r['load_before']:.1f} |")
         else:
             lines.append(f"not measured: {th['reason']}")
-    found = __doc__.split("How the new default was found")[1]
-    lines += ["", "## How the new default was found" + found.rstrip()]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -234,16 +229,13 @@ def main(argv=None) -> int:
             child_steps(rest[0], int(rest[1]), int(rest[2]))
         print(json.dumps(out))
         return 0
-    import torch
+    prov = Provenance.start(__file__, argv)
     settings = [s for s in args.settings.split(",") if s]
     result = {
-        "command": "tndebug run --probe all --device cpu --seed S --norm N   (new: as typed; "
-                   "old: small at d_model 128, N=3, d_ff 512, one torch thread per core)",
+        "runs_command": "tndebug run --probe all --device cpu --seed S --norm N   (new: as typed; "
+                        "old: small at d_model 128, N=3, d_ff 512, one torch thread per core)",
         "target": {"exact_match": TARGET_EXACT, "train_seconds": TARGET_SECONDS, "cores": 2,
                    "verdict": "clean (no warning or error)"},
-        "machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
-                    "python": platform.python_version(), "platform": platform.platform()},
-        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     if args.only != "threads":
         result["runs"] = compare(settings, args.seeds, args.norms)
@@ -254,7 +246,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     if args.only and out.exists():                        # keep the other part of the last results
         last = json.loads(out.read_text())
-        result.update({k: last[k] for k in ("runs", "met", "threads") if k in last and k not in result})
+        kept = [k for k in ("runs", "met", "threads") if k in last and k not in result]
+        result.update({k: last[k] for k in kept})
+        if kept:                                          # the kept part says where it came from
+            result.update(kept=kept, kept_provenance=last.get("provenance"))
+    result["provenance"] = prov.finish()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     if "runs" in result:

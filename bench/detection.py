@@ -42,6 +42,8 @@ import traceback
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_OUT = RESULTS / "detection.jsonl"
@@ -170,7 +172,8 @@ def snapshot_code(root: Path) -> tuple[Path, dict]:
     others edit the tree; returns (directory to put first on PYTHONPATH, its identity)."""
     import hashlib
     import shutil
-    import subprocess
+
+    from _provenance import tree_state
     dest = Path(tempfile.mkdtemp(prefix="tndebug-bench-code-"))
     shutil.copytree(root / "tndebug", dest / "tndebug",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -178,14 +181,9 @@ def snapshot_code(root: Path) -> tuple[Path, dict]:
     for f in sorted((dest / "tndebug").rglob("*.py")):
         h.update(str(f.relative_to(dest)).encode())
         h.update(f.read_bytes())
-
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()
-        except OSError:
-            return ""
-    ident = {"git_head": git("rev-parse", "HEAD"),
-             "tndebug_dirty": bool(git("status", "--porcelain", "--", "tndebug")),
+    state = tree_state(root)
+    ident = {"git_head": state["commit"],
+             "tndebug_dirty": any(p.startswith("tndebug/") for p in state["dirty"]),
              "tndebug_sha256": h.hexdigest()[:16]}
     return dest, ident
 
@@ -225,6 +223,8 @@ def parse_args(argv=None):
     ap.add_argument("--workers", type=int, default=2, choices=(1, 2))
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--fresh", action="store_true",
+                    help="start --out afresh (drop the runs already there): every run at this commit")
     return ap.parse_args(argv)
 
 
@@ -232,6 +232,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.fresh and not args.dry_run:
+        out.unlink(missing_ok=True)
+    prov = Provenance.start(__file__, argv)
     jobs = make_plan(args)
     done = done_keys(out)
     todo = [j for j in jobs if job_key(j) not in done]
@@ -245,7 +248,7 @@ def main(argv=None) -> int:
     old_pythonpath = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(code_dir)] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
     sys.path.insert(0, str(code_dir))
-    meta = {"meta": True, "argv": sys.argv, "code": code, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    meta = {"meta": True, "argv": sys.argv if argv is None else ["bench/detection.py", *argv], "code": code, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "load": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
             "planned": len(jobs), "todo": len(todo), "workers": args.workers}
     with out.open("a") as fh:
@@ -285,6 +288,9 @@ def main(argv=None) -> int:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old_pythonpath
+        with out.open("a") as fh:            # the invocation's provenance, when it ends
+            fh.write(json.dumps({"meta": True, "end": True, "stopped": stopped,
+                                 "provenance": prov.finish()}) + "\n")
     return 130 if stopped else 0
 
 

@@ -33,6 +33,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance, provenance_line  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results"
 ALARM = ("warning", "error")
 
@@ -372,10 +375,13 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
             "calibration_seeds": sorted({r["seed"] for r in calib}),
             "benign_variants": sorted({r["variant"] for r in benign}),
         },
-        "commands": [" ".join(m["argv"]) for m in metas],
-        "code": [m.get("code") for m in metas],
-        "machine": {"cpus": metas[-1]["cpus"] if metas else None,
-                    "load_at_starts": [m["load"] for m in metas],
+        "commands": [" ".join(m["argv"]) for m in metas if "argv" in m],
+        # each invocation's provenance (bench/_provenance.py), from the line it writes when it ends;
+        # None for an invocation before it recorded one, or one that did not end
+        "runs_provenance": [m.get("provenance") for m in metas if m.get("end")] or [None],
+        "code": [m.get("code") for m in metas if "code" in m],
+        "machine": {"cpus": next((m["cpus"] for m in metas if "cpus" in m), None),
+                    "load_at_starts": [m["load"] for m in metas if "load" in m],
                     "load_1min_during_runs": quartiles(loads),
                     "run_wall_s": quartiles([r["wall_s"] for r in ok]),
                     "run_cpu_s": quartiles([r["cpu_s"] for r in ok])},
@@ -435,7 +441,12 @@ def markdown(d: dict) -> str:
          "* Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(d["commands"])),
          "* Code (tndebug/ as the workers imported it): " + "; ".join(
              f"HEAD {c['git_head'][:8]}{' + uncommitted edits' if c['tndebug_dirty'] else ''} "
-             f"(sha256 {c['tndebug_sha256']})" for c in d.get("code", []) if c), "",
+             f"(sha256 {c['tndebug_sha256']})" for c in d.get("code", []) if c),
+         *[provenance_line(p).replace("Provenance", "Provenance of the runs", 1) if p else
+           "* Provenance of the runs: not recorded (written before bench/_provenance.py); no commit is "
+           "known to reproduce them: rerun `python -m bench run detection`" for p in d.get("runs_provenance", [None])],
+         *([provenance_line(d["provenance"]).replace("Provenance", "Provenance of this report", 1)]
+           if d.get("provenance") else []), "",
          "## Targets", "",
          f"* Recall >= 95% per fault: missed by {t['faults_missing_recall'] or 'none'}.",
          f"* 100% at the activation step where an exact test exists: missed by {t['faults_missing_exact'] or 'none'}.",
@@ -535,8 +546,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None,
                     help="the main track's step count (default: that of most fault runs)")
     args = ap.parse_args(argv)
+    prov = Provenance.start(__file__, argv)
     runs, metas = load(Path(args.jsonl))
     d = analyse(runs, metas, args.steps)
+    d["provenance"] = block = prov.finish()
+    # clean only when this report and every invocation of the runs are clean, on the same code
+    runs_prov = d["runs_provenance"]
+    block["clean"] = block["clean"] and all(p and p["clean"] and p["code_tree"] == block["code_tree"] for p in runs_prov)
     Path(args.json).write_text(json.dumps(d, indent=1, default=str) + "\n")
     Path(args.md).write_text(markdown(d))
     print(f"wrote {args.json} and {args.md} ({d['counts']})")

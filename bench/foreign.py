@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -34,6 +32,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "foreign"))
 import foreign_corpus as corpus  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from _provenance import Provenance, provenance_line  # noqa: E402
 
 import tndebug  # noqa: E402
 from tndebug.triage.run import TRIAGE_PROBES  # noqa: E402
@@ -103,12 +104,10 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
     for r in records:
         rows[(r["style"], r["variant"], r["fault"])].append(r)
     L = [f"# Foreign-code corpus: triage verdicts on code no one here wrote (issue 10)", "",
-         f"* command: `{meta['command']}`",
+         provenance_line(meta["provenance"]) if "provenance" in meta else
+         "* Provenance: not recorded (written before bench/_provenance.py); rerun `python -m bench run foreign`",
          f"* tndebug at commit `{meta['commit']}`{meta['dirty_note']} (imported from `{meta['tndebug_from']}`); "
-         f"the corpus (tests/foreign) and this script at `{meta['corpus_commit']}`"
-         f"{' with uncommitted changes' if meta['corpus_dirty'] else ''}",
-         f"* machine: {meta['machine']}; load average (1, 5, 15 min) at start {meta['load_start']}, "
-         f"at end {meta['load_end']}; torch {meta['torch']}, transformers {meta['transformers']}",
+         f"the corpus (tests/foreign) and this script as in the provenance; transformers {meta['transformers']}",
          f"* {meta['runs']} runs ({meta['healthy_runs']} healthy over seeds {meta['seeds']}, "
          f"{meta['bug_runs']} with a bug over seeds {meta['bug_seeds']}), {meta['steps']} training "
          f"steps each, wall {meta['wall_s']:.0f} s; {meta['date']}", "",
@@ -208,7 +207,7 @@ def main(argv=None) -> int:
     seeds, bug_seeds = list(range(args.seeds)), list(range(args.bug_seeds))
     cases = ([(s, v, None, seed) for s, v, seed in corpus.healthy_cases(seeds) if s in styles] +
              [(s, v, b, seed) for s, v, b in corpus.bug_cases() if s in styles for seed in bug_seeds])
-    load_start = tuple(round(x, 2) for x in os.getloadavg())
+    prov = Provenance.start(__file__, argv)
     t0 = time.perf_counter()
     records = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -221,24 +220,19 @@ def main(argv=None) -> int:
     inside = ROOT in pkg.parents
     commit = git("rev-parse", "HEAD") if inside else os.environ.get("FOREIGN_BENCH_AT", "unknown (not in the repo)")
     dirty = git("status", "--porcelain", "--", "tndebug") if inside else ""
-    env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in ("OMP_NUM_THREADS",) if k in os.environ)
     try:
         import transformers
         tf_version = transformers.__version__
     except ImportError:
         tf_version = "not installed"
-    meta = {"bench": "foreign", "command": " ".join(filter(None, [env, "python", "bench/foreign.py",
-                                                                  *map(shlex.quote, sys.argv[1:] if argv is None else argv)])),
-            "commit": commit, "corpus_commit": git("rev-parse", "HEAD"),
-            "corpus_dirty": bool(git("status", "--porcelain", "--", "tests/foreign", "bench/foreign.py")),
+    meta = {"bench": "foreign", "commit": commit,
             "dirty_note": " (tndebug/ has uncommitted changes)" if dirty else "",
-            "tndebug_from": str(pkg), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-            "load_start": load_start, "load_end": tuple(round(x, 2) for x in os.getloadavg()),
-            "torch": torch.__version__, "transformers": tf_version, "seeds": seeds,
+            "tndebug_from": str(pkg), "transformers": tf_version, "seeds": seeds,
             "bug_seeds": bug_seeds, "steps": args.steps, "runs": len(records),
             "healthy_runs": sum(r["fault"] == "healthy" for r in records),
             "bug_runs": sum(r["fault"] != "healthy" for r in records),
-            "wall_s": round(time.perf_counter() - t0, 1), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "wall_s": round(time.perf_counter() - t0, 1), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "provenance": prov.finish()}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({**meta, "records": records}, indent=1, default=str) + "\n")

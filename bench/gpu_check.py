@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance  # noqa: E402
 from _timing import StepTimer  # noqa: E402
 
 from tndebug.faults import FAULTS  # noqa: E402
@@ -139,6 +140,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     t_start = time.monotonic()
+    prov = Provenance.start(__file__, argv)
     cuda = torch.cuda.is_available()
     if cuda:
         preset, label = "base", "GPU"
@@ -160,6 +162,7 @@ def main(argv=None) -> int:
 
     def save() -> None:
         out["wall_s"] = round(time.monotonic() - t_start, 1)
+        out["provenance"] = prov.finish()          # written again at each save: the latest state
         args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
 
     print(f"gpu_check: {label}; {preset} preset, amp {amp}", file=sys.stderr)

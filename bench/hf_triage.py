@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -27,6 +26,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "hf_triage.json"
 TARGET_S = 30.0
@@ -81,7 +83,7 @@ def main() -> None:
     ap.add_argument("--attn", choices=("eager", "sdpa"), default=None)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    load_before = os.getloadavg()
+    prov = Provenance.start(__file__, None)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "marian-base"
         t = time.perf_counter()
@@ -123,17 +125,15 @@ def main() -> None:
         "cli_wall_minus_transformers_import_s": round(wall - imports["transformers_only_s"], 3),
         "imports": {k: round(v, 3) for k, v in imports.items()},
         "runs": runs, "save_s": round(save_s, 3), "model": saved,
-        "load_average_before": load_before, "load_average_after": os.getloadavg(), "python": platform.python_version(),
-        "platform": platform.platform(), "cpus": os.cpu_count(),
     }
     import torch
     import transformers
-    result.update(torch=torch.__version__, transformers=transformers.__version__)
+    result.update(torch=torch.__version__, transformers=transformers.__version__, provenance=prov.finish())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("cli_wall_s", "within_target", "cli_cpu_s",
                                              "cli_cpu_over_threads_s", "imports",
-                                             "load_average_before", "load_average_after")}, indent=2))
+                                             "provenance")}, indent=2))
 
 
 if __name__ == "__main__":

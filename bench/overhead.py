@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance  # noqa: E402
 
 RESULT = Path(__file__).parent / "results" / "overhead.json"
 ARMS = ("none", "default", "every1")
@@ -220,17 +222,6 @@ def _summarise(runs: list[dict], args) -> tuple[dict, dict, dict]:
     return summary, ratios, per_probe
 
 
-def _code_identity() -> dict:
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()
-        except OSError:
-            return ""
-    return {"git_head": git("rev-parse", "HEAD"), "tndebug_dirty": bool(git("status", "--porcelain", "--", "tndebug"))}
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
@@ -257,8 +248,7 @@ def main(argv=None) -> int:
     if args.memory_arm:
         print(json.dumps(memory_arm(args.memory_arm, args)))
         return 0
-    started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    load_start = os.getloadavg()
+    prov = Provenance.start(__file__, argv)
     runs = []
     for r in range(args.rounds):
         for arm in ARMS:
@@ -303,13 +293,7 @@ def main(argv=None) -> int:
                     (memory[arm]["peak_rss_during_run_kib"] - memory[arm]["rss_kib_before_run"]) / 1024, 1)
 
     result = {
-        "bench": "overhead", "command": " ".join([Path(sys.executable).name] + sys.argv),
-        "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "code": _code_identity(),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "cpus": os.cpu_count(), "threads": args.threads,
-                    "load_start": [round(x, 2) for x in load_start],
-                    "load_end": [round(x, 2) for x in os.getloadavg()]},
+        "bench": "overhead", "provenance": prov.finish(), "threads": args.threads,
         "setting": {"preset": args.preset, "task": "copy", "norm": "pre", "steps": args.steps,
                     "skip": args.skip, "rounds": args.rounds, "device": args.device},
         "targets": TARGETS, "summary": summary, "ratios": ratios, "per_probe": per_probe,
@@ -320,8 +304,7 @@ def main(argv=None) -> int:
     if not runs and profile and out.exists():     # a profile-only run adds to the earlier result
         earlier = json.loads(out.read_text())
         earlier.setdefault("profiles", []).append(
-            {"command": result["command"], "machine": result["machine"], "setting": result["setting"],
-             "profile": profile})
+            {"provenance": result["provenance"], "setting": result["setting"], "profile": profile})
         result = earlier
     out.write_text(json.dumps(result, indent=2) + "\n")
     for arm, r in ratios.items():

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -40,8 +39,10 @@ from pathlib import Path
 
 import torch
 
-from tndebug.reporters.session import ReportSession
-from tndebug.train import TrainConfig, model_config, run_training
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance  # noqa: E402
+from tndebug.reporters.session import ReportSession  # noqa: E402
+from tndebug.train import TrainConfig, model_config, run_training  # noqa: E402
 
 RESULT = Path(__file__).parent / "results" / "report_overhead.json"
 LIMIT = 0.05
@@ -149,6 +150,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=RESULT)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    prov = Provenance.start(__file__, argv)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         one_run(False, "tiny", 5, args.probes, Path(tmp) / "warmup")      # imports, first calls
@@ -163,9 +165,9 @@ def main(argv=None) -> int:
     direct, plain_direct = med("full", "session_s"), med("plain", "session_s")
     cpu = (med("full", "session_cpu_s") - med("plain", "session_cpu_s")) / med("plain", "cpu_s")
     result = {
-        "command": " ".join(["python bench/report_overhead.py", *(argv if argv is not None else sys.argv[1:])]),
+        "provenance": prov.finish(),
         "preset": args.preset, "steps": args.steps, "probes": args.probes, "pairs": args.pairs,
-        "threads": args.threads, "load_average": [round(x, 2) for x in os.getloadavg()],
+        "threads": args.threads,
         "plain_wall_s": plain, "full_wall_s": full,
         "full_session_s": direct, "plain_session_s": plain_direct,
         "overhead_wall": round(full / plain - 1, 4),

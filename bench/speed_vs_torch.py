@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -29,10 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tndebug.config import ModelConfig
-from tndebug.model import make_model
-from tndebug.model.embedding import Embeddings
-from tndebug.model.transformer import Generator, count_parameters
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance  # noqa: E402
+from tndebug.config import ModelConfig  # noqa: E402
+from tndebug.model import make_model  # noqa: E402
+from tndebug.model.embedding import Embeddings  # noqa: E402
+from tndebug.model.transformer import Generator, count_parameters  # noqa: E402
 
 THREADS = 2
 # preset -> (batch, src_len = tgt_len, repetitions)
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(THREADS)
     rows = []
-    load_before = os.getloadavg()
+    prov = Provenance.start(__file__, argv)
     for preset in args.presets:
         B, L, reps = SIZES[preset]
         row = measure(preset, B, L, args.reps or reps)
@@ -131,13 +132,9 @@ def main(argv=None) -> int:
               f"[q1 {row['ratio_q1']:.3f}, q3 {row['ratio_q3']:.3f}]")
     result = {
         "what": "training step (zero_grad + forward + cross-entropy + backward) time, ours / torch.nn.Transformer",
-        "command": "python bench/speed_vs_torch.py",
-        "device": "cpu", "threads": THREADS, "torch": torch.__version__,
-        "python": platform.python_version(), "machine": platform.machine(),
+        "device": "cpu", "threads": THREADS,
         "note": "one process, interleaved repetitions (order flips each rep); shared machine, so read the ratios",
-        "loadavg_1_5_15_before": [round(x, 2) for x in load_before],
-        "loadavg_1_5_15_after": [round(x, 2) for x in os.getloadavg()],
-        "results": rows,
+        "results": rows, "provenance": prov.finish(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

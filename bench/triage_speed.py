@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -31,9 +29,11 @@ from pathlib import Path
 
 import torch
 
-from tndebug.config import ModelConfig
-from tndebug.model import make_model
-from tndebug.triage import TriageOptions, triage
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _provenance import Provenance  # noqa: E402
+from tndebug.config import ModelConfig  # noqa: E402
+from tndebug.model import make_model  # noqa: E402
+from tndebug.triage import TriageOptions, triage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results" / "triage_speed.json"
@@ -131,7 +131,7 @@ def main() -> None:
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     results = {}
-    load0 = round(os.getloadavg()[0], 2)
+    prov = Provenance.start(__file__, None)
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_checkpoints(Path(tmp))
         breakdown = probe_breakdown(paths) if args.breakdown else None
@@ -159,10 +159,7 @@ def main() -> None:
             print(f"{case:10s} threads={threads} wall {row['median_s']:7.2f} s  cpu {row['cpu_median_s']:7.2f} s  "
                   f"{row['stages_s_of_median']}")
     doc = {"bench": "triage_speed", "preset": "base", "config": ModelConfig.base().to_dict(),
-           "target_s": TARGET_S, "torch": torch.__version__,
-           "machine": platform.machine(), "cpus": os.cpu_count(),
-           "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-           "load_average_1m_at_start": load0,
+           "target_s": TARGET_S, "provenance": prov.finish(),
            "note": "wall: triage() in-process, end to end. The machine is shared: load_average says "
                    "how many processes competed for its 2 cores, and wall time grows with it. "
                    "cpu_s = process CPU time; with threads=1 it is the cost on one idle core "
@@ -174,7 +171,9 @@ def main() -> None:
     if args.merge and args.out.exists():
         old = json.loads(args.out.read_text())
         doc = {**old, **{k: v for k, v in doc.items() if k != "results"},
-               "results": {**old.get("results", {}), **results}}
+               "results": {**old.get("results", {}), **results},
+               # merged rows keep the provenance of the invocation that measured them
+               "merged_from": [*old.get("merged_from", []), old.get("provenance")]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import watch_overhead as W  # noqa: E402  (build, the user's loop, sizes)
+from _provenance import Provenance  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    prov = Provenance.start(__file__, argv)
     kind, steps = args.model, args.steps
     by: dict[str, list[float]] = defaultdict(list)
     losses: list[float] = []
@@ -66,7 +68,6 @@ def main(argv=None) -> int:
     ln = next(p for p in probes if p.name == "ln-placement")
     ln_steps = [s for s in range(steps) if ln.schedule(s)]
     result = {
-        "command": "python bench/watch_breakdown.py " + " ".join(argv or sys.argv[1:]),
         "model": kind, "steps": steps, "skip": args.skip, "plain_cpu_step_ms": base / n * 1e3,
         "ratio_cpu": timing["ratio_cpu"],
         "other_threads_share": other / base, "by_due_probes": rows,
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
         "alarms": [f"{f['severity']} {f['probe']}: {f['message']}" for f in report["findings"]
                    if f["severity"] in ("warning", "error")],
         "loss_at_ln_placement_steps": [(s, losses[s], losses[s] / losses[0]) for s in ln_steps],
-        "pad_mass": pad_mass,
+        "pad_mass": pad_mass, "provenance": prov.finish(),
     }
     out = Path(args.out or Path(__file__).parent / "results" / f"watch_breakdown_{kind}.json")
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -38,7 +38,6 @@ import contextlib
 import gc
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -55,6 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "api"))
 sys.path.insert(0, str(ROOT))
 import models as M  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from _provenance import Provenance  # noqa: E402
 
 RESULT = Path(__file__).parent / "results" / "watch_overhead.json"
 ARMS = ("none", "default", "every1")
@@ -222,15 +224,13 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(memory_child(*args.child, args.memory_steps)))
         return 0
-    load_before = os.getloadavg()
+    prov = Provenance.start(__file__, argv)
+    load_before = prov.load_before
     if load_before[0] >= args.max_load:
         print(f"watch_overhead: load average {load_before[0]:.2f} >= {args.max_load}: not run "
               f"(timings on a loaded machine mislead; --max-load to override)", file=sys.stderr)
         return 2
-    result = {"command": "python bench/watch_overhead.py " + " ".join(argv or sys.argv[1:]),
-              "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                          "cpu_count": os.cpu_count(), "threads": 1, "loadavg_before": load_before},
-              "steps": args.steps, "skip": args.skip, "rounds": args.rounds, "batch": BATCH,
+    result = {"threads": 1, "steps": args.steps, "skip": args.skip, "rounds": args.rounds, "batch": BATCH,
               "length": LENGTH, "sizes": SIZES, "targets": TARGETS, "models": {}}
     for kind in args.models.split(","):
         arms = ["none"] + [a for a in args.arms.split(",") if a in ARMS and a != "none"]
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
             print(f"{kind}: separate runs: " + ", ".join(
                 f"{arm} x{v:.3f}" for arm, v in entry["separate"]["ratio_cpu"].items()),
                 file=sys.stderr)
-    result["machine"]["loadavg_after"] = os.getloadavg()
+    result["provenance"] = prov.finish()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)

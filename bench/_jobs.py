@@ -1,0 +1,113 @@
+"""What `python -m bench` regenerates: each job's commands, the results files they write, and how
+long the full job takes on 2 quiet CPU cores.
+
+A command is a list of arguments after `python`, run from the repository root. In a quick
+command `{out}` stands for a scratch folder, so that `--quick` never overwrites a results file
+that the README or docs quote. Estimates come from the wall times the results files recorded
+(`wall_s`, or per-run times times the runs), scaled to the current presets where those changed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    what: str
+    commands: tuple[tuple[str, ...], ...]      # the full regeneration, into bench/results/
+    quick: tuple[tuple[str, ...], ...]         # a short version, into {out}
+    writes: tuple[str, ...]                    # results files, relative to the repository root
+    minutes: float                             # estimate of `commands` on 2 quiet cores
+    needs: str = ""                            # "cuda": skipped by `all` without a GPU
+    ok_codes: tuple[int, ...] = (0,)           # exit codes that mean the results file was written
+
+
+R = "bench/results/"
+JOBS: tuple[Job, ...] = (
+    Job("speed_vs_torch", "our model vs torch.nn.Transformer, training step, small and base",
+        (("bench/speed_vs_torch.py",),),
+        (("bench/speed_vs_torch.py", "--presets", "small", "--reps", "3", "--out", "{out}/speed_vs_torch.json"),),
+        (R + "speed_vs_torch.json",), 1.5),
+    Job("overhead", "probe overhead of `tndebug run`, default schedules and every probe every step",
+        (("bench/overhead.py", "--steps", "200", "--rounds", "3", "--memory-steps", "20"),),
+        (("bench/overhead.py", "--steps", "8", "--rounds", "1", "--no-memory", "--out", "{out}/overhead.json"),),
+        (R + "overhead.json",), 3.0),
+    Job("report_overhead", "report generation (TensorBoard, plots, markdown) against report.json only",
+        (("bench/report_overhead.py",),),
+        (("bench/report_overhead.py", "--steps", "8", "--pairs", "1", "--out", "{out}/report_overhead.json"),),
+        (R + "report_overhead.json",), 2.0, ok_codes=(0, 1)),         # 1: over the 5% limit, written
+    Job("ddp_overhead", "probe overhead under DDP, 2 gloo processes, tiny and small",
+        (("bench/ddp_overhead.py", "--reps", "4"),
+         ("bench/ddp_overhead.py", "--preset", "small", "--reps", "4", "--out", R + "ddp_overhead_small.json")),
+        (("bench/ddp_overhead.py", "--steps", "8", "--reps", "1", "--out", "{out}/ddp_overhead.json"),),
+        (R + "ddp_overhead.json", R + "ddp_overhead_small.json"), 5.0),
+    Job("default_run", "the default `tndebug run --probe all`, old and new, seeds 0-2, both norms; threads",
+        (("bench/default_run.py",),),
+        (("bench/default_run.py", "--settings", "new", "--seeds", "0", "--norms", "pre", "--only", "runs",
+          "--out", "{out}/default_run.json"),),
+        (R + "default_run.json", R + "default_run.md"), 10.0, ok_codes=(0, 1)),  # 1: target not met, written
+    Job("triage_speed", "`tndebug triage` of a base checkpoint, three ways in, 1 and 2 threads",
+        (("bench/triage_speed.py",),),
+        (("bench/triage_speed.py", "--reps", "1", "--cases", "tndebug", "--threads", "1",
+          "--out", "{out}/triage_speed.json"),),
+        (R + "triage_speed.json",), 4.0),
+    Job("hf_triage", "`tndebug triage DIR` of a Marian-size Hugging Face directory, the whole CLI",
+        (("bench/hf_triage.py",),),
+        (("bench/hf_triage.py", "--reps", "1", "--out", "{out}/hf_triage.json"),),
+        (R + "hf_triage.json",), 2.0),
+    Job("foreign", "triage verdicts on the foreign-code corpus (tests/foreign), now and at b735d21",
+        (("bench/foreign.py",),
+         ("bench/foreign.py", "--at", "b735d21", "--out", R + "foreign_at_b735d21")),
+        (("bench/foreign.py", "--seeds", "1", "--bug-seeds", "1", "--steps", "2", "--styles", "seq_first",
+          "--out", "{out}/foreign"),),
+        (R + "foreign.json", R + "foreign.md", R + "foreign_at_b735d21.json", R + "foreign_at_b735d21.md"), 5.0),
+    Job("watch_overhead", "tndebug.watch on the user's loop, paired, SDPA and HF BART, 800 steps x 2 rounds",
+        (("bench/watch_overhead.py",),),
+        (("bench/watch_overhead.py", "--steps", "20", "--skip", "4", "--rounds", "1", "--models", "sdpa",
+          "--no-memory", "--max-load", "100", "--out", "{out}/watch_overhead.json"),),
+        (R + "watch_overhead.json",), 16.0),
+    Job("watch_breakdown", "where the watch's overhead goes, step by step, SDPA and BART",
+        (("bench/watch_breakdown.py", "--model", "sdpa", "--steps", "800"),
+         ("bench/watch_breakdown.py", "--model", "bart", "--steps", "800")),
+        (("bench/watch_breakdown.py", "--model", "sdpa", "--steps", "20", "--skip", "4",
+          "--out", "{out}/watch_breakdown_sdpa.json"),),
+        (R + "watch_breakdown_sdpa.json", R + "watch_breakdown_bart.json"), 4.0),
+    Job("detection", "fault-injection detection: every fault x seeds x norms, healthy and benign runs",
+        (("bench/detection.py", "--fresh"), ("bench/detection_report.py",)),
+        (("bench/detection.py", "--fresh", "--faults", "no_scale", "--healthy-tasks", "copy", "--norms", "pre",
+          "--eval-fault-seeds", "10", "--eval-healthy-seeds", "10", "--benign", "--eval-benign-seeds",
+          "--calib-seeds", "--calib-benign-seeds", "--calib-fault-seeds", "--steps", "8", "--resume-at", "4",
+          "--eval-size", "20", "--workers", "1", "--out", "{out}/detection.jsonl"),
+         ("bench/detection_report.py", "--jsonl", "{out}/detection.jsonl", "--json", "{out}/detection.json",
+          "--md", "{out}/detection.md")),
+        (R + "detection.jsonl", R + "detection.json", R + "detection.md"), 20.0),
+    Job("sample_runs", "sample_runs/: real `tndebug run` outputs, healthy and one fault per probe",
+        (("sample_runs/regenerate.py",),),
+        (("-c", "import sys; sys.path.insert(0, 'sample_runs'); import regenerate; "
+                "regenerate.regenerate('no_scale', root=__import__('pathlib').Path(sys.argv[1]))", "{out}"),),
+        ("sample_runs/",), 3.0),
+    Job("gpu_check", "the base preset on one GPU, probes off / default / every step, GPU faults",
+        (("bench/gpu_check.py",),),
+        (("bench/gpu_check.py", "--budget-s", "60", "--out", "{out}/gpu_check.json"),),
+        (R + "gpu_check.json",), 5.0, needs="cuda"),
+)
+
+# Results files that no job regenerates, and why; the README and docs must not quote them as
+# figures of the current code (tests/bench/test_figures.py checks both).
+ARCHIVED = {
+    R + "detection_eval_rerun.json": "ran on uncommitted edits at 240089a (no commit reproduces it); "
+                                     "superseded by the detection job",
+    R + "detection_eval_rerun.jsonl": "as detection_eval_rerun.json",
+    R + "detection_eval_rerun.md": "as detection_eval_rerun.json",
+    R + "watch_overhead_800.json": "the watch before its overhead work (separate runs); the code it "
+                                   "measured is gone",
+    R + "watch_overhead_long.json": "as watch_overhead_800.json, 400 steps",
+}
+
+
+def by_name(name: str) -> Job:
+    for job in JOBS:
+        if job.name == name:
+            return job
+    raise KeyError(f"no bench job {name!r}; known: {', '.join(j.name for j in JOBS)}")
