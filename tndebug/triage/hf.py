@@ -305,7 +305,7 @@ def attention_weights(model: nn.Module) -> list:
 
 
 # -- triage ------------------------------------------------------------------------------------------
-def triage_hf(opts, patch=None):
+def triage_hf(opts, patch=None, sinks=()):
     """Triage a save_pretrained directory. `patch(model, adapter)` (tests): change the loaded
     model in place, or return (forward, encode) to call it differently."""
     from tndebug import driver
@@ -360,7 +360,7 @@ def triage_hf(opts, patch=None):
     findings = hygiene.non_finite(sd) + resume_state(folder)
     with sliced_output(model, keep, lambda: forward(model, batch.src[:1, :3], batch.tgt_in[:1, :3],
                                                      ids["pad"])) as keep:
-        probed = driver.probe_once(subject, probe_names, batch)
+        probed = driver.probe_once(subject, probe_names, batch, sinks=sinks)
     findings += probed.findings
     statuses, probe_seconds = probed.statuses, probed.seconds
     lap("probes")

@@ -76,7 +76,8 @@ class _Target:
     attention_weights: list = field(default_factory=list)   # (where, W_Q, W_K, W_V, h)
 
 
-def triage(opts: TriageOptions) -> Report:
+def triage(opts: TriageOptions, sinks=()) -> Report:
+    """`sinks`: the reporters' (ReportSession.sinks), shown the probed step for figures and tb/."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -85,7 +86,7 @@ def triage(opts: TriageOptions) -> Report:
 
     from tndebug.triage import hf       # a save_pretrained directory: no user code (issue 11)
     if hf.is_hf_dir(opts.checkpoint):
-        return hf.triage_hf(opts)
+        return hf.triage_hf(opts, sinks=sinks)
     if opts.attn or opts.text:
         raise UsageError("--attn and --text apply to a Hugging Face directory (config.json + weights)")
     probe_names = _probe_names(opts.probes)
@@ -103,7 +104,7 @@ def triage(opts: TriageOptions) -> Report:
     lap("model")
 
     probed = driver.probe_once(subject, probe_names, batch,
-                               compute_dtype=weights_dtype(ckpt.state_dict))
+                               compute_dtype=weights_dtype(ckpt.state_dict), sinks=sinks)
     findings += probed.findings
     statuses, probe_seconds = probed.statuses, probed.seconds
     lap("probes")
