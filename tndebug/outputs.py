@@ -18,12 +18,15 @@ replaced, and one tb/ never holds two runs):
   whose process is gone is stale and taken over; a live one is refused.
 
 Every refusal is a UsageError (one line, exit 2) raised before anything is trained or loaded.
+`tndebug.watch(out=, overwrite=)` follows the same rule; its refusals name its keywords
+(`names=LIBRARY`), and without `out=` it writes nothing.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 from tndebug.errors import UsageError
@@ -32,6 +35,19 @@ LOCK = ".tndebug.lock"
 REPORT_FILES = ("report.json", "report.md")
 RUN_FILES = REPORT_FILES + ("checkpoint.pt", "checkpoint.pt.tmp")
 MAX_NUMBERED = 1000
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How a refusal names the place and the way out: the CLI's flags or the library's keywords."""
+    out: str = "--out {}"
+    overwrite: str = "--overwrite"
+    another: str = "another --out"
+    fresh: str = " (without --out a fresh numbered directory is used)"
+
+
+CLI = Naming()
+LIBRARY = Naming(out="out='{}'", overwrite="overwrite=True", another="another out=", fresh="")
 
 
 def tndebug_outputs(d: Path) -> list[str]:
@@ -44,19 +60,20 @@ def tndebug_outputs(d: Path) -> list[str]:
     return found
 
 
-def check_place(d: Path, flag: str = "--out") -> None:
+def check_place(d: Path, flag: str = "--out", names: Naming = CLI) -> None:
     """`d` can be a directory we write: not a file, not under a file, writable."""
+    place = names.out.format(d) if flag == "--out" else f"{flag} {d}"
     if d.exists() and not d.is_dir():
-        raise UsageError(f"{flag} {d}: is a file, not a directory; pass a directory path")
+        raise UsageError(f"{place}: is a file, not a directory; pass a directory path")
     parent = d
     while not parent.exists():
         if parent.parent == parent:
             break
         parent = parent.parent
     if parent != d and not parent.is_dir():
-        raise UsageError(f"{flag} {d}: {parent} is a file, so no directory can be made under it")
+        raise UsageError(f"{place}: {parent} is a file, so no directory can be made under it")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {d}: {parent} is not writable; pass a directory you can write")
+        raise UsageError(f"{place}: {parent} is not writable; pass a directory you can write")
 
 
 def numbered(base: Path, taken=lambda p: bool(tndebug_outputs(p)) or _locked(p)) -> Path:
@@ -122,9 +139,10 @@ def _locked(d: Path) -> bool:
 class OutputLock:
     """`.tndebug.lock` in a directory: O_EXCL create, our pid inside; stale locks taken over."""
 
-    def __init__(self, d: Path) -> None:
+    def __init__(self, d: Path, names: Naming = CLI) -> None:
         self.path = d / LOCK
         self.held = False
+        self.names = names
 
     def acquire(self) -> None:
         body = f"pid={os.getpid()}\nhost={socket.gethostname()}\n"
@@ -138,13 +156,13 @@ class OutputLock:
                 if pid is not None and (host not in ("", socket.gethostname()) or _pid_alive(pid)):
                     where = f" on {host}" if host and host != socket.gethostname() else ""
                     raise UsageError(f"{self.path.parent} is in use by another tndebug (pid {pid}"
-                                     f"{where}); wait for it, or pass another --out (if no "
+                                     f"{where}); wait for it, or pass {self.names.another} (if no "
                                      f"tndebug runs there, remove {self.path})") from None
                 with contextlib.suppress(FileNotFoundError):   # stale: its process is gone
                     self.path.unlink()
                 continue
             except OSError as e:
-                raise UsageError(f"--out {self.path.parent}: cannot write there "
+                raise UsageError(f"{self.names.out.format(self.path.parent)}: cannot write there "
                                  f"({e.strerror}); pass a directory you can write") from None
             with os.fdopen(fd, "w") as f:
                 f.write(body)
@@ -163,7 +181,7 @@ class OutputLock:
 
 # -- the one entry point -----------------------------------------------------------------------
 def resolve_output(out: str | None, default: str, *, overwrite: bool, kind: str,
-                   continuing: str | Path | None = None) -> tuple[Path, bool]:
+                   continuing: str | Path | None = None, names: Naming = CLI) -> tuple[Path, bool]:
     """The directory to write, by the rule above, and whether its old outputs are to be
     cleared. Nothing is created or removed here."""
     if out is None:
@@ -175,35 +193,35 @@ def resolve_output(out: str | None, default: str, *, overwrite: bool, kind: str,
         check_place(d)
         return numbered(d), False
     d = Path(out)
-    check_place(d)
+    check_place(d, names=names)
     if continuing is not None and d.resolve() == Path(continuing).resolve():
         return d, False
     found = tndebug_outputs(d)
     if found and not overwrite:
         shown = ", ".join(found[:4])
-        raise UsageError(f"--out {d} already holds tndebug output ({shown}); pass --overwrite to "
-                         f"replace it, or another --out (without --out a fresh numbered "
-                         f"directory is used)")
+        raise UsageError(f"{names.out.format(d)} already holds tndebug output ({shown}); pass "
+                         f"{names.overwrite} to replace it, or {names.another}{names.fresh}")
     return d, bool(found)
 
 
 @contextlib.contextmanager
 def claim_output(out: str | None, default: str, *, overwrite: bool, kind: str,
-                 continuing: str | Path | None = None):
+                 continuing: str | Path | None = None, names: Naming = CLI):
     """Resolve, create, lock and (with --overwrite) clear the output directory; yields it.
 
     On exit the lock is released; a directory this call created and nothing was written into
     is removed again, so a refused or failed command leaves nothing behind."""
     numbering = out is None and continuing is None
     for attempt in range(5):
-        d, clear = resolve_output(out, default, overwrite=overwrite, kind=kind, continuing=continuing)
+        d, clear = resolve_output(out, default, overwrite=overwrite, kind=kind, continuing=continuing,
+                                  names=names)
         created = not d.exists()
         try:
             d.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise UsageError(f"--out {d}: cannot create it ({e.strerror}); pass a directory you "
-                             f"can write") from None
-        lock = OutputLock(d)
+            raise UsageError(f"{names.out.format(d)}: cannot create it ({e.strerror}); pass a "
+                             f"directory you can write") from None
+        lock = OutputLock(d, names)
         try:
             lock.acquire()
             break

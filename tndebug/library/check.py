@@ -1,7 +1,7 @@
 """`tndebug.check`: triage's static and exact checks on a live model object, no checkpoint file.
 
     report = tndebug.check(model, forward)            # a tndebug.report.Report
-    tndebug.check(model, forward).exit_code("error")  # 0 clean, 1 findings
+    tndebug.check(model, forward).exit_code("error")  # 0 clean, 1 findings, 4 not all checked
 
 The probes that judge code and weights from one forward and backward (`TRIAGE_PROBES`: the
 mask tests, the fitted scale, NaN provenance, head and depth statistics, ...) run as
@@ -23,6 +23,7 @@ from torch import nn
 from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, severity_rank, SEVERITIES
+from tndebug.library import args as A
 from tndebug.library.live import live_subject, unwrap
 from tndebug.report import Report
 
@@ -84,15 +85,24 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
 
 
 def _names(spec) -> list[str]:
+    """`probes=` -> names: None or "all" are the probes one forward and backward can judge;
+    an empty selection, and a probe that needs a training run, are refused."""
     from tndebug.probes import parse_probe_spec
     from tndebug.probes.base import ProbeError
     from tndebug.triage.run import TRIAGE_PROBES
     if spec is None:
         return list(TRIAGE_PROBES)
+    spec = A.probe_spec(spec, "check")
+    if not isinstance(spec, str):
+        raise UsageError("check: probes= takes probe names (\"a,b\" or a list), not Probe objects")
+    if spec.strip() == "all":
+        return list(TRIAGE_PROBES)
     try:
-        return parse_probe_spec(spec if isinstance(spec, str) else ",".join(spec))
+        names = parse_probe_spec(spec)
     except ProbeError as e:
-        raise UsageError(f"probes={spec!r}: {e}") from None
+        raise UsageError(f"check: probes={spec!r}: {e}") from None
+    A.training_only(names, "check")
+    return names
 
 
 def _batch(subject, data):
@@ -104,13 +114,15 @@ def _batch(subject, data):
     if isinstance(data, dict):
         data = tuple(data[k] for k in ("src", "tgt_in", "tgt_out") if k in data) or \
             tuple(data[k] for k in ("src", "tgt") if k in data)
-    data = tuple(data)
+    if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
+        got = f"{len(data)} items" if isinstance(data, (tuple, list)) else f"a {type(data).__name__}"
+        raise UsageError(f"check: data= expected (src, tgt) or (src, tgt_in, tgt_out), got {got}")
+    names = ("src", "tgt") if len(data) == 2 else ("src", "tgt_in", "tgt_out")
+    A.user_data(dict(zip(names, data)), subject.pad_id, subject.src_vocab, subject.tgt_vocab)
     if len(data) == 2:
         src, tgt = data
         return src.to(dev), tgt[:, :-1].to(dev), tgt[:, 1:].to(dev)
-    if len(data) == 3:
-        return tuple(t.to(dev) for t in data)
-    raise UsageError(f"data: expected (src, tgt) or (src, tgt_in, tgt_out), got {len(data)} items")
+    return tuple(t.to(dev) for t in data)
 
 
 # -- for tests: the pytest plugin's value ----------------------------------------------------------
@@ -131,7 +143,9 @@ class CheckResult:
 
     def assert_clean(self, severity: str | None = None, *, probes: Iterable[str] | None = None) -> None:
         """AssertionError listing every finding at or above `severity` (default: the plugin's
-        `--tndebug-fail-on`, else "warning"), each with probe, module, evidence and fix."""
+        `--tndebug-fail-on`, else "warning"), each with probe, module, evidence and fix; also
+        when a probe that applies (of `probes`, if given) could not check the model (verdict
+        incomplete or unchecked), naming the probe and the reason."""
         severity = severity or self.fail_on
         if severity not in SEVERITIES:
             raise ValueError(f"severity {severity!r}; expected one of {', '.join(SEVERITIES)}")
@@ -139,6 +153,13 @@ class CheckResult:
         if bad:
             raise AssertionError(format_findings(bad, header=f"tndebug: {len(bad)} finding(s) at or "
                                                  f"above {severity} in {self.report.run.get('model')}"))
+        missing = {n: why for n, why in self.report.incomplete().items()
+                   if probes is None or n in set(probes)}
+        if self.report.verdict == "unchecked" or missing:
+            what = "; ".join(f"{n}: {why or 'no verdict'}" for n, why in missing.items()) or \
+                "no probe reached a verdict"
+            raise AssertionError(f"tndebug: {self.report.run.get('model')} is not clean: not "
+                                 f"everything that applies could be checked ({what})")
 
     def assert_finding(self, probe: str, severity: str = "warning", where: str | None = None) -> Finding:
         """The first finding of `probe` at or above `severity` (at `where`); AssertionError if none."""

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from tndebug.errors import UsageError
+from tndebug.findings import Finding
+from tndebug.library.args import forward_vocab, ids_in_vocabulary
 from tndebug.subject import Subject
 from tndebug.triage.adapters import Adapter, as_logits, builtin_adapter, first_tensor, guess_adapter
 from tndebug.triage.capture import GenericCapture
@@ -41,6 +43,27 @@ def _embedding_vocab(model: nn.Module) -> int | None:
     sizes = [m.num_embeddings for n, m in model.named_modules() if isinstance(m, nn.Embedding)
              and not any(w in n.lower() for w in ("pos", "wpe"))]
     return min(sizes) if sizes else None
+
+
+def _vocab_sizes(model: nn.Module, heads: bool = True) -> set[int]:
+    """The sizes a model's logits can have: its token embeddings' rows (and, with `heads`, its
+    Linear layers' outputs)."""
+    sizes = {m.num_embeddings for n, m in model.named_modules() if isinstance(m, nn.Embedding)
+             and not any(w in n.lower() for w in ("pos", "wpe"))}
+    if heads:
+        sizes |= {m.out_features for m in model.modules() if isinstance(m, nn.Linear)}
+    return sizes
+
+
+def _token_id(value, name: str) -> int:
+    """`pad_id=` / `bos_id=`: an integer >= 0 (numpy's integers too)."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise UsageError(f"{name}={value!r}: expected an integer token id")
+    if value < 0:
+        raise UsageError(f"{name}={value} is not a token id (ids are >= 0); pass the id your data "
+                         f"uses (e.g. tokenizer.{name[:3]}_token_id)")
+    return int(value)
 
 
 def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: int | None = 0,
@@ -84,11 +107,15 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
                              f"logits, got {type(forward).__name__}")
         name = getattr(forward, "__name__", "forward")
         adapter = Adapter(f"forward={name}", _checked(forward, name))
-    pad_id = 0 if pad_id is None else int(pad_id)
-    bos_id = (1 if pad_id != 1 else 2) if bos_id is None else int(bos_id)
+    pad_id = 0 if pad_id is None else _token_id(pad_id, "pad_id")
+    bos_id = (1 if pad_id != 1 else 2) if bos_id is None else _token_id(bos_id, "bos_id")
     lo = first_content if first_content is not None else max(pad_id, bos_id) + 1
     vocab = _embedding_vocab(model)
     n_ids = min(v for v in (src_vocab, tgt_vocab, vocab) if v) if (src_vocab or tgt_vocab or vocab) else None
+    user_ids = first_content is None      # HF: the ids come from the model's config
+    if n_ids is not None and user_ids:    # before the call, which would index out of range
+        largest = max([n_ids, *(v for v in (src_vocab, tgt_vocab) if v), *_vocab_sizes(model, heads=False)])
+        ids_in_vocabulary(pad_id, bos_id, n_ids, largest)
     if n_ids is None or n_ids <= lo + 1:
         raise UsageError(f"cannot tell the vocabulary of {type(model).__name__} (no nn.Embedding "
                          f"with more than {lo + 1} rows): pass src_vocab= and tgt_vocab=")
@@ -100,8 +127,14 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     capture = GenericCapture(model)
     logits_module = _call_once(model, adapter, src, tgt, pad_id)
     logits = logits_module.pop("logits")
+    if forward is not None:
+        forward_vocab(logits.shape[-1], given=tgt_vocab, from_module=logits_module["path"] is not None,
+                      sizes=_vocab_sizes(model), tokens=_vocab_sizes(model, heads=False),
+                      name=adapter.name)
     tgt_v = tgt_vocab or logits.shape[-1]
     src_v = src_vocab or vocab or tgt_v
+    if user_ids:
+        ids_in_vocabulary(pad_id, bos_id, min(src_v, tgt_v), tgt_v)
     capture.discover(lambda: adapter.forward(model, src, tgt, pad_id))
     if need_attention and not capture.attention:
         raise UsageError(
@@ -219,3 +252,21 @@ def declared_schedule(spec):
     if callable(spec):
         return spec, None
     raise UsageError(f"lr_schedule: expected step -> lr or a LambdaLR, got {type(spec).__name__}")
+
+
+# -- the pad id in the user's own batches -----------------------------------------------------
+def pad_id_findings(batch, pad_id: int, step: int) -> list[Finding]:
+    """A warning when the pad id occurs mid-sequence in `batch` (src, tgt_in, ...) of the user's
+    loop: then it is a real token, and every mask verdict judged the wrong positions. [] if not."""
+    from tndebug.triage.userdata import mid_sequence_pads, pad_text
+    if batch is None:
+        return []
+    found = mid_sequence_pads({"src": batch[0], "tgt_in": batch[1]}, pad_id)
+    if not found:
+        return []
+    evidence = {"pad_id": pad_id, **{f"{k}_rows": f"{v['rows']} of {v['of']}" for k, v in found.items()},
+                **{f"{k}_positions": v["at"] for k, v in found.items()}}
+    return [Finding("pad-id", "warning", pad_text(found, pad_id), where="", step=step,
+                    evidence=evidence,
+                    fix=f"pass the model's pad id: tndebug.watch(..., pad_id=ID), the id your "
+                        f"tokenizer pads with (tokenizer.pad_token_id); {pad_id} is not it")]

@@ -42,7 +42,9 @@ from torch import nn
 from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
-from tndebug.library.live import declared_schedule, default_batch, live_subject, unwrap
+from tndebug.library import args as A
+from tndebug.library.live import declared_schedule, default_batch, live_subject, pad_id_findings, \
+    unwrap
 from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.schedule import never
@@ -67,7 +69,7 @@ class Watch:
                  total_steps: int | None = None, batch: Callable | None = None,
                  fail_on: str = "error", tensorboard: bool = True, quiet: bool = False,
                  src_vocab: int | None = None, tgt_vocab: int | None = None,
-                 hook_optimizer: bool = True, dist: Any = None) -> None:
+                 hook_optimizer: bool = True, dist: Any = None, overwrite: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(_inner_optimizer(optimizer), torch.optim.Optimizer):
@@ -75,13 +77,20 @@ class Watch:
                              f"{type(optimizer).__name__}")
         if fail_on not in SEVERITIES:
             raise UsageError(f"watch: fail_on={fail_on!r}; expected one of {', '.join(SEVERITIES)}")
-        if batch is not None and not callable(batch):
-            raise UsageError("watch: batch must be a callable (args, kwargs) -> (src, tgt_in[, tgt_out])")
+        A.callable_or_none(batch, "watch", "batch", "a function (args, kwargs) -> (src, tgt_in"
+                           "[, tgt_out]) of the model's call")
+        A.callable_or_none(criterion, "watch", "criterion", "a function (logits [N, V], target "
+                           "[N]) -> loss, e.g. torch.nn.CrossEntropyLoss(ignore_index=pad_id)")
+        A.count(start_step, "watch", "start_step", least=0, none=False)
+        A.count(total_steps, "watch", "total_steps", least=1)
+        probes = A.probe_spec(probes, "watch")
+        self._overwrite = bool(overwrite)
         self._model = unwrap(model)           # held until the block ends, then only weakly
         self._model_ref = weakref.ref(self._model)
         self._optimizer = _inner_optimizer(optimizer) if optimizer is not None else None
         self._forward, self._pad_id, self._bos_id = forward, pad_id, bos_id
-        self.out = Path(out) if out is not None else None
+        self.out = A.output_dir(out, overwrite=self._overwrite, start_step=start_step)
+        self._claim = contextlib.ExitStack()     # the output directory's lock, held in the block
         self._probe_spec, self._criterion = probes, criterion
         self._schedule, self._schedule_note = declared_schedule(lr_schedule)
         self.start_step, self._lr_before = int(start_step), lr_before
@@ -102,6 +111,8 @@ class Watch:
         self._handles: list = []
         self._failed: dict[str, str] = {}
         self._own_failure: str | None = None
+        self._batch_checked = False
+        self._data_findings: list[Finding] | None = None   # of the first batch (live.pad_id_findings)
         self._busy = False
         self._reset_step(self.start_step)
         self._steps_seen = 0
@@ -109,6 +120,13 @@ class Watch:
 
     # -- the block -------------------------------------------------------------------------------
     def __enter__(self) -> "Watch":
+        try:
+            return self._enter()
+        except BaseException:
+            self._claim.close()           # a refused entry leaves no lock and no empty directory
+            raise
+
+    def _enter(self) -> "Watch":
         if self._state != "new":
             raise UsageError("this tndebug.watch(...) was already used; make a new one per run")
         model = self._model_ref()
@@ -128,7 +146,10 @@ class Watch:
         if self.out is not None and main:
             from tndebug.reporters.session import ReportSession
             cls = _quiet(ReportSession) if self._quiet else ReportSession
-            self._session = cls(self.out, tensorboard=self._tensorboard)
+            self.out = A.claim_output(self._claim, self.out, overwrite=self._overwrite,
+                                      start_step=self.start_step)
+            self._session = cls(self.out, tensorboard=self._tensorboard,
+                                resume_step=self.start_step or None)
             self._session.plan(self._total_steps)   # snapshots: ~20 a run, fewer if unknown
         for p in probes:
             self._shield(p)
@@ -199,7 +220,7 @@ class Watch:
                              f"as dbg:`, once per training step")
         if lr is not None:
             self._lr = float(lr)
-        t = _as_tensor(loss)
+        t = A.scalar_loss(loss)
         if not self._hook_optimizer:
             if t is not None:
                 self._loss = t
@@ -218,10 +239,12 @@ class Watch:
         if self._forward_seen == self._step:          # gradient accumulation: one batch a step
             return None
         self._forward_seen = self._step
-        got = (self._batch_fn(args, kwargs) if self._batch_fn is not None
+        got = (self._user_batch(args, kwargs) if self._batch_fn is not None
                else default_batch(args, kwargs, self._pad_id, self._start_id))
         if got is not None and len(got) == 2:
             got = (got[0], got[1], None)
+        if self._data_findings is None:                   # the first batch seen: its pads
+            self._data_findings = pad_id_findings(got, self._pad_id, self._step)
         self._batch = got
         src, tgt_in = (got[0], got[1]) if got is not None else (None, None)
         self._busy = True
@@ -241,6 +264,26 @@ class Watch:
         if self._recording or (self._loss is None and self._device.type == "cpu"):
             _BACKWARD.watch(self)
         return None
+
+    def _user_batch(self, args, kwargs):
+        """`batch=`'s value for the model's call, checked: at its first call a bad one (None, a
+        wrong shape, or the function raising) is a UsageError out of the user's forward; later,
+        a step whose value does not fit is a step with no batch."""
+        first, self._batch_checked = not self._batch_checked, True
+        try:
+            got = self._batch_fn(args, kwargs)
+        except Exception as e:  # noqa: BLE001 - the user's function may raise anything
+            if not first:
+                return None
+            raise UsageError(f"watch: batch= raised {type(e).__name__}: {e} (it is called as "
+                             f"batch(args, kwargs) with the model's positional and keyword "
+                             f"arguments)") from None
+        try:
+            return A.user_batch(got)
+        except UsageError:
+            if first:
+                raise
+            return None
 
     def _on_output(self, module, args, kwargs, output):
         if not self._open or self._output_seen or self._busy:
@@ -473,6 +516,7 @@ class Watch:
             self._engine.probes = []
             self._engine.run = None
         self._engine = self._subject = self._capture = self._session = None
+        self._claim.close()                   # the output lock (and an empty directory made for it)
         self._params = []
         self._batch = self._prev_batch = self._loss = self._logits = None
         self._optimizer = self._model = None
@@ -520,6 +564,8 @@ class _Hook:
             return None
         try:
             return getattr(w, self.method)(*args)
+        except UsageError:
+            raise                         # a bad argument of the user's (batch=): refused, clearly
         except Exception as e:  # noqa: BLE001 - the user's training goes on
             w._own_error(self.method, e)
             return None
@@ -634,14 +680,6 @@ def _inner_optimizer(opt):
             isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer) and seen < 4:
         opt, seen = opt.optimizer, seen + 1
     return opt
-
-
-def _as_tensor(loss):
-    if loss is None:
-        return None
-    if isinstance(loss, torch.Tensor):
-        return loss.detach().float().reshape(()) if loss.numel() == 1 else None
-    return torch.tensor(float(loss))
 
 
 def _dist_from_env():

@@ -21,6 +21,7 @@ from tndebug.data import Batch
 from tndebug.errors import UsageError
 
 MAX_SEQS = 64           # held-out sequences used (the first ones): 13 sweep forwards stay cheap
+PLACES_SHOWN = 3        # (row, position) pairs quoted in the line; the count covers them all
 
 
 def load_data(spec: str, pad_id: int, bos_id: int) -> Batch:
@@ -92,6 +93,10 @@ def to_batch(data, pad_id: int, bos_id: int, spec: str) -> Batch:
         bad = int((tgt[:, 0] != bos_id).nonzero()[0, 0])
         raise UsageError(f"--data {spec}: tgt must start with BOS (--bos-id {bos_id}) in column 0; "
                          f"row {bad} starts with {int(tgt[bad, 0])}")
+    pads = mid_sequence_pads({"src": src, "tgt": tgt}, pad_id)
+    if pads:
+        raise UsageError(f"--data {spec}: {pad_text(pads, pad_id)}; pass the model's pad id "
+                         f"(--pad-id)")
     tgt_out = tgt[:, 1:]                                                   # [N, T-1]
     tgt_in = tgt[:, :-1].masked_fill(tgt_out == pad_id, pad_id)            # [N, T-1]
     if not bool((tgt_out != pad_id).any()) or not bool((src != pad_id).any()):
@@ -106,3 +111,34 @@ def check_vocab(batch: Batch, src_vocab: int | None, tgt_vocab: int | None, spec
         if v is not None and int(t.max()) >= v:
             raise UsageError(f"--data {spec}: {name} holds token id {int(t.max())}, outside the "
                              f"model's {name} vocabulary of {v} (ids 0..{v - 1})")
+
+
+def mid_sequence_pads(tensors: dict[str, torch.Tensor], pad_id: int) -> dict[str, dict]:
+    """Where the pad id occurs mid-sequence: a pad with a real token before it *and* after it
+    in its row. Padding is only at the ends (right padding; left padding and a decoder start
+    equal to the pad, as T5's, are at the start), so such a pad is a real token and the pad id
+    given is wrong. {name: {"rows": count, "of": N, "at": [(row, position), ...]}}, {} if none."""
+    found = {}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[1] < 3:
+            continue
+        real = (t != pad_id).long()                                        # [N, L]
+        seen = real.cumsum(1)                                              # real tokens up to i
+        mid = (t == pad_id) & (seen > 0) & (seen < seen[:, -1:])          # [N, L]: real before and after
+        rows = mid.any(1).nonzero().flatten()
+        if rows.numel():
+            at = [(int(r), int(mid[r].nonzero()[0, 0])) for r in rows[:PLACES_SHOWN]]
+            found[name] = {"rows": int(rows.numel()), "of": int(t.shape[0]), "at": at}
+    return found
+
+
+def pad_text(found: dict[str, dict], pad_id: int) -> str:
+    """`pad id 5 occurs mid-sequence in 12 of 16 rows of src (row 0 position 3, ...)...`"""
+    parts = []
+    for name, d in found.items():
+        at = ", ".join(f"row {r} position {i}" for r, i in d["at"])
+        more = ", ..." if d["rows"] > len(d["at"]) else ""
+        parts.append(f"{d['rows']} of {d['of']} rows of {name} ({at}{more})")
+    return (f"pad id {pad_id} occurs mid-sequence (a real token on both sides) in "
+            f"{' and '.join(parts)}: padding only fills the ends of a row, so {pad_id} is likely "
+            f"a real token and the pad id given is wrong")
