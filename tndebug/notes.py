@@ -226,13 +226,16 @@ PROBE_CAUSES: dict[str, str] = {
         "A multi-head output equal to the single-head one means W_q=W_k=W_v or one Linear "
         "reused [note 001]; heads initialised from one copy stay copies (FAILURE_MODES 4b); "
         "attention entropy collapses together with an unstable loss, from a high lr without "
-        "warmup (FAILURE_MODES 4a)."
+        "warmup (FAILURE_MODES 4a). Heads that attend uniformly (an unused cross-attention) "
+        "agree whatever their draw: that is not a copy."
     ),
     "variance-drift": (
         "A sublayer whose output replaces the stream (x = sublayer(x), no residual add) "
         "stops gradients and collapses the tokens, and without residual+LayerNorm a deep "
         "Transformer cannot be trained [note 002]. Pre-LN growth of the stream with depth is "
-        "expected (our sim: 2.15 at layer 3)."
+        "expected (our sim: 2.15 at layer 3). A low rank ratio while the sublayer keeps its "
+        "input's token differences and the logits still vary is a statistic of a model still "
+        "learning, not a defect (a half-trained BlenderbotSmall passes through r = 0.002)."
     ),
     "ln-placement": (
         "The paper is Post-LN norm(x + sublayer(x)); the annotated code is pre-norm for "

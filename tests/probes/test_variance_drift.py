@@ -115,6 +115,67 @@ def test_residual_swamped_at_init_is_a_warning_not_a_missing_residual():
     assert f.evidence["retention"] > 0.99 and f.evidence["r"] < 0.02
 
 
+def partly_collapsing_trace(noise: float):
+    """dec.1 replaces its input by one vector per sequence plus `noise` of fresh noise: r falls
+    from ~0.9 to ~noise, and the output keeps nothing of the input (retention ~0)."""
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn(4, 6, 16, generator=g)
+    top = torch.randn(4, 1, 16, generator=g).expand(4, 6, 16) + noise * torch.randn(4, 6, 16, generator=g)
+    trace = Trace(src=torch.full((4, 6), 3), tgt=torch.full((4, 6), 3))
+    trace.streams = [StreamPoint("dec_embed", "embed", None, "embed", x0),
+                     StreamPoint("dec.0", "decoder", 0, "layer", x0 * 2),
+                     StreamPoint("dec.1", "decoder", 1, "layer", top)]
+    return trace
+
+
+def test_triage_reports_one_finding_per_module_in_its_own_words():
+    """Triage checks the same weights twice (setup's random batch, then the probed batch): a
+    warning then an error at one module is one finding, the error, and nothing 'during
+    training' in a run that trains nothing (issue 19)."""
+    probe = VarianceDrift()
+    probe.mode = "triage"
+    probe._check({k: (v.cpu() if isinstance(v, torch.Tensor) else v)
+                  for k, v in probe.observe(partly_collapsing_trace(0.08), None).items()}, 0, emit=False)
+    assert [f.severity for f in alarms(probe.findings)] == ["warning"]
+    probe.update(probe.observe(partly_collapsing_trace(0.0), StepInfo(0)), StepInfo(0))
+    (f,) = [f for f in probe.findings if f.where == "dec.1"]
+    assert f.severity == "error" and f.evidence["cause"] == "missing" and f.evidence["r"] < 0.002
+    assert "during training" not in f.message and "in the trained weights" not in f.message
+    assert "x + dropout(sublayer(x))" in f.fix
+
+
+def swamped_trace(logits: str):
+    """Retention ~1 (the residual is there) under a huge common vector, with logits that vary
+    over the positions or are the same at every position."""
+    g = torch.Generator().manual_seed(2)
+    x0 = torch.randn(4, 6, 16, generator=g)
+    trace = Trace(src=torch.full((4, 6), 3), tgt=torch.full((4, 6), 3))
+    trace.streams = [StreamPoint("enc_embed", "embed", None, "embed", x0),
+                     StreamPoint("enc.0", "encoder", 0, "layer", x0 + 300 * torch.ones(16))]
+    trace.logits = (torch.randn(4, 6, 11, generator=g) if logits == "vary"
+                    else torch.randn(4, 1, 11, generator=g).expand(4, 6, 11).clone())
+    return trace
+
+
+@pytest.mark.parametrize("logits", ["vary", "collapsed"])
+def test_collapse_of_trained_weights_needs_collapsed_logits(logits):
+    """A statistic of a model still learning is not a defect (issue 19: a half-trained
+    BlenderbotSmall, r = 0.002 with retention 0.99): with the token differences kept and the
+    logits varying it is info with its reason; with the logits collapsed too, an error."""
+    probe = VarianceDrift()
+    probe.mode = "triage"
+    probe.update(probe.observe(swamped_trace(logits), StepInfo(0)), StepInfo(0))
+    (f,) = [f for f in probe.findings if f.where == "enc.0"]
+    assert f.evidence["retention"] > 0.99 and f.evidence["r"] < 0.02
+    if logits == "vary":
+        assert f.severity == "info" and f.evidence["cause"] == "statistic" and f.fix == ""
+        assert "not a defect shown" in f.message and f.evidence["logits_r"] > 0.5
+    else:
+        assert f.severity == "error" and f.evidence["cause"] == "output"
+        assert f.evidence["logits_r"] < f.evidence["threshold_r_error"]
+        assert "the logits are collapsed too" in f.message and "learning rate" in f.fix
+
+
 # -- the same bug written by hand ----------------------------------------------------------
 class HandBlock(nn.Module):
     """A user's pre-LN block that forgot the residual adds: x = f(norm(x))."""

@@ -15,7 +15,10 @@ How it decides (tensors only; FAILURE_MODES 5a-5b):
   decline (deep post-LN decoders reach r ≈ 0.02 at init) is not flagged.
 * a collapse present at the first check (setup, step 0) is structural: the residual add is
   missing. One that appears later is dynamic (post-LN under too large updates) and gets the
-  learning-rate fix instead.
+  learning-rate fix instead. Where the sublayer keeps its input's token differences
+  (retention >= RETAIN), trained weights (a later step, or triage) get an error only when the
+  logits are collapsed too; else it is info, a statistic of a model still learning.
+* one finding per module (the stronger); triage's words say "in the trained weights".
 * growth G = max RMS of the block outputs / RMS of the stack's input, against the healthy
   envelope of the placement (pre/post, detected from the activations): > 3x -> warning.
 Runs once at setup on a random batch (step 0) and then on the training traces.
@@ -27,6 +30,7 @@ from typing import Any
 
 import torch
 
+from tndebug.findings import severity_rank
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
 from tndebug.probes.base import Probe, RunContext, StepInfo
@@ -102,7 +106,12 @@ class VarianceDrift(Probe):
                     meta.append((stack, sp.layer, sp.kind))
         if not vals:
             return {}
-        return {"depth": torch.cat(vals), "names": names, "meta": meta}   # depth [n_points, 3]
+        out = {"depth": torch.cat(vals), "names": names, "meta": meta}   # depth [n_points, 3]
+        logits = info.logits if info is not None and info.logits is not None else trace.logits
+        if logits is not None and logits.dim() == 3:
+            keep = ds.token_keep(trace, "decoder", logits)
+            out["logits_r"] = ds.depth_profile([logits], keep)[0, 0]       # r of the logits
+        return out
 
     def update(self, stats: dict[str, Any], info: StepInfo) -> None:
         self._check(stats, info.step, emit=True)
@@ -122,7 +131,7 @@ class VarianceDrift(Probe):
                        "" if judged else "the rank ratio is undefined at every stream point")
             if emit:
                 self._metrics(step, stack, pts)
-            self._rank(step, stack, pts)
+            self._rank(step, stack, pts, stats.get("logits_r"))
             self._growth(step, stack, pts)
 
     def _metrics(self, step: int, stack: str, pts) -> None:
@@ -134,7 +143,7 @@ class VarianceDrift(Probe):
             self.metric(step, f"depth/{stack}/layer{layer}/resid_rms", rms)
             self.metric(step, f"depth/{stack}/layer{layer}/rank", r)
 
-    def _rank(self, step: int, stack: str, pts) -> None:
+    def _rank(self, step: int, stack: str, pts, logits_r=None) -> None:
         hit = None          # (severity, index)
         for i, (_, _, kind, r, _, _) in enumerate(pts):
             if kind == "embed" or math.isnan(r):
@@ -159,31 +168,65 @@ class VarianceDrift(Probe):
         name, layer, _, r, _, rho = pts[i]
         r_in = pts[i - 1][3] if i > 0 else float("nan")
         kept = r / r_in if r_in and not math.isnan(r_in) else float("nan")
+        lr_ = float(logits_r) if logits_r is not None else float("nan")
         # why: a residual that is missing (the output has forgotten its input), one that is
-        # swamped by its sublayer at init, or a collapse that training brought about
-        if not first or (stack, "dynamic") in self.flagged:
-            cause, fix = "dynamic", DYNAMIC_FIX
-            self.flagged.add((stack, "dynamic"))
-        elif math.isnan(rho) or rho < RETAIN:
-            cause, fix = "missing", None
-        else:
+        # swamped by its sublayer at init, or a collapse that training brought about. Triage
+        # trains nothing: both of its checks judge the same trained weights.
+        trained = self.mode == "triage" or not first or (stack, "dynamic") in self.flagged
+        if math.isnan(rho) or rho < RETAIN:
+            if self.mode != "triage" and trained:
+                cause, fix = "dynamic", DYNAMIC_FIX
+                self.flagged.add((stack, "dynamic"))
+            else:
+                cause, fix = "missing", None
+        elif lr_ < R_ERROR:
+            # the sublayer keeps its input's token differences, yet the model's output no longer
+            # tells the positions apart: the collapse is shown where it matters
+            cause, fix, sev = "output", (DYNAMIC_FIX if trained else SWAMPED_FIX), "error"
+        elif not trained:
             cause, fix, sev = "swamped", SWAMPED_FIX, "warning"
-        if (stack, sev) in self.flagged or (stack, "error") in self.flagged:
+        else:
+            # a common component dominates trained weights while the token differences survive
+            # (retention >= RETAIN) and the logits still vary: a half-trained HF BlenderbotSmall
+            # shows r = 0.002 at its second encoder layer (retention 0.99, logits r 0.11) and
+            # r = 0.19 some hundred steps later. A statistic of a model still learning.
+            cause, fix, sev = "statistic", "", "info"
+        where = ds.module_path(name)
+        if (stack, sev) in self.flagged or (stack, "error") in self.flagged \
+                or not self._stronger(where, sev):
             return
         self.flagged.add((stack, sev))
-        where = ds.module_path(name)
+        when = " in the trained weights" if self.mode == "triage" else " during training"
+        out = ("nan" if math.isnan(lr_) else f"{lr_:.3g}")
         how = {"missing": "; its output keeps nothing of its input (no residual add)",
                "swamped": "; the residual is there but the sublayer's output swamps it",
-               "dynamic": " during training"}[cause]
+               "dynamic": when,
+               "output": f"{when}; the logits are collapsed too (r={out} < {R_ERROR})",
+               "statistic": (f"{when}, but the sublayer keeps its input's token differences "
+                             f"(retention {rho:.2f} >= {RETAIN}) and the logits still vary over the "
+                             f"positions (r={out}"
+                             + (f" >= {R_ERROR})" if not math.isnan(lr_) else ": not captured)")
+                             + ": a statistic of the weights, not a defect shown (a model still "
+                               "learning passes through this; judge it by its held-out loss)")}[cause]
         self.report(
             sev, f"rank collapse in the {stack}: tokens at {where} are nearly identical "
                  f"(r={r:.4f}, from {r_in:.3f} at its input){how}",
             where=where, step=step, layer=layer, fix=fix,
             evidence={"r": round(r, 5), "r_input": round(r_in, 5), "kept": round(kept, 4),
                       "retention": round(rho, 4), "input": ds.module_path(pts[i - 1][0]) if i else "",
+                      "logits_r": None if math.isnan(lr_) else round(lr_, 5), "mode": self.mode,
                       "cause": cause, "threshold_r_error": R_ERROR, "threshold_r_warning": R_WARN,
                       "threshold_kept": DROP, "threshold_r_floor": R_FLOOR,
                       "threshold_retention": RETAIN, "placement": self.placement})
+
+    def _stronger(self, where: str, severity: str) -> bool:
+        """One rank finding per module, the stronger: False when `where` already has one at
+        least as severe; else drop the weaker one and return True."""
+        mine = [f for f in self.findings if f.where == where and f.message.startswith("rank collapse")]
+        if any(severity_rank(f.severity) >= severity_rank(severity) for f in mine):
+            return False
+        self.findings = [f for f in self.findings if f not in mine]
+        return True
 
     def _growth(self, step: int, stack: str, pts) -> None:
         if not pts or self.placement not in GROWTH_ENVELOPE:
