@@ -51,14 +51,97 @@ def test_pre_ln_without_final_norm_is_an_error_per_stack():
         assert "final LayerNorm" in f.fix
 
 
-def test_post_ln_without_warmup_at_high_lr_warns():
-    # the trainer's fault: lr ~1e-3 from step 0, no ramp (Noam with warmup=1)
+def test_post_ln_without_warmup_at_high_lr_without_a_symptom_is_info():
+    # the trainer's fault: lr ~1e-3 from step 0, no ramp (Noam with warmup=1); 18 steps show
+    # no divergence, spike or stall: the hazard is info, not a warning
     _, findings, _ = train_with_probes(ModelConfig.tiny(norm="post"), [LnPlacement()], steps=18,
                                        warmup=1, lr_factor=8e-3)
-    (f,) = alarms(findings)
-    assert f.severity == "warning" and f.where == "" and f.step == 16
+    assert alarms(findings) == []
+    (f,) = [f for f in findings if "warmup" in f.message]
+    assert f.severity == "info" and f.step == 16 and "no symptom" in f.message
     assert f.evidence["lr_step0"] == pytest.approx(1e-3) and f.evidence["threshold_lr"] == 1e-4
-    assert "warmup" in f.fix
+    assert "warmup" in f.fix and "symptom" not in f.evidence
+
+
+def test_measured_fault_no_warmup_high_lr_warns_with_its_stall():
+    """`tndebug run --preset tiny --norm post --fault no_warmup_high_lr --steps 300` (seed 0, an
+    evaluation run: the thresholds were set on seeds 1-2): the loss goes flat at ~0.66x its
+    first with the gradient gone, and the warning comes at the first probed step that shows it
+    (step 64, so 100 of the 300 steps keep the test short)."""
+    from tndebug.train.config import TrainConfig, model_config
+    from tndebug.train.loop import run_training
+    probe = LnPlacement()
+    run_training(model_config("copy", "tiny", "post", ["no_warmup_high_lr"]),
+                 TrainConfig(steps=100, seed=0, device="cpu"), probes=[probe],
+                 evaluate_at_end=False)
+    (f,) = alarms(probe.findings)
+    assert f.severity == "warning" and "stopped falling" in f.message, f.message
+    sym = f.evidence["symptom"]
+    assert sym["kind"] == "stall" and f.step == sym["step"] == 64
+    assert sym["loss_fall"] < sym["threshold_fall"] and sym["grad_ratio"] < sym["threshold_grad"]
+
+
+def test_healthy_user_loop_post_ln_constant_lr_is_info_under_watch():
+    """A user's loop (evaluation run, seed 0): tndebug's tiny Post-LN model, Adam at a constant
+    1e-3 for 150 steps, no warmup. The loss keeps falling: the hazard is info, never a warning."""
+    import tndebug
+    torch.manual_seed(0)
+    model = make_model(ModelConfig.tiny(norm="post"))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    with tndebug.watch(model, opt, quiet=True, probes="ln-placement", total_steps=150) as dbg:
+        for _ in range(150):
+            src, tgt_in, tgt_out = copy_batch(g, 32, 10, 11)
+            logits = model(src, tgt_in)
+            loss = F.cross_entropy(logits.reshape(-1, 11), tgt_out.reshape(-1), ignore_index=0)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10         # it trains
+    assert [f for f in dbg.report.findings if f.severity != "info"] == [], dbg.report.findings
+    (f,) = [f for f in dbg.report.findings if "warmup" in f.message]
+    assert "no symptom" in f.message and f.evidence["loss_trend"][-1][0] >= 136, f.message
+
+
+def _hazard_probe():
+    """A probe that has decided Post-LN at a constant high lr, fed (loss, grad norm) by hand."""
+    probe = LnPlacement()
+    probe.placement = "post"
+    return probe
+
+
+def _feed(probe, rows):
+    for step, loss, norm in rows:
+        stats = {"loss": torch.tensor([loss]), "grad_norm": torch.tensor([norm])}
+        probe.update(stats, StepInfo(step, lr=1e-3))
+
+
+def test_symptoms_each_turn_the_hazard_into_a_warning():
+    early = [(s, 2.5 - 0.01 * s, 1.0) for s in (0, 1, 2, 4, 8, 16)]
+    cases = {
+        "gradient spike": early + [(24, 2.2, 1.0), (32, 2.1, 30.0)],
+        "loss rise": early + [(24, 4.0, 1.0)],
+        "stall": early + [(s, 1.7, 0.05) for s in range(24, 72, 8)],
+        "divergence": early + [(24, float("nan"), 1.0)],
+    }
+    for kind, rows in cases.items():
+        probe = _hazard_probe()
+        _feed(probe, rows)
+        probe.finish(None)
+        (f,) = alarms(probe.findings)
+        assert f.severity == "warning" and f.evidence["symptom"]["kind"] == kind, (kind, f.message)
+
+
+def test_a_slow_run_that_keeps_its_gradient_is_not_a_stall():
+    """The loss falls < 5% over a doubling (HF BART at 3e-4 early), but the gradient holds."""
+    probe = _hazard_probe()
+    _feed(probe, [(s, 2.78 - 0.0005 * s, 0.8) for s in (0, 1, 2, 4, 8, 16, *range(24, 160, 8))])
+    probe.finish(None)
+    assert alarms(probe.findings) == []
+    (f,) = [f for f in probe.findings if "warmup" in f.message]
+    assert f.severity == "info" and "no symptom" in f.message
 
 
 def test_pre_ln_without_warmup_is_fine():
@@ -96,8 +179,8 @@ def test_placement_falls_back_to_the_training_trace_when_setup_cannot_run():
             engine.end_step(StepInfo(step, lr=1e-3, loss=loss.detach()))
             opt.step()
         engine.finish()
-    assert probe.placement == "post" and probe.status() == "warn"
-    assert [f.severity for f in probe.findings] == ["info", "warning"]
+    assert probe.placement == "post" and probe.status() == "pass"
+    assert [f.severity for f in probe.findings] == ["info", "info"]     # 17 steps: no symptom
 
 
 # -- the same bugs written by hand ---------------------------------------------------------
@@ -223,34 +306,20 @@ def hand_train(model, lr_at, steps=17):
     return probe
 
 
-def test_hand_written_post_ln_constant_lr_warns():
+def test_hand_written_post_ln_constant_lr_without_a_symptom_is_info():
     probe = hand_train(HandSeq2Seq(pre=False, final_norm=False), lambda s: 1e-3)
-    (f,) = alarms(probe.findings)
-    assert f.severity == "warning" and f.evidence["lr_peak"] == pytest.approx(1e-3)
-
-
-def test_post_ln_without_warmup_that_trains_is_info_with_the_loss_as_evidence():
-    """The hazard is judged from the loss: a Post-LN run at a constant 1e-3 whose loss falls
-    below PROGRESS x its first by a probed step (every LOSS_EVERY) trains despite it: info, not
-    a warning. The same run stopped at 17 steps cannot tell yet: the warning stands."""
-    from tndebug.probes.ln_placement import LOSS_EVERY, PROGRESS
-    torch.manual_seed(0)
-    probe = hand_train(HandSeq2Seq(pre=False, final_norm=False), lambda s: 1e-3,
-                       steps=LOSS_EVERY + 1)
     assert alarms(probe.findings) == []
     (f,) = [f for f in probe.findings if "warmup" in f.message]
-    assert f.severity == "info" and "trains anyway" in f.message and f.step == 16
-    (s0, l0), (s1, l1) = f.evidence["loss_trend"][0], f.evidence["loss_trend"][-1]
-    assert s1 == LOSS_EVERY and l1 < PROGRESS * probe.loss_steps[0][1]
+    assert f.severity == "info" and f.evidence["lr_peak"] == pytest.approx(1e-3)
 
 
-def test_post_ln_without_warmup_whose_loss_does_not_fall_warns_at_the_end():
-    """lr 0.3 from step 0: the loss never halves; the warning says where it went."""
+def test_post_ln_without_warmup_whose_loss_explodes_warns_at_that_step():
+    """lr 0.3 from step 0: the loss jumps above 1.5x its start at step 1 (10.6 by step 4)."""
     torch.manual_seed(0)
     probe = hand_train(HandSeq2Seq(pre=False, final_norm=False), lambda s: 0.3, steps=40)
     (f,) = alarms(probe.findings)
-    assert f.severity == "warning" and "; loss " in f.message and " at step 32" in f.message, f.message
-    assert f.evidence["threshold_progress"] == 0.5
+    assert f.severity == "warning" and f.evidence["symptom"]["kind"] == "loss rise", f.message
+    assert f.step == 1 and f.evidence["threshold_rise"] == 1.5
 
 
 def test_hand_written_post_ln_with_linear_warmup_is_clean():

@@ -5,7 +5,8 @@ Failure: (1) pre-LN blocks `x + f(norm(x))` with no final LayerNorm after the st
     `norm(x + f(x))` trained without warmup at a high learning rate (Xiong et al. 2020).
 Symptom: (1) every block output fails the LayerNorm identity (pre-LN) and so does the stack
     output; (2) post-LN, and the applied lr is ≥ 1e-4 from the first step with no rising ramp,
-    and the loss does not fall: the hazard is a risk, not a verdict, until the run shows it.
+    and the run shows the symptom (a loss that stops falling, gradient spikes, divergence): the
+    hazard is a risk, not a verdict, until the run shows it.
 Fix: (1) add the final LayerNorm (annotated `Encoder.norm`); (2) use a warmup schedule
     (Noam) or pre-LN.
 
@@ -16,21 +17,33 @@ How it decides (tensors and behaviour only; FAILURE_MODES 2.6, 6):
   none -> pre. Reported as info, with the gradient profile at init as evidence (post-LN
   gradients grow toward the output, pre-LN ones do not).
 * stack outputs: the last "stack" stream point of each stack (else the encoder memory).
-* lr: StepInfo.lr on steps 0, 1, 2, 4, ..., 64 (else the declared schedule).
-* post-LN without warmup at a high lr: decided from the lr by step 16, judged from the loss.
-  Once the loss at a probed step (every 250) is below PROGRESS x the step-0 loss, the run
-  trains despite it: info. A run that never gets there (or diverges) by its end: warning.
-  Measured: the `no_warmup_high_lr` fault on `tiny` (Post-LN, 5x the Noam peak) ends at 0.66x
-  its first loss (`tndebug run --preset tiny --norm post --fault no_warmup_high_lr --steps 200
-  --seed 10`; 0% exact match in bench/results/detection_eval_rerun.jsonl); Hugging Face BART
-  (3+3 layers, Adam 3e-4 constant, copy task) is at 0.021x at step 250 and 0.0016x at step 750
-  (`python bench/watch_breakdown.py --model bart`).
+* lr: StepInfo.lr on steps 0, 1, 2, 4, 8, 16 (else the declared schedule).
+* post-LN without warmup at a high lr: the hazard is decided from the lr by step 16; it is a
+  warning only with its symptom, looked for at every step the probe observes after that (every
+  SYMPTOM_EVERY steps while the hazard is open; the streams are no longer captured then, only
+  the loss and the parameter-gradient norm): the loss non-finite (divergence), the loss above
+  RISE x its step-0 value at any probed step, a gradient norm spike (> SPIKE x the median of
+  the earlier probed norms), or a stalled run: the loss fell less than STALL_FALL over the last
+  doubling of steps *and* the gradient norm has shrunk below STALL_GRAD x its step-0 value
+  (stuck in a flat region, not learning slowly: a slow run keeps its gradient). A run that never shows one is
+  info: the hazard, and the loss trend that shows it did not bite.
+  Calibrated on (seeds 1-2; loss and gradient-norm curves of every step) the fault
+  `no_warmup_high_lr` on tiny Post-LN, seeds 1 and 2 (300 steps; loss flat at 1.69 from step
+  ~40, fall 1.2-1.5% and gradient 0.061-0.066x its start at step 64); healthy: tiny Post-LN with
+  warmup (trainer, seed 1; min gradient ratio 0.26), user loops at a constant Adam lr, seed 1:
+  HF BART at 1e-3 and 3e-4 (its loss falls only 0.9% over a doubling early, the gradient stays
+  >= 0.65x), tndebug's tiny Post-LN and nn.Transformer Post-LN at 1e-3 (>= 0.28x; spikes at
+  most 4x the median, loss at most 1.008x its start). Evaluated apart (tests): the same fault at
+  seed 0 (`tndebug run --preset tiny --norm post --fault no_warmup_high_lr --steps 300`: a
+  warning at step 64) and a user loop, Post-LN at a constant 1e-3, seed 0 (info).
 Setup traces a random batch itself (forward and backward, eval mode); the training traces of
 the early steps are used only when setup could not run the model.
 """
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
@@ -41,17 +54,21 @@ from tndebug.trace import StreamPoint, Trace
 HIGH_LR = 1e-4        # Xiong et al.: post-LN without warmup diverges at lr ≥ 1e-4 (FAILURE_MODES 6)
 RAMP = 1.5            # a warmup raises the lr by more than this factor over its first steps
 DECIDE_AT = 16        # steps of lr history before the warmup verdict
-EARLY_STEPS = (0, 1, 2, 4, 8, 16, 32, 64)
-LOSS_EVERY = 250      # after the early steps, the loss is looked at every N steps
-# a run whose loss fell below this share of its step-0 loss trains despite the missing warmup
-# (measured, module docstring: the failing fault ends at 0.66, healthy BART at 0.0016-0.021)
-PROGRESS = 0.5
+EARLY_STEPS = (0, 1, 2, 4, 8, 16)   # the placement fallback and the lr history
+SYMPTOM_EVERY = 8     # while the hazard is open, the loss and gradient norm are read this often
+# The symptoms (module docstring: set on seeds 1-2 of the fault and on healthy seed-1 runs):
+RISE = 1.5            # loss above 1.5x its step-0 value at a later probed step (healthy: at most
+                      # 1.008x at any step; the fault, seeds 1-2: 1.8-1.9x within 16 steps)
+SPIKE = 10.0          # gradient norm > 10x the median of the earlier probed norms (healthy: <= 4x)
+STALL_FROM = 64       # the stall needs a doubling of steps after the early transient
+STALL_FALL = 0.05     # the loss fell < 5% from [3t/8, t/2] to [3t/4, t] (medians of probed losses)
+STALL_GRAD = 0.1      # ... and the gradient norm is < 0.1x its step-0 value (fault <= 0.066x at
+                      # step 64; healthy >= 0.26x: a slow run keeps its gradient, a stuck one not)
 
 
-def _early() -> Schedule:
-    wanted = frozenset(EARLY_STEPS)
-    return Schedule(lambda s: s in wanted or (s > 0 and s % LOSS_EVERY == 0),
-                    "steps " + ",".join(map(str, EARLY_STEPS)) + f", then every {LOSS_EVERY}")
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
 
 
 class LnPlacement(Probe):
@@ -61,15 +78,15 @@ class LnPlacement(Probe):
     summary = "LayerNorm placement from activations; pre-LN without final norm, post-LN without warmup"
     reads = ("stream", "grad.stream")
     fix = FAULT_NOTES["pre_ln_no_final_norm"][2]
-    default_schedule = staticmethod(_early)
 
     def __init__(self, schedule=None) -> None:
-        super().__init__(schedule)
+        super().__init__(schedule or self._own_schedule())
         self.placement: str | None = None
         self.evidence: dict[str, Any] = {}
         self.lrs: list[tuple[int, float]] = []
         self.lr_decided = False
         self.loss_steps: list[tuple[int, float]] = []   # (step, loss) at every probed step
+        self.grad_steps: list[tuple[int, float]] = []   # (step, parameter-gradient norm)
         self._hazard: dict | None = None        # post-LN without warmup, awaiting the loss
         self._run: RunContext | None = None
         self._pending: Trace | None = None
@@ -82,13 +99,34 @@ class LnPlacement(Probe):
             return
         self._decide(trace, step=0, run=run)
 
+    def _own_schedule(self) -> Schedule:
+        """Steps 0, 1, 2, 4, 8, 16; then every SYMPTOM_EVERY while the warmup hazard is open."""
+        early = frozenset(EARLY_STEPS)
+        return Schedule(lambda s: s in early or (self._hazard is not None and s > DECIDE_AT
+                                                 and s % SYMPTOM_EVERY == 0),
+                        "steps " + ",".join(map(str, EARLY_STEPS)) +
+                        f", then every {SYMPTOM_EVERY} while post-LN runs without warmup")
+
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if info.loss is not None:
             out["loss"] = info.loss.detach().float().reshape(1)
+        if self.placement in (None, "post") and (self._hazard is not None or not self.lr_decided):
+            norm = self._grad_norm()
+            if norm is not None:
+                out["grad_norm"] = norm
         if self.placement is None and trace.streams and self._pending is None:
             self._pending = trace        # setup could not trace: decide from this one in update
         return out
+
+    def _grad_norm(self):
+        """‖∇θ L‖ over every parameter with a gradient (a device scalar, no sync), or None."""
+        model = self._run.subject.model if self._run is not None else None
+        grads = [p.grad.detach() for p in model.parameters() if p.grad is not None] \
+            if model is not None else []
+        if not grads:
+            return None
+        return torch.stack([g.float().norm() for g in grads]).norm().reshape(1)
 
     def update(self, stats: dict[str, Any], info: StepInfo) -> None:
         lr = info.lr
@@ -98,30 +136,36 @@ class LnPlacement(Probe):
             self.lrs.append((info.step, float(lr)))
         if "loss" in stats:
             self.loss_steps.append((info.step, float(stats["loss"][0])))
+        if "grad_norm" in stats:
+            self.grad_steps.append((info.step, float(stats["grad_norm"][0])))
         if self._pending is not None and self._run is not None:
             trace, self._pending = self._pending, None
             self.skipped = None
             self._decide(trace, step=info.step, run=self._run)
         if not self.lr_decided and info.step >= DECIDE_AT:
             self._warmup_verdict()
-        if self._hazard is not None and self._trains():
-            self._judge_hazard()
+        if self._hazard is not None:
+            symptom = self._symptom(info.step)
+            if symptom is not None:
+                self._report_hazard(symptom)
 
     def finish(self, run: RunContext) -> None:
         if not self.lr_decided:
             self._warmup_verdict()
         if self._hazard is not None:
-            self._judge_hazard()
+            self._report_hazard(self._symptom(None))
 
     def on_divergence(self, run: RunContext, info: StepInfo) -> None:
         if self._hazard is not None:            # it bit: the loss went non-finite
             self.loss_steps.append((info.step, float("nan")))
+            self._report_hazard(self._symptom(info.step))
 
     # -- placement -------------------------------------------------------------------------
     def _decide(self, trace: Trace, step: int, run: RunContext) -> None:
         label, ev = ds.detect_placement(trace)
         ev.update(self._grad_profile(trace))
         self.placement, self.evidence = label, ev
+        self.reads = ()           # decided: later steps need the loss and gradients only
         if label == "unknown":
             self.cover("", "no verdict", "the block outputs could not be tested for a LayerNorm")
         else:
@@ -207,29 +251,71 @@ class LnPlacement(Probe):
                          "steps_seen": [h[0] for h in history][:12],
                          "threshold_lr": HIGH_LR, "threshold_ramp": RAMP}}
 
-    def _trains(self) -> bool:
-        """The loss at the latest probed step is below PROGRESS x the step-0 loss."""
-        if not self.loss_steps or self.loss_steps[0][0] != 0 or len(self.loss_steps) < 2:
-            return False
-        first, (_, latest) = self.loss_steps[0][1], self.loss_steps[-1]
-        return first > 0 and latest == latest and latest < PROGRESS * first   # NaN: not
+    def _symptom(self, step: int | None) -> dict | None:
+        """The symptom of the missing warmup shown by the probed steps so far, or None.
 
-    def _judge_hazard(self) -> None:
-        """Report the missing warmup: info if the run trains anyway, else a warning."""
+        `step`: the step just observed (the stall and the spike are judged there); None at the
+        end of the run (only what the history shows)."""
+        if not self.loss_steps or self.loss_steps[0][0] != 0:
+            return None                 # no step-0 loss (a resumed run, or no loss seen)
+        (_, first), (last_step, last) = self.loss_steps[0], self.loss_steps[-1]
+        if last != last or last in (float("inf"), float("-inf")):
+            return {"kind": "divergence", "text": f"the loss is {last} at step {last_step}",
+                    "step": last_step}
+        risen = [(s, v) for s, v in self.loss_steps if s > 0 and v > RISE * first > 0]
+        if risen:
+            s, v = risen[0]
+            peak_step, peak = max(risen, key=lambda r: r[1])
+            return {"kind": "loss rise", "step": s, "threshold_rise": RISE,
+                    "text": f"the loss rose above {RISE:g}x its start ({first:.3g}) at step {s}, "
+                            f"to {peak:.3g} ({peak / first:.2f}x) at step {peak_step}"}
+        if step is None or not self.grad_steps or self.grad_steps[-1][0] != step:
+            return None
+        norm = self.grad_steps[-1][1]
+        earlier = [g for s, g in self.grad_steps if s < step]
+        if len(earlier) >= 3 and norm > SPIKE * _median(earlier):
+            return {"kind": "gradient spike", "step": step, "threshold_spike": SPIKE,
+                    "text": f"the gradient norm spiked to {norm:.3g} at step {step}, "
+                            f"{norm / _median(earlier):.1f}x the median of the earlier probed steps"}
+        g0 = self.grad_steps[0][1] if self.grad_steps[0][0] == 0 else None
+        if step < STALL_FROM or not g0:
+            return None
+        late = [v for s, v in self.loss_steps if 0.75 * step <= s <= step]
+        early = [v for s, v in self.loss_steps if 0.375 * step <= s <= 0.5 * step]
+        grads = [g for s, g in self.grad_steps if 0.75 * step <= s <= step]
+        if not late or not early or not grads or _median(early) <= 0:
+            return None
+        fall = 1 - _median(late) / _median(early)
+        shrink = _median(grads) / g0
+        if fall < STALL_FALL and shrink < STALL_GRAD:
+            return {"kind": "stall", "step": step, "loss_fall": round(fall, 4),
+                    "grad_ratio": round(shrink, 4), "threshold_fall": STALL_FALL,
+                    "threshold_grad": STALL_GRAD,
+                    "text": f"the loss stopped falling: {_median(late):.3g} by step {step}, "
+                            f"{fall:.1%} below its level at step {step // 2}, while the gradient "
+                            f"norm shrank to {shrink:.3f}x its start (a stuck run, not a slow one)"}
+        return None
+
+    def _report_hazard(self, symptom: dict | None) -> None:
+        """The missing warmup: a warning with its symptom, else info (it did not bite)."""
         hazard, self._hazard = self._hazard, None
-        early = [round(v, 4) for s, v in self.loss_steps if s <= EARLY_STEPS[-1]][:8]
-        ev = {**hazard["evidence"], "losses": early,
+        ev = {**hazard["evidence"],
+              "losses": [round(v, 4) for s, v in self.loss_steps if s <= DECIDE_AT][:8],
               "loss_trend": [(s, round(v, 4)) for s, v in self.loss_steps[-4:]],
-              "threshold_progress": PROGRESS}
+              "grad_norms": [(s, round(g, 4)) for s, g in self.grad_steps[-4:]],
+              "threshold_stall_fall": STALL_FALL, "threshold_stall_grad": STALL_GRAD,
+              "threshold_spike": SPIKE, "threshold_rise": RISE}
         fix = FAULT_NOTES["no_warmup_high_lr"][2]
+        if symptom is not None:
+            ev["symptom"] = {k: v for k, v in symptom.items() if k != "text"}
+            self.report("warning", f"{hazard['message']}, and it shows: {symptom['text']}",
+                        step=symptom["step"], evidence=ev, fix=fix)
+            return
         trend = ""
         if len(self.loss_steps) >= 2 and self.loss_steps[0][0] == 0:
             (s0, l0), (s1, l1) = self.loss_steps[0], self.loss_steps[-1]
             trend = f"loss {l0:.3g} at step {s0}, {l1:.3g} at step {s1}"
-        if self._trains():
-            self.report("info", f"{hazard['message']}; this run trains anyway ({trend}): a hazard "
-                        f"if you raise the lr or the depth (by design here)",
-                        step=hazard["step"], evidence=ev, fix=fix)
-        else:
-            self.report("warning", hazard["message"] + (f"; {trend}" if trend else ""),
-                        step=hazard["step"], evidence=ev, fix=fix)
+        seen = (f"no symptom in this run ({trend}: no divergence, spike or stall)" if trend else
+                "no symptom could be looked for (the loss was not observed)")
+        self.report("info", f"{hazard['message']}; {seen}: a hazard if you raise the lr or the "
+                    f"depth (by design here)", step=hazard["step"], evidence=ev, fix=fix)
