@@ -226,7 +226,8 @@ class MissingScale(Probe):
                 "d_k": d_k, "d_model": d_model, "heads": h, "fit": meta["source"], "fit_residual": resid,
                 "mean_max_prob": max_p, "normalised_entropy": ent, "rms_q": rms_q, "rms_k": rms_k,
                 "modules": {s: round(cc * math.sqrt(m["d_k"]), 6) for s, m, cc, *_ in items},
-                "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}"}
+                "qk_rms_ratio": {it[0]: round(_ratio(it[7], it[8]), 6) for it in items},
+                "diagnosis": label, "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}"}
             if severity == "warning":
                 msg += ("; q and k are one tensor here, so the weights cannot show whether the "
                         "scale was meant to be folded into W_Q (as T5 does)")
@@ -234,9 +235,7 @@ class MissingScale(Probe):
                 msg += (f"; by design: q is {rms_k / rms_q:.3g}x smaller than k (sqrt(d_k) = "
                         f"{math.sqrt(d_k):.3g}), so the weights carry the 1/sqrt(d_k), as T5's "
                         f"initialisation does")
-                fix = ("Nothing to fix if this is deliberate (T5-style: the query projection is "
-                       "initialised sqrt(d_k) smaller). If you change the initialisation or the "
-                       f"attention code, divide the scores by {math.sqrt(d_k):.4g} (sqrt(d_k)).")
+                fix = by_design_fix(d_k)
             else:
                 what = ("math.sqrt(d_k), the per-head width, not math.sqrt(d_model)"
                         if label == "1/sqrt(d_model)" else "math.sqrt(d_k)")
@@ -246,6 +245,12 @@ class MissingScale(Probe):
                        f"F.scaled_dot_product_attention).")
             self.report(severity, msg, where=site, step=step, layer=meta["layer"], fix=fix,
                         evidence=evidence)
+
+
+def by_design_fix(d_k: int) -> str:
+    return ("Nothing to fix if this is deliberate (T5-style: the query projection is "
+            "initialised sqrt(d_k) smaller). If you change the initialisation or the "
+            f"attention code, divide the scores by {math.sqrt(d_k):.4g} (sqrt(d_k)).")
 
 
 FOLD_BAND = math.sqrt(2)   # rms(q)/rms(k) within a factor sqrt(2) of 1/sqrt(d_k) (or its inverse)
@@ -258,6 +263,11 @@ def _folded_into_weights(rms_q: float, rms_k: float, d_k: int) -> bool:
     k of one size. Only decisive when the band around 1/sqrt(d_k) excludes 1 (d_k > 2)."""
     if not (rms_q > 0 and rms_k > 0) or d_k <= 2:
         return False
-    r = min(rms_q, rms_k) / max(rms_q, rms_k)
+    r = _ratio(rms_q, rms_k)
     target = 1 / math.sqrt(d_k)
     return target / FOLD_BAND <= r <= target * FOLD_BAND and target * FOLD_BAND < 1
+
+
+def _ratio(rms_q: float, rms_k: float) -> float:
+    """The smaller of rms(q), rms(k) over the larger (NaN when either is not positive)."""
+    return min(rms_q, rms_k) / max(rms_q, rms_k) if rms_q > 0 and rms_k > 0 else math.nan

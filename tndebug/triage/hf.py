@@ -103,7 +103,11 @@ def load_config(folder: Path):
 
 
 def build_model(tf, config, attn: str | None) -> nn.Module:
+    """The model in float32 whatever config.dtype says: 16-bit weights are upcast exactly on
+    load, so every tolerance is fp32's while the values are the file's (issue 19; the saved
+    dtype still decides the fp16 hazards, as run.compute_dtype)."""
     kw = {"attn_implementation": attn} if attn else {}
+    kw["dtype"] = torch.float32
     try:
         return tf.AutoModelForSeq2SeqLM.from_config(config, **kw)
     except Exception as e:  # noqa: BLE001
@@ -312,6 +316,7 @@ def triage_hf(opts, patch=None, sinks=()):
     from tndebug.triage import hygiene
     from tndebug.triage import run as R
     from tndebug.triage.capture import GenericCapture
+    from tndebug.triage.fresh import SEED, scale_at_init, seeded
     from tndebug.triage.hf_data import held_out
     from tndebug.triage.hf_findings import hf_fix, hf_where, resume_state
     from tndebug.triage.userdata import check_vocab
@@ -346,23 +351,43 @@ def triage_hf(opts, patch=None, sinks=()):
     keep = PROBE_VOCAB if tgt_v > PROBE_VOCAB and set(probe_names) <= set(R.TRIAGE_PROBES) else None
     if keep:
         hi = min(hi, keep)
-    subject = HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
-                        tgt_vocab=hi, encode=encode, capture=GenericCapture(model),
-                        max_len=getattr(config, "max_position_embeddings", None), first_content=lo)
+
+    def make_subject(model, forward, encode):
+        subject = HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
+                            tgt_vocab=hi, encode=encode, capture=GenericCapture(model),
+                            max_len=getattr(config, "max_position_embeddings", None), first_content=lo)
+        if hasattr(subject.capture, "discover"):   # attention sites by behaviour, whatever the class
+            subject.capture.discover(lambda: forward(model, batch.src[:2], batch.tgt_in[:2], ids["pad"]))
+        return subject
+
+    def probe_fresh(names):
+        """The probes `names` on AutoModelForSeq2SeqLM.from_config(config), seeded: the code at
+        initialisation, no weights loaded (issue 19)."""
+        fresh = seeded(lambda: build_model(tf, config, attn)).eval()
+        fwd, enc = make_adapter(ids["start"], ids["marker"])
+        if patch is not None:
+            fwd, enc = patch(fresh, (fwd, enc)) or (fwd, enc)
+        sub = make_subject(fresh, fwd, enc)
+        with sliced_output(fresh, keep, lambda: fwd(fresh, batch.src[:1, :3], batch.tgt_in[:1, :3], ids["pad"])):
+            return driver.probe_once(sub, names, batch, compute_dtype=dtype)
+
     data, source = held_out(opts, folder, ids, ids["marker"])
     if data is not None:
         check_vocab(data, src_v, tgt_v, source)
-    batch = random_batch(subject)         # the probes' pass; the user's data only for the sweep
-    if hasattr(subject.capture, "discover"):   # attention sites by behaviour, whatever the class
-        subject.capture.discover(lambda: forward(model, batch.src[:2], batch.tgt_in[:2], ids["pad"]))
+    batch = random_batch(HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"],
+                                   src_vocab=hi, tgt_vocab=hi, first_content=lo))   # the probes' pass
+    subject = make_subject(model, forward, encode)
+    dtype = R.weights_dtype(sd)           # the saved dtype: decides fp16 hazards (compute: fp32)
     lap("model")
 
     findings = hygiene.non_finite(sd) + resume_state(folder)
     with sliced_output(model, keep, lambda: forward(model, batch.src[:1, :3], batch.tgt_in[:1, :3],
                                                      ids["pad"])) as keep:
-        probed = driver.probe_once(subject, probe_names, batch, sinks=sinks)
-    findings += probed.findings
+        probed = driver.probe_once(subject, probe_names, batch, compute_dtype=dtype, sinks=sinks)
     statuses, probe_seconds = probed.statuses, probed.seconds
+    how = f"AutoModelForSeq2SeqLM.from_config(config), seed {SEED}, attn {attn or 'from config'}"
+    checked, statuses = scale_at_init(probed.findings, statuses, probe_fresh, how)
+    findings += checked
     lap("probes")
     findings += hygiene.duplicate_heads(attention_weights(model))
     if data is not None:
@@ -393,7 +418,9 @@ def triage_hf(opts, patch=None, sinks=()):
            "probe_data": f"random ids from the model's vocabulary ({lo}..{hi - 1}; special ids excluded)",
            "held_out_sequences": int((data if data is not None else batch).src.shape[0]),
            "probes_see_logits_of_ids": f"0..{keep - 1} (of {tgt_v}; exact)" if keep else f"all {tgt_v}",
-           "compute_dtype": "float32",
+           "compute_dtype": str(dtype).removeprefix("torch."),
+           "arithmetic": "float32" + (f" ({str(dtype).removeprefix('torch.')} weights upcast exactly: "
+                                      f"fp32 tolerances)" if dtype != torch.float32 else ""),
            "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in sd.values()
                                     if v.is_floating_point()}),
            "pad_id": ids["pad"], "bos_id": ids["start"], "special_ids": ids["specials"],

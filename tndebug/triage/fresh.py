@@ -1,0 +1,156 @@
+"""Code judged apart from weights (issue 19): what is a property of the code is judged on a fresh
+initialisation from the model's own constructor, the trained weights only for what training does.
+
+    findings, statuses = scale_at_init(findings, statuses, probe_fresh)      # missing-scale
+    findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names)  # NaN weights
+
+`probe_fresh(names) -> ProbeResult` runs the probes `names` on a model built again by its own
+constructor, seeded, with no weights loaded: for a Hugging Face directory
+`AutoModelForSeq2SeqLM.from_config(config)` with the same attention implementation, for
+`--model` the user's factory called again. Every finding these functions return from a probe
+they re-judged carries `evidence["judged_on"]`: "checkpoint" or "fresh init".
+
+* **The 1/sqrt(d_k) fold** (T5): whether unscaled scores are compensated by an initialisation
+  that makes q sqrt(d_k) smaller than k is a property of the code. Training moves rms(q)/rms(k)
+  (a T5 after 30 AdamW steps: out of the band around 1/sqrt(d_k)), so a checkpoint's "no
+  1/sqrt(d_k)" error is judged again at initialisation: folded there -> info, by design.
+* **Exact tests of the code on non-finite weights**: NaN weights make every behavioural test
+  "no verdict" (no finite probabilities) and hide a mask bug; nan-scores, missing-scale and
+  mask-broadcast then also run on the fresh initialisation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from tndebug.findings import Finding
+from tndebug.probes.missing_scale import by_design_fix
+
+SEED = 0                                              # the fresh initialisation's seed
+CODE_PROBES = ("nan-scores", "missing-scale", "mask-broadcast")   # exact tests of the code
+NO_SCALE = "no 1/sqrt(d_k)"
+
+
+def seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """build() under torch.manual_seed(SEED), the caller's RNG state untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        return build()
+
+
+def judged_on(f: Finding, where: str) -> Finding:
+    return replace(f, evidence={**f.evidence, "judged_on": where})
+
+
+def _unscaled_error(f: Finding) -> bool:
+    return (f.probe == "missing-scale" and f.severity == "error"
+            and f.evidence.get("diagnosis") == NO_SCALE)
+
+
+def scale_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str = ""):
+    """Re-judge the checkpoint's "no 1/sqrt(d_k)" errors on the fresh initialisation: the
+    modules whose q/k rms ratio shows the fold there (missing-scale's by-design test, info at
+    init) become one info finding, by design; the others stay errors. Returns (findings,
+    statuses); missing-scale findings carry judged_on. `how`: how the fresh model was built."""
+    out = [judged_on(f, "checkpoint") if f.probe == "missing-scale" else f for f in findings]
+    targets = [f for f in out if _unscaled_error(f)]
+    if not targets:
+        return out, statuses
+    st = statuses.setdefault("missing-scale", {})
+    try:
+        init = probe_fresh(["missing-scale"]).findings
+    except Exception as e:  # noqa: BLE001 - the user's constructor may raise anything
+        st["fresh_init"] = f"not built ({type(e).__name__}: {str(e).strip()[:120]}); judged on the checkpoint"
+        return out, statuses
+    folded, unfolded = {}, set()
+    for f in init:
+        if f.probe == "missing-scale" and f.evidence.get("diagnosis") == NO_SCALE:
+            if f.severity == "info":
+                folded.update(f.evidence.get("qk_rms_ratio", {}))
+            else:
+                unfolded.update(f.evidence.get("modules", {}))
+    result = []
+    for f in out:
+        if f not in targets:
+            result.append(f)
+            continue
+        mods = f.evidence.get("modules", {})
+        design = {s: r for s, r in mods.items() if s in folded}
+        rest = {s: r for s, r in mods.items() if s not in folded}
+        if design:
+            result.append(_by_design(f, design, folded, how))
+        if rest:
+            result.append(f if not design else _subset(f, rest))
+    st["fresh_init"] = {"built": how or "the model's own constructor, seed 0",
+                        "folded_at_init": sorted(folded), "unscaled_at_init": sorted(unfolded)}
+    mine = [f for f in result if f.probe == "missing-scale"]
+    if st.get("status") in ("fail", "warn"):
+        st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
+                        "warn" if any(f.severity == "warning" for f in mine) else "pass")
+    return result, statuses
+
+
+def _head(site: str, ratio: float, d_k: int, n_more: int) -> str:
+    tail = f" (+{n_more} more attention modules)" if n_more else ""
+    return (f"{site}: scale {ratio / math.sqrt(d_k):.3f}, expected 1/sqrt({d_k})="
+            f"{1 / math.sqrt(d_k):.3f} ({NO_SCALE}){tail}")
+
+
+def _by_design(f: Finding, mods: dict, folded: dict, how: str) -> Finding:
+    d_k = int(f.evidence["d_k"])
+    site = next(iter(mods))
+    r_init = folded[site]
+    r_ckpt = f.evidence.get("qk_rms_ratio", {}).get(site, math.nan)
+    msg = (_head(site, mods[site], d_k, len(mods) - 1)
+           + f"; by design (the initialisation folds the scale into W_Q: measured ratio "
+             f"rms(q)/rms(k) {r_init:.3g} at init, 1/sqrt(d_k) = {1 / math.sqrt(d_k):.3g}; "
+             f"{r_ckpt:.3g} in the checkpoint, where training moved it)")
+    ev = {**f.evidence, "judged_on": "fresh init", "modules": mods,
+          "init_qk_rms_ratio": {s: folded[s] for s in mods},
+          "checkpoint_qk_rms_ratio": {s: f.evidence.get("qk_rms_ratio", {}).get(s) for s in mods},
+          "fresh_init": how or "the model's own constructor, seed 0"}
+    ev.pop("qk_rms_ratio", None)
+    return replace(f, severity="info", message=msg, where=site, fix=by_design_fix(d_k), evidence=ev)
+
+
+def _subset(f: Finding, mods: dict) -> Finding:
+    d_k = int(f.evidence["d_k"])
+    site = next(iter(mods))
+    rest = f.message.split(f"({NO_SCALE})", 1)[1].split(" (+", 1)[0] if f"({NO_SCALE})" in f.message else ""
+    return replace(f, where=site, message=_head(site, mods[site], d_k, len(mods) - 1) + rest,
+                   evidence={**f.evidence, "modules": mods,
+                             "qk_rms_ratio": {s: f.evidence.get("qk_rms_ratio", {}).get(s) for s in mods}})
+
+
+def code_on_fresh(findings: list[Finding], statuses: dict, probe_fresh, names, how: str = ""):
+    """Non-finite weights hide the code's bugs (every behavioural test lacks finite
+    probabilities): run the exact tests of the code (CODE_PROBES among `names`) on the fresh
+    initialisation too. Their findings join the checkpoint's, marked judged_on "fresh init";
+    the checkpoint's findings of those probes are marked "checkpoint". Returns (findings,
+    statuses)."""
+    code = [n for n in CODE_PROBES if n in names]
+    if not code:
+        return findings, statuses
+    out = [judged_on(f, "checkpoint") if f.probe in code else f for f in findings]
+    try:
+        probed = probe_fresh(code)
+    except Exception as e:  # noqa: BLE001 - the user's constructor may raise anything
+        for n in code:
+            statuses.setdefault(n, {})["fresh_init"] = (f"not built ({type(e).__name__}: "
+                                                        f"{str(e).strip()[:120]})")
+        return out, statuses
+    note = " (on a fresh initialisation of your code: the checkpoint's weights are non-finite)"
+    seen = {(f.probe, f.where, f.severity, f.message) for f in out}
+    for f in probed.findings:
+        if f.probe not in code or (f.probe, f.where, f.severity, f.message) in seen:
+            continue
+        out.append(replace(f, message=f.message + note,
+                           evidence={**f.evidence, "judged_on": "fresh init",
+                                     "fresh_init": how or "the model's own constructor, seed 0"}))
+    for n in code:
+        st, new = statuses.setdefault(n, {}), probed.statuses.get(n, {})
+        st["fresh_init"] = {"status": new.get("status"), "coverage": new.get("coverage")}
+    return out, statuses
