@@ -19,6 +19,10 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False     # no prefix matching: `--prob all` is refused, not --probe
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # one line, exit 2 (argparse's own code), no usage dump
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
@@ -63,12 +67,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from tndebug.commands._args import probe_selection
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
+        if getattr(args, "probe", None) is not None:
+            probe_selection(args.probe, args.command)
         return int(args.func(args) or 0)
     except UsageError as e:
         print(f"tndebug: error: {e}", file=sys.stderr)

@@ -5,8 +5,8 @@ error from another probe. The models are built, trained 10 steps and saved as us
 triaged as `tndebug triage CKPT --model FILE.py:build --adapter FILE.py:forward` would.
 
 KNOWN_FAILURES lists the cases that fail on today's probes, each with the cause seen in the
-report; remove an entry once the probe is fixed (the marks are not strict, so a fixed case
-shows up as XPASS). `python bench/foreign.py` gives the same verdicts over more seeds."""
+report; remove an entry once the probe is fixed (the marks are strict: a fixed case fails as
+XPASS until its entry goes). `python bench/foreign.py` gives the same verdicts over more seeds."""
 from __future__ import annotations
 
 import os
@@ -50,7 +50,7 @@ def checkpoint(folder, style, variant, bug, seed):
 
 def _param(style, variant, what, *rest):
     reason = KNOWN_FAILURES.get((style, variant, what))
-    marks = [pytest.mark.xfail(strict=False, reason=reason)] if reason else []
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
     return pytest.param(style, variant, *rest, marks=marks,
                         id="-".join(map(str, (style, variant, what, *rest))))
 

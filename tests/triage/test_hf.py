@@ -4,7 +4,8 @@ model (or its caller) through `triage_hf(..., patch=)`, under eager and SDPA att
 directories are one line, exit 2, nothing written.
 
 KNOWN lists the cases that fail because of a probe, not of the HF path, each with what the
-probe reported; remove an entry once the probe is fixed (the marks are not strict)."""
+probe reported; remove an entry once the probe is fixed (the marks are strict: a fixed case
+fails as XPASS until its entry goes)."""
 from __future__ import annotations
 
 import json
@@ -142,7 +143,7 @@ def describe(findings) -> str:
 
 def _param(arch, attn, what):
     reason = KNOWN.get((arch, attn, what))
-    marks = [pytest.mark.xfail(strict=False, reason=reason)] if reason else []
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
     return pytest.param(arch, attn, what, marks=marks, id=f"{arch}-{attn}-{what}")
 
 
