@@ -136,6 +136,12 @@ def _locked(d: Path) -> bool:
     return pid is not None and (host not in ("", socket.gethostname()) or _pid_alive(pid))
 
 
+def held_here(d: Path) -> bool:
+    """`d` is locked by this very process (a claim still open in it, e.g. another watch)."""
+    pid, host = _read_lock(Path(d) / LOCK)
+    return pid == os.getpid() and host in ("", socket.gethostname())
+
+
 class OutputLock:
     """`.tndebug.lock` in a directory: O_EXCL create, our pid inside; stale locks taken over."""
 

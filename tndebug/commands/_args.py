@@ -41,6 +41,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def probe_selection(spec: str, command: str) -> str:
+    """--probe of run and triage: an empty selection ('' or ',') would check nothing and say
+    CLEAN, so it is refused; `none` says that on purpose."""
+    if not [s for s in spec.split(",") if s.strip()]:
+        from tndebug.errors import UsageError
+        raise UsageError(f"argument --probe: {spec!r} selects no probe; pass probe names "
+                         f"(`tndebug probes` lists them), all, or none on purpose (see "
+                         f"`tndebug {command} --help`)")
+    return spec
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """Wraps the description and epilog to the terminal, paragraph by paragraph (blank-line
     separated); a paragraph written on several lines (examples, tables) is kept as written."""

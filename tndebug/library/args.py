@@ -173,7 +173,10 @@ def claim_output(stack, out, *, overwrite: bool, start_step: int):
     TensorBoard events go first, so tb/ never holds two runs."""
     from pathlib import Path
 
-    from tndebug.outputs import LIBRARY, claim_output as claim
+    from tndebug.outputs import LIBRARY, claim_output as claim, held_here
+    if held_here(Path(out)):           # the lock lets this process in again: one run a tb/ all the same
+        raise UsageError(f"watch: out='{out}' is in use by another tndebug.watch in this process; "
+                         f"pass another out=, or leave that block first")
     with _prefixed("watch"):
         return Path(stack.enter_context(claim(
             str(out), str(out), overwrite=overwrite, kind="run", names=LIBRARY,
