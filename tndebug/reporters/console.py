@@ -217,6 +217,9 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
     head.append(VERDICT_WORD[report.verdict], style=VERDICT_STYLE[report.verdict])
     head.append(f"  ({counts_text(report)})")
     parts.append(head)
+    achieved = result_text(report)
+    if achieved:
+        parts.append(Text(achieved))
     unchecked = unchecked_text(report)
     if unchecked:
         parts.append(Text(f"UNCHECKED: {unchecked}", style="bold"))
@@ -251,6 +254,27 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
     for label, path in (paths or {}).items():
         parts.append(Text(f"{label}: {path}", style="dim"))
     return Group(*parts)
+
+
+def _seconds(s: float) -> str:
+    """12.3 s, 20m05s, 2h03m: at most 7 characters, so the result line fits 80 columns."""
+    if s < 100:
+        return f"{s:.1f} s"
+    m = int(round(s)) // 60
+    return f"{m}m{int(round(s)) % 60:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
+
+
+def result_text(report: Report) -> str | None:
+    """What a `tndebug run` achieved, in one line of at most 80 columns: the held-out task result
+    and the training and whole-run times (report.json's run.exact_match, token_accuracy,
+    train_s, wall_s). None for triage, check and watch, which train nothing of their own."""
+    run = report.run
+    if "train_s" not in run or "wall_s" not in run:
+        return None
+    em, acc = run.get("exact_match"), run.get("token_accuracy")
+    task = (f"held-out: exact match {em:.1%}, token accuracy {acc:.1%}" if em is not None
+            and acc is not None else "held-out: not evaluated")
+    return f"{task}; train {_seconds(run['train_s'])}, wall {_seconds(run['wall_s'])}"
 
 
 def _reasons(rows: list[tuple[str, str]], word: str) -> Table:
