@@ -34,6 +34,20 @@ CODE_PROBES = ("nan-scores", "missing-scale", "mask-broadcast")   # exact tests 
 NO_SCALE = "no 1/sqrt(d_k)"
 
 
+def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = ""):
+    """The checkpoint's probe findings and statuses, with the code judged on a fresh
+    initialisation where the weights cannot show it: every exact test of the code when the
+    weights hold NaN/Inf, the 1/sqrt(d_k) fold whenever the checkpoint has no scale. Returns
+    (findings, statuses). `probe_fresh` None: nothing to build, the checkpoint's alone."""
+    findings, statuses = list(probed.findings), probed.statuses
+    if probe_fresh is None:
+        return findings, statuses
+    if not all(bool(t.isfinite().all()) for t in state_dict.values()
+               if isinstance(t, torch.Tensor) and t.is_floating_point()):
+        findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names, how)
+    return scale_at_init(findings, statuses, probe_fresh, how)
+
+
 def seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     """build() under torch.manual_seed(SEED), the caller's RNG state untouched."""
     with torch.random.fork_rng(devices=[]):
@@ -55,8 +69,9 @@ def scale_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str
     modules whose q/k rms ratio shows the fold there (missing-scale's by-design test, info at
     init) become one info finding, by design; the others stay errors. Returns (findings,
     statuses); missing-scale findings carry judged_on. `how`: how the fresh model was built."""
-    out = [judged_on(f, "checkpoint") if f.probe == "missing-scale" else f for f in findings]
-    targets = [f for f in out if _unscaled_error(f)]
+    out = [f if f.probe != "missing-scale" or "judged_on" in f.evidence else judged_on(f, "checkpoint")
+           for f in findings]
+    targets = [f for f in out if _unscaled_error(f) and f.evidence.get("judged_on") != "fresh init"]
     if not targets:
         return out, statuses
     st = statuses.setdefault("missing-scale", {})

@@ -37,6 +37,7 @@ from tndebug.triage import hygiene, layouts
 from tndebug.triage.adapters import (build_user_model, load_weights, parse_config,
                                      resolve_adapter)
 from tndebug.triage.capture import GenericCapture, projection_weights
+from tndebug.triage.fresh import SEED, apart_from_weights, seeded
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.userdata import check_vocab as check_data_vocab, load_data
 
@@ -74,6 +75,7 @@ class _Target:
     user_path: object = staticmethod(lambda p: p)
     findings: list[Finding] = field(default_factory=list)
     attention_weights: list = field(default_factory=list)   # (where, W_Q, W_K, W_V, h)
+    fresh: object = None     # names -> ProbeResult on a fresh initialisation (--model), or None
 
 
 def triage(opts: TriageOptions, sinks=()) -> Report:
@@ -105,8 +107,10 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
 
     probed = driver.probe_once(subject, probe_names, batch,
                                compute_dtype=weights_dtype(ckpt.state_dict), sinks=sinks)
-    findings += probed.findings
-    statuses, probe_seconds = probed.statuses, probed.seconds
+    checked, statuses = apart_from_weights(probed, target.fresh, probe_names, ckpt.state_dict,
+                                           target.run.get("fresh_init", ""))
+    findings += checked
+    probe_seconds = probed.seconds
     lap("probes")
     findings += hygiene.duplicate_heads(target.attention_weights)
     sweep, sweep_evidence = hygiene.temperature_sweep(
@@ -327,7 +331,23 @@ def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
                                 f"tndebug's masks, not yours: pass --adapter FILE.py:forward that "
                                 f"calls your own mask code", where="", step=0,
                                 evidence={"adapter": adapter.name}))
-    return _Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model))
+    run["fresh_init"] = f"{opts.model} called again with the same kwargs, seed {SEED}, no weights loaded"
+    return _Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model),
+                   _fresh_prober(opts, kwargs, batch, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
+                                                            src_vocab=src_v, tgt_vocab=tgt_v)))
+
+
+def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
+    """names -> ProbeResult of the probes on the user's factory called again (seeded, no
+    weights loaded): the code judged apart from the checkpoint's weights (issue 19)."""
+    def probe_fresh(names):
+        model = seeded(lambda: build_user_model(opts.model, kwargs)[0]).eval()
+        adapter = resolve_adapter(opts.adapter, model)
+        capture = GenericCapture(model)
+        capture.discover(lambda: adapter.forward(model, batch[0][:2], batch[1][:2], opts.pad_id))
+        subject = Subject(model, adapter.forward, encode=adapter.encode, capture=capture, **subject_kw)
+        return driver.probe_once(subject, names, batch)       # fresh weights: float32
+    return probe_fresh
 
 
 def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int]:

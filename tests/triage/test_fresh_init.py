@@ -1,0 +1,52 @@
+"""Code judged apart from weights (issue 19): with --model, a checkpoint whose weights are NaN
+still gets its code's exact tests (nan-scores, missing-scale, mask-broadcast), run on the
+user's factory called again (seeded, no weights loaded); findings say which they came from."""
+from __future__ import annotations
+
+import torch
+
+from conftest import TINY, zoo, zoo_spec
+from tndebug.triage.run import TriageOptions, triage
+
+
+def _ckpt(tmp_path, nan: bool, **bugs):
+    """An annotated-style model saved with its config; `nan`: every weight matrix NaN (as a
+    -inf mask fill makes a checkpoint from step 0)."""
+    torch.manual_seed(0)
+    sd = zoo("annotated").make_model(11, 11, **TINY, **bugs).state_dict()
+    if nan:
+        sd = {k: torch.full_like(v, float("nan")) if v.is_floating_point() and v.dim() == 2 else v
+              for k, v in sd.items()}
+    path = tmp_path / "model.pt"
+    torch.save({"model": sd, "config": {"src_vocab": 11, "tgt_vocab": 11, **TINY, **bugs}}, path)
+    return path
+
+
+def _triage(path, **kw):
+    return triage(TriageOptions(str(path), model=zoo_spec("annotated", "make_model"), **kw))
+
+
+def test_missing_causal_mask_named_on_fresh_init_when_weights_are_nan(tmp_path):
+    report = _triage(_ckpt(tmp_path, True, causal=False))
+    assert any(f.probe == "checkpoint" and f.severity == "error" for f in report.findings)  # NaN named
+    mask = [f for f in report.findings if f.probe == "mask-broadcast" and f.severity == "error"]
+    assert mask, [(f.probe, f.severity, f.message) for f in report.findings]
+    assert all(f.evidence["judged_on"] == "fresh init" for f in mask)
+    assert any("future" in f.message or "causal" in f.message.lower() for f in mask), mask[0].message
+    assert report.probes["mask-broadcast"]["status"] == "fail"
+    assert report.probes["mask-broadcast"]["fresh_init"]["status"] == "fail"
+
+
+def test_healthy_code_with_nan_weights_gets_no_code_finding(tmp_path):
+    report = _triage(_ckpt(tmp_path, True))
+    fresh = [f for f in report.findings if f.evidence.get("judged_on") == "fresh init"
+             and f.severity in ("warning", "error")]
+    assert not fresh, [(f.probe, f.message) for f in fresh]
+    assert report.probes["mask-broadcast"]["fresh_init"]["status"] == "pass"
+
+
+def test_finite_weights_are_judged_on_the_checkpoint_alone(tmp_path):
+    report = _triage(_ckpt(tmp_path, False, causal=False))
+    mask = [f for f in report.findings if f.probe == "mask-broadcast" and f.severity == "error"]
+    assert mask and all("judged_on" not in f.evidence for f in mask)
+    assert "fresh_init" not in report.probes["mask-broadcast"]
