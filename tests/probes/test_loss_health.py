@@ -60,6 +60,42 @@ def test_run_shorter_than_plateau_steps_is_judged_at_its_end(monkeypatch):
     assert (f.severity, f.step) == ("error", 10)
 
 
+def _loop_without_logits(give_loss: bool):
+    """A user's loop that hands the engine the loss (or nothing), never the logits/targets."""
+    from tndebug.harness import copy_batch
+    from tndebug.probes.base import RunContext, StepInfo
+    from tndebug.probes.engine import ProbeEngine
+    model = make_model(ModelConfig.tiny())
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    probe = LossHealthProbe(every(5))
+    g = torch.Generator().manual_seed(0)
+    with ProbeEngine([probe], RunContext(subject=tndebug_subject(model), optimizer=opt)) as eng:
+        eng.setup()
+        for step in range(6):
+            src, tgt_in, tgt_out = copy_batch(g, 8, 8, V)
+            eng.begin_step(step, src, tgt_in)
+            loss = F.cross_entropy(model(src, tgt_in).reshape(-1, V), tgt_out.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            eng.end_step(StepInfo(step, lr=1e-3, loss=loss.detach() if give_loss else None))
+            opt.step()
+        eng.finish()
+    return probe
+
+
+@pytest.mark.parametrize("give_loss", [True, False])
+def test_no_logits_or_targets_is_no_verdict_never_a_pass(give_loss):
+    """The loss levels need the logits and the targets; a loss alone (or nothing) decides
+    no level: no verdict, with what was seen, never a pass."""
+    probe = _loop_without_logits(give_loss)
+    entry = probe.status_entry()
+    assert probe.findings == [] and entry["status"] == "no verdict", entry
+    if give_loss:
+        assert entry["reason"].startswith("only the training loss was observed (2 probed steps")
+    else:
+        assert entry["reason"] == "no training loss and no logits/targets were observed"
+
+
 # -- written by hand -------------------------------------------------------------------------
 
 class HandLogits(nn.Module):

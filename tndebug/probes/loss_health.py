@@ -83,6 +83,7 @@ class LossHealthProbe(Probe):
         self._above: list[tuple[int, float]] = [] # the current run of probed steps above the limit
         self._exploded = False
         self._spiked = False
+        self._losses_seen = 0                     # probed steps with a training loss
 
     def setup(self, run: RunContext) -> None:
         self._schedule, self._total_steps = run.lr_schedule, run.total_steps
@@ -109,8 +110,10 @@ class LossHealthProbe(Probe):
         ce = float(stats["ce"]) if "ce" in stats else None
         if loss is not None:
             self.metric(step, "loss/train", loss)
-        if loss is not None or ce is not None:
-            self.cover("", "checked")          # finite (and, with logits, the CE levels)
+        if ce is not None:
+            self.cover("", "checked")          # the CE levels (a loss alone: finite, >= 0 only)
+        if loss is not None:
+            self._losses_seen += 1
         for value, what in ((loss, "training loss"), (ce, "cross-entropy")):
             if value is not None and not math.isfinite(value) and self._bad_step is None:
                 self._bad_step = step
@@ -251,7 +254,11 @@ class LossHealthProbe(Probe):
 
     def finish(self, run: RunContext) -> None:
         if not self._ce and self._bad_step is None:
-            self.skip("no logits/targets or loss were observed")
+            # nothing to judge the levels on: no verdict (never a pass), and why
+            self.skip(f"only the training loss was observed ({self._losses_seen} probed "
+                      f"steps; its sign and finiteness checked): the loss levels against ln V "
+                      f"need the logits and the targets" if self._losses_seen else
+                      "no training loss and no logits/targets were observed")
             return
         if self._above and not self._exploded:      # the run ended above the limit
             self._report_explosion()
