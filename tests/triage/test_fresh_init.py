@@ -3,6 +3,8 @@ still gets its code's exact tests (nan-scores, missing-scale, mask-broadcast), r
 user's factory called again (seeded, no weights loaded); findings say which they came from."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from conftest import TINY, zoo, zoo_spec
@@ -50,3 +52,29 @@ def test_finite_weights_are_judged_on_the_checkpoint_alone(tmp_path):
     mask = [f for f in report.findings if f.probe == "mask-broadcast" and f.severity == "error"]
     assert mask and all("judged_on" not in f.evidence for f in mask)
     assert "fresh_init" not in report.probes["mask-broadcast"]
+
+
+def _moved(tmp_path, fold: bool, grow: float):
+    """The T5-style user model with W_Q grown `grow`x, as training moves it out of the init band."""
+    from t5style_user import annotated, make_model
+    torch.manual_seed(0)
+    model = make_model(fold=fold)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, annotated.MultiHeadedAttention):
+                m.linears[0].weight *= grow
+                m.linears[0].bias *= grow
+    path = tmp_path / "t5style.pt"
+    torch.save({"model": model.state_dict(), "config": {"fold": fold}}, path)
+    return path
+
+
+def test_user_code_folding_the_scale_at_init_is_by_design(tmp_path):
+    spec = f"{Path(__file__).parent / 't5style_user.py'}:make_model"
+    report = triage(TriageOptions(str(_moved(tmp_path, True, 3.0)), model=spec, probes="missing-scale"))
+    scale = [f for f in report.findings if f.probe == "missing-scale" and "modules" in f.evidence]
+    assert scale and all(f.severity == "info" for f in scale), [(f.severity, f.message) for f in scale]
+    assert any(f.evidence["judged_on"] == "fresh init" for f in scale)
+    report = triage(TriageOptions(str(_moved(tmp_path, False, 1.0)), model=spec, probes="missing-scale"))
+    errors = [f for f in report.findings if f.probe == "missing-scale" and f.severity == "error"]
+    assert errors and all(f.evidence["judged_on"] == "checkpoint" for f in errors)
