@@ -355,7 +355,7 @@ def test_shared_projection_message_says_what_to_do():
     f = next(f for f in probe.findings if f.where == "encoder.layers.0.self_attn")
     assert "one module computes both" not in f.message
     assert "encoder.layers.0.self_attn.proj_q computes q, k and v: give each its own nn.Linear" in f.message
-    assert "q equals k (relative difference 0 < 1e-06)" in f.message
+    assert "q equals k equals v (relative difference 0 < 1e-06)" in f.message
 
 
 # -- uniform heads are alike because they attend to nothing, not because of a shared draw (issue 19)
@@ -395,3 +395,87 @@ def test_uniform_heads_get_no_duplicate_verdict(kind):
         assert f.severity == "error" and f.evidence["heads"] == [0, 1, 2, 3]
         assert min(f.evidence["uniform_js_bits"]) >= f.evidence["threshold_uniform_js_bits"]
         assert cov["status"] == "checked"
+
+
+# -- one projection for q, k and v: every role named, every attention that uses it (issue 19) --
+class CoreAttn(nn.Module):
+    """The module that holds the softmax (and the taps); the projections sit in its parent."""
+
+    def __init__(self, dk):
+        super().__init__()
+        self.dk = dk
+        for name in ("q", "k", "v", "scores", "masked_scores", "probs"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def forward(self, q, k, v, keep):
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        s = self.hook_scores(q @ k.transpose(-1, -2) / math.sqrt(self.dk))   # [B, h, T, S]
+        p = self.hook_probs(self.hook_masked_scores(s.masked_fill(~keep, -1e9)).softmax(-1))
+        return p @ v                                                         # [B, h, T, dk]
+
+
+class WrapperAttention(nn.Module):
+    """`style="seq_first"`: w_qs/w_ks/w_vs on [T, B, d] beside a `core_attn` (shared: w_ks and
+    w_vs are w_qs); `style="fused"`: one qkv Linear (shared: q = k = v = its first third)."""
+
+    def __init__(self, d, h, shared, style):
+        super().__init__()
+        self.h, self.dk, self.shared, self.style = h, d // h, shared, style
+        if style == "fused":
+            self.qkv = nn.Linear(d, 3 * d)
+        else:
+            self.w_qs = nn.Linear(d, d, bias=False)
+            self.w_ks = self.w_qs if shared else nn.Linear(d, d, bias=False)
+            self.w_vs = self.w_qs if shared else nn.Linear(d, d, bias=False)
+        self.core_attn = CoreAttn(d // h)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, xq, xkv, keep):
+        B, T, d = xq.shape
+        if self.style == "fused":
+            if xq is not xkv:
+                raise ValueError("the fused style is self-attention only")
+            q, k, v = self.qkv(xq).chunk(3, dim=-1)
+            if self.shared:
+                k = v = q
+            q, k, v = (t.view(B, T, self.h, self.dk).transpose(1, 2) for t in (q, k, v))
+        else:
+            S = xkv.shape[1]
+            xq, xkv = xq.transpose(0, 1), xkv.transpose(0, 1)                    # [T, B, d]
+            q = self.w_qs(xq).view(T, B, self.h, self.dk).permute(1, 2, 0, 3)   # [B, h, T, dk]
+            k = self.w_ks(xkv).view(S, B, self.h, self.dk).permute(1, 2, 0, 3)
+            v = self.w_vs(xkv).view(S, B, self.h, self.dk).permute(1, 2, 0, 3)
+        z = self.core_attn(q, k, v, keep)
+        return self.fc(z.transpose(1, 2).reshape(B, T, d))
+
+
+def wrapper_model(shared, style):
+    torch.manual_seed(0)
+    model = HandModel(shared=False)
+    for layer in (model.encoder.layers[0], model.decoder.layers[0]):
+        layer.self_attn = WrapperAttention(32, 4, shared, style)
+        if layer.cross_attn is not None and style == "seq_first":
+            layer.cross_attn = WrapperAttention(32, 4, shared, style)
+    name_hook_points(model)
+    return model
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("style", ["seq_first", "fused"])
+def test_one_projection_names_every_role_in_every_attention_that_uses_it(style, shared):
+    probe = HeadCollapse()
+    probe.setup(RunContext(subject=tap_subject(wrapper_model(shared, style))))
+    found = {f.where: f for f in alarms(probe.findings)}
+    if not shared:
+        assert found == {} and probe.checked
+        return
+    sites = {"encoder.layers.0.self_attn.core_attn", "decoder.layers.0.self_attn.core_attn"}
+    if style == "seq_first":     # the cross-attention's own shared w_qs is found from the module
+        sites.add("decoder.layers.0.cross_attn.core_attn")
+    assert set(found) == sites
+    for where, f in found.items():
+        assert f.severity == "error" and f.message.startswith("Q, K and V come from one projection")
+        proj = where.removesuffix(".core_attn") + (".w_qs" if style == "seq_first" else ".qkv")
+        label = proj if style == "seq_first" else f"{proj} (part 1 of 3 of its output)"
+        assert f.evidence["same_projection"] == [label]
+        assert f"{label} computes q, k and v" in f.message

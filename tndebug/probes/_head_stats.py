@@ -3,6 +3,8 @@ flat scores, and the per-head slices of Q/K/V projections, in a user's module or
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -100,6 +102,67 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape:
         return False
     return bool((a - b).norm() <= 1e-4 * b.norm().clamp(min=1e-30) + 1e-6)
+
+
+@dataclass(frozen=True)
+class Proj:
+    """The Linear that produced one of q, k, v: its module path and, for a fused output (qkv,
+    kv), which of its `parts` equal slices (`part`); `weight` is that slice's rows."""
+    name: str
+    part: int = 0
+    parts: int = 1
+    weight: torch.Tensor | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.name, self.part
+
+    def label(self) -> str:
+        return self.name if self.parts == 1 else f"{self.name} (part {self.part + 1} of {self.parts} of its output)"
+
+
+def match_projections(site: str, rec: AttentionRecord, calls, modules: dict[str, nn.Module]) -> dict[str, Proj]:
+    """role ("q", "k", "v") -> the Linear call whose output, split into heads, equals it.
+
+    Searched in the whole model, nearest to `site` first: the projections may sit beside the
+    module that holds the softmax (a wrapper's w_qs feeding its `.attention`). Outputs may be
+    batch-first [B, T, m·h·d_k] or sequence-first [T, B, ...], fused (m = 2, 3 equal parts)."""
+    ranked = sorted(calls, key=lambda c: -len(os.path.commonprefix([c[0], site])))
+    roles: dict[str, Proj] = {}
+    for role in ("q", "k", "v"):
+        t = getattr(rec, role)
+        if t is None or t.dim() != 4:
+            continue
+        B, h, T, dk = t.shape
+        w = h * dk
+        for name, y in ranked:
+            if y.dim() != 3 or y.shape[-1] % w or not 1 <= y.shape[-1] // w <= 3:
+                continue
+            parts = y.shape[-1] // w
+            for p in range(parts):
+                z = y[..., p * w:(p + 1) * w]
+                hit = ((tuple(z.shape[:2]) == (B, T)
+                        and (close(z.reshape(B, T, h, dk).transpose(1, 2), t)
+                             or (parts == 1 and close(z.reshape(B, h, T, dk), t))))
+                       or (tuple(z.shape[:2]) == (T, B)
+                           and close(z.reshape(T, B, h, dk).permute(1, 2, 0, 3), t)))
+                if hit:
+                    W = getattr(modules.get(name), "weight", None)
+                    if isinstance(W, torch.Tensor) and W.dim() == 2 and W.shape[0] == parts * w:
+                        W = W[p * w:(p + 1) * w]
+                    else:
+                        W = None
+                    roles[role] = Proj(name, p, parts, W)
+                    break
+            if role in roles:
+                break
+    return roles
+
+
+def same_weight(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """The same parameter memory (a tied weight, or one Linear reused), not merely equal."""
+    return (a is not None and b is not None and a.shape == b.shape and a.stride() == b.stride()
+            and a.data_ptr() == b.data_ptr())
 
 
 def weight_of(module: nn.Module | None, path: str, site: str) -> torch.Tensor | None:

@@ -30,8 +30,9 @@ import torch
 from torch import nn
 
 from tndebug.notes import FAULT_NOTES
-from tndebug.probes._head_stats import (FLAT, close, flat_scores, fmt_heads, head_stats,
-                                          n_heads, packed_slices, query_keep, uniform_js, weight_of)
+from tndebug.probes._head_stats import (FLAT, Proj, flat_scores, fmt_heads, head_stats,
+                                          match_projections, n_heads, packed_slices, query_keep,
+                                          same_weight, uniform_js)
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.trace import AttentionRecord, Trace
@@ -109,40 +110,38 @@ class HeadCollapse(Probe):
             self.cover(site, "no verdict", "neither the Q/K/V projections nor q, k, scores or "
                        "per-head probabilities could be examined")   # unless a test above ran
 
-    def _projections(self, site: str, rec: AttentionRecord, calls, modules) -> dict[str, str]:
-        """Which Linear module (by path) produced q, k and v: matched on the outputs."""
-        roles: dict[str, str] = {}
-        for role in ("q", "k", "v"):
-            t = getattr(rec, role)
-            if t is None or t.dim() != 4:
-                continue
-            B, h, T, dk = t.shape
-            for name, y in calls:
-                if not name.startswith(site + ".") or y.dim() != 3 or tuple(y.shape) != (B, T, h * dk):
-                    continue
-                if (close(y.view(B, T, h, dk).transpose(1, 2), t)
-                        or close(y.reshape(B, h, T, dk), t)):
-                    roles[role] = name
-                    break
-        return roles
+    def _projections(self, site: str, rec: AttentionRecord, calls, modules) -> dict[str, Proj]:
+        """Which Linear (module path, part of a fused output) produced q, k and v."""
+        return match_projections(site, rec, calls, modules)
 
     def _shared(self, site, rec, roles, module, trace) -> None:
         ev: dict[str, Any] = {}
-        # the same module, or the same weight tensor, produced q and k
+        # the same module (the same part of a fused output), or the same weight tensor,
+        # produced q and k; V is named when it comes from that projection too
         mods = {r: roles[r] for r in ("q", "k", "v") if r in roles}
-        if "q" in mods and "k" in mods:
-            wq, wk = weight_of(module, mods["q"], site), weight_of(module, mods["k"], site)
-            if mods["q"] == mods["k"] or (wq is not None and wq is wk):
-                ev["same_projection"] = sorted(set(mods.values()))
+
+        def one(a: str, b: str) -> bool:
+            return a in mods and b in mods and (mods[a].key == mods[b].key
+                                                or same_weight(mods[a].weight, mods[b].weight))
+        if one("q", "k"):
+            ev["same_projection"] = sorted({mods[r].label() for r in ("q", "k", "v")
+                                            if r in mods and (r != "v" or one("q", "v"))})
         packed = packed_slices(module)
         if packed is not None and torch.equal(packed[0], packed[1]):
             ev["in_proj_q_equals_k"] = True
+            ev["in_proj_v_equals_q"] = bool(torch.equal(packed[0], packed[2]))
         self_attn = rec.kind != "cross"
         if self_attn and rec.q is not None and rec.k is not None and rec.q.shape == rec.k.shape:
             diff = float((rec.q - rec.k).norm() / rec.k.norm().clamp(min=1e-30))
             ev["q_minus_k_rel"] = round(diff, 8)
             if diff < SAME:
                 ev["q_equals_k"] = True
+        if rec.v is not None:      # v is computed on the keys' input: compare it with k (and q)
+            for r in (("k", "q") if self_attn else ("k",)):
+                t = getattr(rec, r)
+                if t is not None and t.shape == rec.v.shape and \
+                        float((rec.v - t).norm()) < SAME * float(t.norm().clamp(min=1e-30)):
+                    ev[f"v_equals_{r}"] = True
         sym = self._symmetry(rec, trace) if self_attn and not flat_scores(rec) else None
         if sym is not None:
             ev.update(sym)
@@ -173,7 +172,10 @@ class HeadCollapse(Probe):
                                 "(Reformer-style shared-QK; by design)", where=site, step=0,
                         layer=rec.layer, evidence=ev, fix="")
             return
-        shared_v = "v" in mods and mods.get("v") == mods.get("q")
+        # every role that shares the projection is named: V with Q and K when it is the same
+        # module, the same packed slice, or the same tensor
+        shared_v = (one("q", "v") or ev.get("in_proj_v_equals_q") or ev.get("v_equals_q")
+                    or (ev.get("v_equals_k") and (weights or ev.get("q_equals_k"))))
         what = "Q, K and V come" if shared_v else "Q and K come"
         roles = "q, k and v" if shared_v else "q and k"
         how, severity = [], "error"
@@ -181,9 +183,11 @@ class HeadCollapse(Probe):
             how.append(f"{' and '.join(ev['same_projection'])} computes {roles}: give each its "
                        f"own nn.Linear (W_Q, W_K, W_V are separate parameters)")
         elif ev.get("in_proj_q_equals_k"):
-            how.append("the Q and K slices of the packed in_proj_weight are equal")
+            how.append(f"the {'Q, K and V' if shared_v else 'Q and K'} slices of the packed "
+                       f"in_proj_weight are equal")
         if ev.get("q_equals_k"):
-            how.append(f"q equals k (relative difference {diff:.2g} < {SAME:g})")
+            how.append(f"q equals k{' equals v' if shared_v else ''} (relative difference "
+                       f"{diff:.2g} < {SAME:g})")
         elif q_differs:
             how.append(f"q and k still differ (relative difference {diff:.2g}): their inputs differ")
         if symmetric:
@@ -233,7 +237,7 @@ class HeadCollapse(Probe):
             return
         groups: dict[str, list] = {}
         max_cos: dict[str, float] = {}
-        weights = {r: weight_of(module, roles[r], site) for r in ("q", "k", "v") if r in roles}
+        weights = {r: roles[r].weight for r in ("q", "k", "v") if r in roles}
         packed = packed_slices(module)
         if packed is not None and not weights:
             weights = dict(zip(("q", "k", "v"), packed))
