@@ -1,6 +1,7 @@
 """The `tndebug` command. Thin: one module per subcommand in `tndebug/commands/`.
 
 Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input or usage, 3 internal error,
+4 nothing found but not everything that applies could be checked (INCOMPLETE / UNCHECKED),
 130 interrupted (SIGINT), 143 terminated (SIGTERM).
 """
 from __future__ import annotations
@@ -32,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tndebug", formatter_class=HelpFormatter, description=(
         "Debug an encoder-decoder Transformer: train with probes attached (run), diagnose a "
         "checkpoint and its model code (triage), list what is checked (probes, faults)."),
-        epilog="Exit codes: 0 clean; 1 findings at or above --fail-on (or a diverged run); 2 bad "
+        epilog="Exit codes: 0 clean; 1 findings at or above --fail-on (or a diverged run); 4 no "
+               "such finding, but something that applies could not be checked (INCOMPLETE, "
+               "UNCHECKED); 2 bad "
                "input or usage, in one line; 3 internal error; 130 interrupted; 143 terminated "
                "(SIGTERM). `tndebug COMMAND --help` describes each command.")
     parser.add_argument("--version", action="version", version=f"tndebug {__version__}")

@@ -3,7 +3,7 @@
     {"schema": "tndebug.report/1",
      "run": {...},                 # what ran: task, preset, norm, faults, seed, steps, device,
                                    # final_loss, exact_match, token_accuracy, wall_s, status, ...
-     "verdict": "clean" | "warnings" | "errors" | "unchecked",
+     "verdict": "clean" | "warnings" | "errors" | "incomplete" | "unchecked",
      "probes": {name: {"status": "pass" | "warn" | "fail" | "no verdict" | "skipped",
                        "reason"?: str, "steps_observed"?: int,
                        "coverage"?: {where: {"status": "checked" | "no verdict" | "not applicable",
@@ -38,12 +38,18 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        """errors | warnings by the worst finding; else "unchecked" when nothing was checked
-        (no probe passed, or a probe that needs training steps observed none), else clean."""
+        """The one verdict rule, for every front-end.
+
+        errors | warnings by the worst finding; else "unchecked" when nothing was checked (no
+        probe passed, or a probe that needs training steps observed none); else "incomplete"
+        when a probe that applied to this model decided nothing (`incomplete()`: its status is
+        "no verdict", with the reason); else clean: every probe that applied ran and passed."""
         w = worst(self.findings)
         if w in ("warning", "error"):
             return {"warning": "warnings", "error": "errors"}[w]
-        return "unchecked" if self.unchecked() else "clean"
+        if self.unchecked():
+            return "unchecked"
+        return "incomplete" if self.incomplete() else "clean"
 
     def unchecked(self) -> list[str]:
         """Why the verdict cannot be clean: the probes that needed training steps and observed
@@ -57,10 +63,22 @@ class Report:
             return list(self.probes)
         return []
 
+    def incomplete(self) -> dict[str, str]:
+        """The probes that applied to this model and decided nothing: name -> reason (status
+        "no verdict"). A probe that checked some places and not others is "partly checked"
+        (its coverage says where), not here."""
+        return {n: st.get("reason", "") for n, st in self.probes.items()
+                if st.get("status") == "no verdict"}
+
     def exit_code(self, fail_on: str = "error") -> int:
+        """1 when a finding is at or above `fail_on`; else 4 when something that applied could
+        not be checked (verdict unchecked or incomplete, or a probe without a verdict beside
+        findings below `fail_on`); else 0. `never` always gives 0."""
         if fail_on == "never":
             return 0
-        return 1 if any(f.at_least(fail_on) for f in self.findings) else 0
+        if any(f.at_least(fail_on) for f in self.findings):
+            return 1
+        return 4 if (self.unchecked() or self.incomplete()) else 0
 
     def groups(self) -> list[FindingGroup]:
         """The findings grouped across the modules they affect (`group_findings`); `members`

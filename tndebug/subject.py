@@ -13,6 +13,10 @@ from torch import nn
 
 from tndebug.trace import TapCapture, Trace
 
+# Below MIN_PROBE_LEN positions (3 real tokens and a pad) no exact test can run, so a shorter
+# length limit is not searched for.
+MIN_PROBE_LEN = 4
+
 ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
@@ -35,7 +39,9 @@ class Subject:
         self.capture = capture
         self.pad_id, self.bos_id = pad_id, bos_id
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        self.max_len = max_len
+        self.max_len = max_len              # the longest sequence the model takes (None: unknown)
+        self._limit: int | None = None      # the longest length that runs, when one raised (`fit`)
+        self._runs_at = 0                   # the longest length seen to run
 
     @property
     def device(self) -> torch.device:
@@ -47,6 +53,43 @@ class Subject:
     def first_content(self) -> int:
         """The smallest token id that is neither pad nor BOS."""
         return max(self.pad_id, self.bos_id) + 1
+
+    def fit(self, n: int) -> int:
+        """`n`, or less when the model takes no sequence that long: `max_len` when it is known
+        (the model's position table, a config limit, or the user's `max_len`), else found by
+        calling the model (eval, no grad) on a plain batch of two rows, one right-padded: when
+        length n raises and a short one runs, the longest length that runs (bisection). A model
+        that raises at every length has no limit found here; the probes' own calls then show
+        what it raises on. What was found is kept: a model is tried at few lengths."""
+        if self.max_len:
+            return max(1, min(n, self.max_len))
+        if self._limit is not None:
+            return min(n, self._limit)
+        if n <= self._runs_at or n < MIN_PROBE_LEN:
+            return n
+        if self._runs(n):
+            self._runs_at = n
+            return n
+        if not self._runs(MIN_PROBE_LEN):
+            return n
+        lo, hi = max(MIN_PROBE_LEN, self._runs_at), n      # runs at lo, raises at hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._runs(mid) else (lo, mid)
+        self._limit = lo
+        return lo
+
+    def _runs(self, n: int) -> bool:
+        src = torch.full((2, n), self.first_content, dtype=torch.long, device=self.device)
+        src[0, max(2, n // 2):] = self.pad_id
+        tgt = src.clone()
+        tgt[:, 0] = self.bos_id
+        try:
+            with self.evaluating():
+                self.logits(src, tgt)
+            return True
+        except Exception:  # noqa: BLE001 - the model refusing a length is what is measured
+            return False
 
     def logits(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         return self._forward(self.model, src, tgt, self.pad_id)
@@ -81,6 +124,7 @@ class Subject:
         Returns (src [B, S], tgt [B, T]); every row keeps at least 2 real tokens.
         """
         g = generator or torch.Generator().manual_seed(1234)
+        src_len, tgt_len = self.fit(src_len), self.fit(tgt_len)
         lo = self.first_content
         src = torch.randint(lo, self.src_vocab, (batch, src_len), generator=g)
         tgt = torch.randint(lo, self.tgt_vocab, (batch, tgt_len), generator=g)

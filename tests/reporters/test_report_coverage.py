@@ -1,5 +1,6 @@
 """Coverage in every reporter: "passed" lists only probes that checked something; no verdict and
-partly checked probes say why; nothing checked is UNCHECKED, not CLEAN."""
+partly checked probes say why; nothing checked is UNCHECKED, a probe that applied and decided
+nothing makes the report INCOMPLETE, never CLEAN (exit 4 for both)."""
 import io
 import json
 
@@ -37,7 +38,9 @@ def render_console(report, monkeypatch, width=80) -> str:
 
 def test_console_lists_no_verdict_and_partly_checked_probes(monkeypatch):
     out = render_console(coverage_report(), monkeypatch)
-    assert "verdict: CLEAN" in out
+    assert "verdict: INCOMPLETE" in out and "CLEAN" not in out
+    assert ("NOT CHECKED: 1 probe that applies to this model could not check it: head-collapse "
+            "(the model exposes no attention capture)") in " ".join(out.split())
     assert "probes passed (2): missing-scale, mask-broadcast" in out
     assert "probes with no verdict (1):" in out
     assert "NO VERDICT head-collapse: the model exposes no attention capture" in out
@@ -70,7 +73,8 @@ def unchecked_report() -> Report:
 
 def test_a_training_probe_without_steps_makes_the_verdict_unchecked(monkeypatch):
     report = unchecked_report()
-    assert report.verdict == "unchecked" and report.exit_code() == 0
+    assert report.verdict == "unchecked" and report.exit_code() == 4
+    assert report.exit_code("never") == 0
     assert report.unchecked() == ["loss-health", "lr-schedule"]
     out = render_console(report, monkeypatch)
     assert "verdict: UNCHECKED" in out and "CLEAN" not in out
@@ -87,7 +91,14 @@ def test_nothing_checked_is_unchecked_and_a_finding_still_wins():
     warned = Report(run={}, findings=[Finding("loss-health", "warning", "high")],
                     probes=unchecked_report().probes)
     assert warned.verdict == "warnings"
-    assert Report(run={}, probes={"nan-scores": {"status": "pass"}}).verdict == "clean"
+    clean = Report(run={}, probes={"nan-scores": {"status": "pass"}})
+    assert clean.verdict == "clean" and clean.exit_code() == 0
+    partly = Report(run={}, probes={"nan-scores": {"status": "pass"},
+                                    "head-collapse": {"status": "no verdict", "reason": "x"}})
+    assert partly.verdict == "incomplete" and partly.exit_code() == 4
+    below = Report(run={}, findings=[Finding("loss-health", "warning", "high")],
+                   probes=partly.probes)
+    assert below.verdict == "warnings" and below.exit_code("error") == 4 and below.exit_code("warning") == 1
 
 
 def test_report_json_round_trip_keeps_coverage(tmp_path):
@@ -96,7 +107,8 @@ def test_report_json_round_trip_keeps_coverage(tmp_path):
     data = json.loads(path.read_text())
     assert data["probes"]["missing-scale"]["coverage"][ATTN[1]]["status"] == "no verdict"
     again = Report.from_dict(data)
-    assert again.probes == report.probes and again.verdict == report.verdict == "clean"
+    assert again.probes == report.probes and again.verdict == report.verdict == "incomplete"
+    assert again.incomplete() == {"head-collapse": "the model exposes no attention capture"}
     unchecked = Report.from_dict(json.loads(unchecked_report().write_json(tmp_path / "u.json").read_text()))
     assert unchecked.verdict == "unchecked"
 
@@ -105,7 +117,7 @@ def test_session_writes_the_coverage_to_report_md_and_json(tmp_path, capsys):
     s = ReportSession(tmp_path, fmt="text", tensorboard=False, figures=False)
     code = s.finish(unchecked_report())
     err = capsys.readouterr()
-    assert code == 0
+    assert code == 4
     assert json.loads((tmp_path / "report.json").read_text())["verdict"] == "unchecked"
     assert "UNCHECKED" in (tmp_path / "report.md").read_text()
     assert "verdict: UNCHECKED" in err.out + err.err

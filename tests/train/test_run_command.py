@@ -26,12 +26,13 @@ def test_tiny_run_writes_checkpoint_and_report(tmp_path, capsys):
 
 def test_zero_steps_is_unchecked_not_clean(tmp_path, capsys, monkeypatch):
     """Issue 12: `--steps 0` checks the model at setup, but the probes that need training
-    observe nothing: the verdict is UNCHECKED (exit 0), and the console says which."""
+    observe nothing: the verdict is UNCHECKED (exit 4: not everything that applies was
+    checked), and the console says which."""
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "80")
     out = tmp_path / "run"
     probes = "mask-broadcast,gradient-flow,loss-health,lr-schedule"
-    assert main(["run", "--preset", "tiny", "--probe", probes, "--steps", "0", "--out", str(out)]) == 0
+    assert main(["run", "--preset", "tiny", "--probe", probes, "--steps", "0", "--out", str(out)]) == 4
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "unchecked"
     assert report["probes"]["mask-broadcast"]["status"] == "pass"          # its setup tests ran

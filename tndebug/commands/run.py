@@ -27,8 +27,10 @@ OUTPUT_RULE = (
     "TensorBoard events first, so tb/ never mixes two runs). Without --out a fresh directory "
     "is used: runs/<task>-<preset>-<norm>[-faults], or the first free of NAME-2, NAME-3, ... "
     "--resume continues in the checkpoint's directory.")
-EXITS = ("Exit codes: 0 no finding at or above --fail-on; 1 findings at or above it, or a "
-         "diverged run; 2 bad input or usage (one line); 3 internal error, or a failed rank "
+EXITS = ("Exit codes: 0 clean: no finding at or above --fail-on, and every probe that applies "
+         "checked the model; 1 findings at or above it, or a diverged run; 4 no such finding, but "
+         "something that applies could not be checked (verdict INCOMPLETE or UNCHECKED; the "
+         "console says what and why); 2 bad input or usage (one line); 3 internal error, or a failed rank "
          "under --nproc; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM). Interrupted or "
          "terminated, the run still writes its checkpoint and report.")
 

@@ -20,7 +20,9 @@ OUTPUTS = ("Outputs: --out DIR is refused (exit 2, before any work) when it is a
            "tndebug report or run (a training run's report.json included), unless --overwrite. "
            "Without --out: ./triage-<parent dir>-<file stem>, or the first free of NAME-2, "
            "NAME-3, ...")
-EXITS = ("Exit codes: 0 nothing at or above --fail-on; 1 findings at or above it; 2 bad input or "
+EXITS = ("Exit codes: 0 clean: nothing at or above --fail-on, and every probe that applies checked "
+         "the model; 1 findings at or above it; 4 no such finding, but a probe that applies could "
+         "not check the model (verdict INCOMPLETE or UNCHECKED, with the reason); 2 bad input or "
          "usage, or a checkpoint that was not examined (an unsafe pickle: its globals are "
          "listed, never run); 3 internal error; 130 interrupted.")
 

@@ -67,6 +67,7 @@ def probe_batch(subject: Subject, batch: int = 8, src_len: int = 12, tgt_len: in
     Every padded row keeps at least 3 real tokens.  Returns (src [B, S], tgt [B, T]).
     """
     g = torch.Generator().manual_seed(seed)
+    src_len, tgt_len = subject.fit(src_len), subject.fit(tgt_len)   # what the model takes
     lo = subject.first_content
     src = torch.randint(lo, subject.src_vocab, (batch, src_len), generator=g)
     tgt = torch.randint(lo, subject.tgt_vocab, (batch, tgt_len), generator=g)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tndebug.notes import FAULT_NOTES
+from tndebug.probes._raised import ModelRaised, call as _call, raised_in as _raised_in
 from tndebug.probes._attn_stats import KIND_WORDS, as_heads, head_split_fits, probe_batch
 from tndebug.probes.base import Probe, RunContext
 from tndebug.probes.schedule import never
@@ -71,44 +72,90 @@ def _other(s: Subject, x: torch.Tensor, g: torch.Generator, vocab: int) -> torch
     return lo + (x - lo + r) % n
 
 
-def _pads(s: Subject, x: torch.Tensor, n: int) -> torch.Tensor:
-    return torch.cat([x, torch.full((x.shape[0], n), s.pad_id, dtype=x.dtype, device=x.device)], 1)
+def _longer(s: Subject, x: torch.Tensor, n: int, g: torch.Generator, vocab: int):
+    """x with `n` columns appended: pads in every row but the first unpadded one, which gets
+    real tokens, so that the batch is as long as its longest row (code that builds its masks
+    from the rows' lengths, `sequence_mask(lengths)`, sees a batch it can take). Returns
+    (longer [B, S+n], rows whose first S positions are comparable [B])."""
+    out = torch.cat([x, torch.full((x.shape[0], n), s.pad_id, dtype=x.dtype, device=x.device)], 1)
+    keep = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    full = (x != s.pad_id).all(1).nonzero()
+    if len(full):
+        b = int(full[0])
+        out[b, x.shape[1]:] = _content(s, out[b, x.shape[1]:], g, vocab)
+        keep[b] = False
+    return out, keep
+
+
+BASE = "a right-padded batch (half the rows padded, the others without padding)"
+INPUTS = {"base": BASE,
+          "causality": BASE + " with the later target tokens resampled",
+          "tgt_pad_content": BASE + " with the target pads replaced by tokens",
+          "tgt_pad_length": BASE + f" with {EXTRA_PADS} target pad columns appended",
+          "src_pad_length": BASE + f" with {EXTRA_PADS} source pad columns appended",
+          "batch": "one example alone (a row without padding, batch of 1)"}
+
+
+# Errors that say a row's every key was masked: the nested-tensor fast path of
+# nn.TransformerEncoder (eval mode) drops masked keys and cannot pad an empty row back, and a
+# softmax over nothing has no defined output. On "a row without padding" that means the padding
+# mask is inverted (True = keep where the code expects True = pad).
+EMPTY_ROW = ("to_padded_tensor", "non-zero numel", "nested")
+
+
+def _likely_cause(e: ModelRaised) -> tuple[str, str] | None:
+    text = str(e.error)
+    if any(w in text for w in EMPTY_ROW):
+        return ("a row whose every key is masked: on rows without padding that is an inverted "
+                "key padding mask",
+                "nn.Transformer / nn.MultiheadAttention take key_padding_mask with True at the "
+                "pads (src == pad_id), not at the tokens to keep; " + NOTE["mask_inverted"])
+    return None
 
 
 def behaviour(s: Subject) -> dict[str, Check]:
-    """Causality, pad length/content and batch independence (eval mode, Subject calls only)."""
+    """Causality, pad length/content and batch independence (eval mode, Subject calls only).
+    Raises ModelRaised when the model raises on one of these inputs."""
     g = torch.Generator().manual_seed(7)
     out = {k: Check() for k in ("causality", "tgt_pad_length", "tgt_pad_content", "enc_pad_length",
                                  "src_pad_length", "enc_batch", "batch")}
     has_encode = True
-    cap = (s.max_len - EXTRA_PADS) if s.max_len else 12        # room for the appended pads
+    cap = s.fit(12 + EXTRA_PADS) - EXTRA_PADS               # room for the appended pads
+    logits = lambda what, src, tgt: _call(INPUTS[what], s.logits, src, tgt)   # noqa: E731
+    encode = lambda what, src: _call(INPUTS[what], s.encode, src)              # noqa: E731
     for src, tgt in (probe_batch(s, 6, min(10, cap), min(9, cap), seed=1),
                      probe_batch(s, 5, min(7, cap), min(12, cap), seed=2)):
         pad, T = s.pad_id, tgt.shape[1]
         real_s, real_t = src != pad, tgt != pad
         full = tgt.where(real_t, _content(s, tgt, g, s.tgt_vocab))          # no target pads
-        base = s.logits(src, full)
+        base = logits("tgt_pad_content", src, full)
         for t in sorted({0, T // 3, T // 2, T - 2}):
             alt = full.clone()
             alt[:, t + 1:] = _other(s, alt[:, t + 1:], g, s.tgt_vocab)
-            out["causality"] = out["causality"].merge(compare(base[:, :t + 1], s.logits(src, alt)[:, :t + 1]))
-        ref = s.logits(src, tgt)
+            out["causality"] = out["causality"].merge(
+                compare(base[:, :t + 1], logits("causality", src, alt)[:, :t + 1]))
+        ref = logits("base", src, tgt)
+        longer, rows = _longer(s, tgt, EXTRA_PADS, g, s.tgt_vocab)
         out["tgt_pad_length"] = out["tgt_pad_length"].merge(
-            compare(ref, s.logits(src, _pads(s, tgt, EXTRA_PADS))[:, :T], real_t))
+            compare(ref, logits("tgt_pad_length", src, longer)[:, :T], real_t & rows[:, None]))
         out["tgt_pad_content"] = out["tgt_pad_content"].merge(
-            compare(ref, s.logits(src, full), real_t))
+            compare(ref, base, real_t))
+        longer, rows = _longer(s, src, EXTRA_PADS, g, s.src_vocab)
         out["src_pad_length"] = out["src_pad_length"].merge(
-            compare(ref, s.logits(_pads(s, src, EXTRA_PADS), tgt), real_t))
-        enc = s.encode(src)
+            compare(ref, logits("src_pad_length", longer, tgt), real_t & rows[:, None]))
+        enc = encode("base", src)
         has_encode = has_encode and enc is not None
         if enc is not None:
-            longer = s.encode(_pads(s, src, EXTRA_PADS))[:, :src.shape[1]]
-            out["enc_pad_length"] = out["enc_pad_length"].merge(compare(enc, longer, real_s))
-        for b in (0, 1):
+            enc_longer = encode("src_pad_length", longer)[:, :src.shape[1]]
+            out["enc_pad_length"] = out["enc_pad_length"].merge(
+                compare(enc, enc_longer, real_s & rows[:, None]))
+        for b in (1, 3):                     # unpadded rows: a batch of one is as long as its row
             one = slice(b, b + 1)
-            out["batch"] = out["batch"].merge(compare(ref[one], s.logits(src[one], tgt[one]), real_t[one]))
+            out["batch"] = out["batch"].merge(
+                compare(ref[one], logits("batch", src[one], tgt[one]), real_t[one]))
             if enc is not None:
-                out["enc_batch"] = out["enc_batch"].merge(compare(enc[one], s.encode(src[one]), real_s[one]))
+                out["enc_batch"] = out["enc_batch"].merge(
+                    compare(enc[one], encode("batch", src[one]), real_s[one]))
     if not has_encode:
         out.pop("enc_pad_length"), out.pop("enc_batch")
     return out
@@ -209,8 +256,12 @@ class MaskBroadcast(Probe):
     def setup(self, run: RunContext) -> None:
         s = run.subject
         with s.evaluating():
-            checks = behaviour(s)
-            modules = self._modules(s) if s.capture is not None else []
+            try:
+                checks = behaviour(s)
+                modules = self._modules(s) if s.capture is not None else []
+            except ModelRaised as e:
+                self._raised(e)
+                return
             odd = [k for k, c in checks.items() if not c.finite]
             if len(odd) < len(checks):      # the behaviour tests: the model as a whole
                 self.cover("", "checked")
@@ -219,11 +270,27 @@ class MaskBroadcast(Probe):
                           where="" if len(odd) == len(checks) else None)
             self._verdict(checks, modules, lambda: self._fit_heads(s, modules))
 
+    def _raised(self, e: ModelRaised) -> None:
+        """The model raised on an input it should take (lengths within its limit, ids within its
+        vocabulary, pads only at the end of a row): the error, on that input."""
+        text = str(e.error).strip().splitlines()[0][:300] if str(e.error).strip() else ""
+        cause = _likely_cause(e)
+        self.report("error", f"the model raised {type(e.error).__name__} on {e.what}: {text}"
+                    + (f" ({cause[0]})" if cause else ""), where="", step=0,
+                    evidence={"input": e.what, "error": f"{type(e.error).__name__}: {text}",
+                              "raised_in": _raised_in(e.error)},
+                    fix=cause[1] if cause else
+                    "Run your model on such a batch yourself: right-padded rows of different "
+                    "lengths, one example alone, more pad columns than the longest row needs. A "
+                    "model that takes training batches should take these; if it may not, pass "
+                    "max_len / --max-len or your own data so that the tests fit it.")
+        self.skip(f"the model raised on {e.what}", where="")
+
     def _modules(self, s: Subject) -> list[Module]:
         """One small trace: the probabilities of every attention module."""
-        S, T = (min(12, s.max_len), min(11, s.max_len)) if s.max_len else (12, 11)
+        S, T = s.fit(12), s.fit(11)
         src, tgt = probe_batch(s, 8, S, T, seed=3)
-        trace = s.trace(src, tgt, reads=self.reads)
+        trace = s.trace(src, tgt, reads=self.reads)    # inputs the behaviour tests ran: a raise is ours
         out = []
         for rec in trace.records():
             m = Module(rec.site, rec.kind)
@@ -242,7 +309,7 @@ class MaskBroadcast(Probe):
         if s.capture is None or getattr(self, "_heads_fitted", False):
             return
         self._heads_fitted = True
-        S, T = (min(12, s.max_len), min(11, s.max_len)) if s.max_len else (12, 11)
+        S, T = s.fit(12), s.fit(11)
         reads = ("attn.q", "attn.k", "stream")
         src, tgt = probe_batch(s, 8, S, T, seed=3)
         trace = s.trace(src, tgt, reads=reads)

@@ -8,7 +8,8 @@ from tndebug.findings import Finding, FindingGroup, severity_rank
 from tndebug.report import Report
 
 SEVERITY_WORD = {"error": "ERROR", "warning": "WARN", "info": "INFO"}
-VERDICT_WORD = {"clean": "CLEAN", "warnings": "WARNINGS", "errors": "ERRORS", "unchecked": "UNCHECKED"}
+VERDICT_WORD = {"clean": "CLEAN", "warnings": "WARNINGS", "errors": "ERRORS", "incomplete": "INCOMPLETE",
+                "unchecked": "UNCHECKED"}
 STATUS_KEYS = ("stopped_at_step", "stopped_at", "step")   # where run["status"] != completed stopped
 
 
@@ -182,6 +183,18 @@ def reasons_text(places: list[tuple[str, str]], limit: int = 2) -> str:
         parts.append(f"{shown}: {why}")
     rest = sum(len(w) for w in list(by.values())[limit:])
     return "; ".join(parts) + (f" (+{rest} more)" if rest else "")
+
+
+def incomplete_text(report: Report) -> str | None:
+    """What could not be checked, in one sentence (the probes without a verdict and why); None
+    when every probe that applied decided, or when the verdict is unchecked."""
+    missing = report.incomplete()
+    if not missing or report.verdict == "unchecked":
+        return None
+    parts = [f"{n} ({why})" if why else n for n, why in missing.items()]
+    many = len(missing) != 1
+    return (f"{len(missing)} probe{'s' * many} that appl{'y' if many else 'ies'} to this model "
+            f"could not check it: " + "; ".join(parts))
 
 
 def unchecked_text(report: Report) -> str | None:

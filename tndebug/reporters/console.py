@@ -24,11 +24,11 @@ from tndebug.report import Report
 from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
     break_at_dots, evidence_text, first_sign_text, fmt_value, group_where_text, \
     no_verdict_places, places_text, probe_groups, reasons_text, sorted_groups, status_text, \
-    unchecked_text, where_text
+    incomplete_text, unchecked_text, where_text
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {"clean": "bold green", "warnings": "bold yellow", "errors": "bold red",
-                 "unchecked": "bold magenta"}
+                 "unchecked": "bold magenta", "incomplete": "bold magenta"}
 PLAIN_WIDTH = 160            # not a terminal (CI logs, pipes): rich's 80 columns squeeze the table
 BAR_NARROW = 140             # below it the progress bar drops %, time left, the metrics that do not fit
 
@@ -223,6 +223,9 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
     unchecked = unchecked_text(report)
     if unchecked:
         parts.append(Text(f"UNCHECKED: {unchecked}", style="bold"))
+    missing = incomplete_text(report)
+    if missing:
+        parts.append(Text(f"NOT CHECKED: {missing}", style="bold"))
     stopped = status_text(report)
     sign = first_sign_text(report)
     if stopped or sign:

@@ -7,7 +7,7 @@ from tndebug.notes import PROBE_CAUSES
 from tndebug.report import Report
 from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
     first_sign_text, fmt_value, group_where_text, no_verdict_places, reasons_text, sorted_groups, \
-    status_text, unchecked_text, where_text
+    incomplete_text, status_text, unchecked_text, where_text
 from tndebug.reporters.plots import Plot
 
 RUN_KEYS_FIRST = ("status", "task", "preset", "norm", "faults", "probes", "seed", "steps",
@@ -28,6 +28,9 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
     unchecked = unchecked_text(report)
     if unchecked:
         out += ["", f"> **Unchecked:** {unchecked}."]
+    missing = incomplete_text(report)
+    if missing:
+        out += ["", f"> **Not checked:** {missing}."]
     stopped, sign = status_text(report), first_sign_text(report)
     if stopped or sign:
         out.append("")
