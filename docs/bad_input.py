@@ -3,8 +3,9 @@
     python docs/bad_input.py            # rewrites docs/bad_input.md (about a minute on CPU)
 
 Each case runs `tndebug ...` in process, in a scratch directory, so the messages show the
-relative paths a user would type. tests/test_bad_input_doc.py reruns the quick cases and checks
-the document still says what they print.
+relative paths a user would type; each library case (`LIBRARY_CASES`) runs its line of Python
+there against a small model and records the UsageError's line. tests/test_bad_input_doc.py
+reruns the quick cases and checks the document still says what they print.
 """
 from __future__ import annotations
 
@@ -50,6 +51,16 @@ def _setup(d: Path) -> None:
     torch.save({"a.weight": torch.ones(3, 3)}, d / "odd_layout.pt")
     (d / "afile").write_text("x")
     (d / "mymodel.py").write_text("def make_model(**kw):\n    raise RuntimeError('nope')\n")
+    src, tgt = _ids()
+    torch.save({"src": src, "tgt": tgt}, d / "mid_pad.pt")
+
+
+def _ids():
+    """16 rows of ids 2..10 (tgt BOS-led, 1): id 5 occurs mid-sequence, as a real token does."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(2, 11, (16, 8), generator=g)
+    return src, torch.cat([torch.ones(16, 1, dtype=torch.long), src], 1)
 
 
 # (what, argv, quick): the quick cases are rerun by the test (each takes well under a second)
@@ -64,6 +75,8 @@ CASES = [
     ("a batch size of 0", ["run", "--batch-size", "0"], True),
     ("0 processes", ["run", "--nproc", "0"], True),
     ("a negative --save-every", ["run", "--save-every", "-1"], True),
+    ("an empty probe selection", ["run", "--probe", ""], True),
+    ("an abbreviated flag (no prefix matching)", ["run", "--prob", "all"], True),
     ("a batch that does not split over the processes", ["run", "--nproc", "3"], True),
     ("fp16 without CUDA", ["run", "--amp", "fp16", "--device", "cpu"], True),
     ("--out that is a file", ["run", *TINY, "--out", "afile"], True),
@@ -91,6 +104,9 @@ CASES = [
     ("weights of no layout tndebug knows", ["triage", "odd_layout.pt"], False),
     ("0 heads", ["triage", "model.pt", "--heads", "0"], True),
     ("a negative pad id", ["triage", "model.pt", "--pad-id", "-1"], True),
+    ("triage with an empty probe selection", ["triage", "model.pt", "--probe", ""], True),
+    ("--data whose pad id occurs mid-sequence (a real token)",
+     ["triage", "model.pt", "--data", "mid_pad.pt", "--pad-id", "5"], True),
     ("an adapter name that is not built in", ["triage", "model.pt", "--adapter", "fairseq"], True),
     ("--model without :FACTORY", ["triage", "model.pt", "--model", "mymodel.py"], False),
     ("--model file that does not exist", ["triage", "model.pt", "--model", "missing.py:make"], False),
@@ -99,6 +115,73 @@ CASES = [
     ("triage --out that is a file", ["triage", "model.pt", "--out", "afile"], True),
     ("triage --out into a training run", ["triage", "run/checkpoint.pt", "--out", "run"], True),
 ]
+
+
+# (what, the call, quick): one line of Python, run with `model` (tndebug's tiny Transformer: 11
+# ids, 0 the pad, 1 the start), `opt` (its Adam), `src`/`tgt` (ids 2..10, tgt BOS-led) and
+# `train_step(model, opt)` (one forward, backward and optimizer step of the user's loop)
+LIBRARY_CASES = [
+    ("a criterion that is not callable", 'tndebug.watch(model, opt, criterion="cross_entropy")', True),
+    ("an empty probe selection", 'tndebug.watch(model, opt, probes="")', True),
+    ("an empty probe list", "tndebug.check(model, probes=[])", True),
+    ("a probe that needs a training run, in check", 'tndebug.check(model, probes="lr-schedule")', True),
+    ("a negative pad id", "tndebug.watch(model, opt, pad_id=-1).__enter__()", True),
+    ("a pad id outside the vocabulary", "tndebug.check(model, pad_id=99)", True),
+    ("a start id outside the vocabulary", "tndebug.check(model, bos_id=99)", True),
+    ("a forward with another vocabulary size", "tndebug.check(model, lambda m, s, t, p: m(s, t)[..., :-1])", True),
+    ("a forward that contradicts tgt_vocab=", "tndebug.check(model, lambda m, s, t, p: m(s, t), tgt_vocab=12)", True),
+    ("data= that are not token ids", "tndebug.check(model, data=(src.float(), tgt))", True),
+    ("data= whose pad id occurs mid-sequence (a real token)", "tndebug.check(model, data=(src, tgt), pad_id=5)", True),
+    ("a loss that is not a scalar",
+     "with tndebug.watch(model) as dbg: dbg.step(loss=torch.ones(4))", True),
+    ("a batch= that returns None (at its first call)",
+     "with tndebug.watch(model, opt, batch=lambda args, kwargs: None): train_step(model, opt)", True),
+    ("a batch= that returns one tensor",
+     "with tndebug.watch(model, opt, batch=lambda args, kwargs: args[0]): train_step(model, opt)", True),
+    ("out= a file", 'tndebug.watch(model, opt, out="afile")', True),
+    ("out= under a file", 'tndebug.watch(model, opt, out="afile/run")', True),
+    ("out= a directory that holds a run", 'tndebug.watch(model, opt, out="run")', True),
+]
+
+
+def _library_namespace() -> dict:
+    import torch
+
+    import tndebug
+    from tndebug.config import ModelConfig
+    from tndebug.model import make_model
+    torch.manual_seed(0)
+    model = make_model(ModelConfig.tiny())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    src, tgt = _ids()
+
+    def train_step(model, opt):
+        model.train()
+        logits = model(src, tgt[:, :-1])                                     # [B, T, V]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return {"tndebug": tndebug, "torch": torch, "model": model, "opt": opt, "src": src,
+            "tgt": tgt, "train_step": train_step}
+
+
+def run_library_case(call: str) -> str:
+    """The UsageError's line, or what else happened (then the document shows the defect)."""
+    from tndebug.errors import UsageError
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            exec(call, _library_namespace())
+        except UsageError as e:
+            return f"UsageError: {e}"
+        except Exception as e:  # noqa: BLE001 - recorded, so the test fails on it
+            return f"not refused: {type(e).__name__}: {e}"
+    return "not refused: no error"
+
+
+def library_row(what: str, call: str, line: str) -> str:
+    bar = chr(92) + "|"
+    return f"| {what} | `{call.replace('|', bar)}` | {line.replace('|', bar)} |"
 
 
 def run_case(argv: list[str]) -> tuple[int, str]:
@@ -124,7 +207,7 @@ def scratch():
 
 
 def row(what: str, argv: list[str], code: int, line: str) -> str:
-    cmd = "tndebug " + " ".join(a if " " not in a and "{" not in a else f"'{a}'" for a in argv)
+    cmd = "tndebug " + " ".join(a if a and " " not in a and "{" not in a else f"'{a}'" for a in argv)
     return f"| {what} | `{cmd}` | {code} | {line.replace('|', chr(92) + '|')} |"
 
 
@@ -151,15 +234,42 @@ Paths are relative to the directory the command runs in.
 |---|---|---|---|
 """
 
+LIBRARY_HEAD = """
+## The library: `tndebug.watch` and `tndebug.check`
+
+Every bad argument is refused with one `tndebug.errors.UsageError` whose message is one line: the
+argument, the bad value, what to pass. It is raised on entry: when `watch(...)` or `check(...)`
+is called, or when the `with` block is entered (the model is called once then, so the ids, the
+vocabulary and the forward are checked there). Two arguments show only in the loop and are
+refused at their first call: what `batch=` returns for the model's call, and
+`dbg.step(loss=...)`. `watch(out=)` follows the output rule of `tndebug run` (tndebug/outputs.py):
+a directory that holds a run is refused unless `overwrite=True`, which clears its reports,
+figures and TensorBoard events first; a directory in use (`.tndebug.lock`, by another process
+or another watch of this one) is refused; a resumed watch (`start_step > 0`) continues in its
+own directory. `probes="none"` is a choice and is taken; an empty selection is refused. In
+`watch`, where batches come from the training loop, a pad id that occurs mid-sequence is not
+refused but reported once, from the first batch, as a warning finding of `pad-id`.
+
+Each call below runs against `model` (tndebug's tiny Transformer: 11 ids, 0 the pad), `opt`
+(its Adam), `src`/`tgt` (ids 2..10, `tgt` BOS-led) and `train_step(model, opt)` (one step of
+the user's loop).
+
+| bad argument | call | what you get |
+|---|---|---|
+"""
+
 
 def main() -> int:
-    rows = []
+    rows, lib_rows = [], []
     with scratch():
         for what, argv, _quick in CASES:
             code, line = run_case(argv)
             rows.append(row(what, argv, code, line))
             print(rows[-1], file=sys.stderr)
-    DOC.write_text(HEAD + "\n".join(rows) + "\n")
+        for what, call, _quick in LIBRARY_CASES:
+            lib_rows.append(library_row(what, call, run_library_case(call)))
+            print(lib_rows[-1], file=sys.stderr)
+    DOC.write_text(HEAD + "\n".join(rows) + "\n" + LIBRARY_HEAD + "\n".join(lib_rows) + "\n")
     return 0
 
 

@@ -29,6 +29,23 @@ def test_the_document_says_what_each_quick_case_prints():
                 f"docs/bad_input.md is stale for {what!r} (python docs/bad_input.py): {line}"
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_library_section_says_what_each_bad_argument_gets():
+    """Each library case is refused with a UsageError, and the document quotes its line."""
+    m = _cases_module()
+    doc = (DOCS / "bad_input.md").read_text()
+    assert "## The library: `tndebug.watch` and `tndebug.check`" in doc
+    with m.scratch():
+        for what, call, quick in m.LIBRARY_CASES:
+            assert f"| {what} |" in doc, f"{what!r} missing from docs/bad_input.md"
+            if not quick:
+                continue
+            line = m.run_library_case(call)
+            assert line.startswith("UsageError: ") and "\n" not in line, (what, line)
+            assert m.library_row(what, call, line) in doc, \
+                f"docs/bad_input.md is stale for {what!r} (python docs/bad_input.py): {line}"
+
+
 def test_the_readme_links_it():
     readme = (DOCS.parent / "README.md").read_text()
     assert "(docs/bad_input.md)" in readme
