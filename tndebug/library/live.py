@@ -125,7 +125,22 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     tgt = torch.randint(lo, n_ids, (2, 6), generator=g).to(device)
     tgt[:, 0] = bos_id
     capture = GenericCapture(model)
-    logits_module = _call_once(model, adapter, src, tgt, pad_id)
+    try:
+        logits_module = _call_once(model, adapter, src, tgt, pad_id)
+    except UsageError:
+        # A model may raise on rows without padding (an inverted key padding mask masks every
+        # key of such a row): then call it with a pad ending every row, and let the probes'
+        # own calls show what it raises on. Raising on both batches is a usage error.
+        src, tgt = src.clone(), tgt.clone()
+        src[:, -1], tgt[:, -1] = pad_id, pad_id
+        try:
+            logits_module = _call_once(model, adapter, src, tgt, pad_id)
+        except UsageError:
+            pass
+        else:
+            info["first_call"] = "rows ending in a pad (the model raised on rows without padding)"
+        if "first_call" not in info:
+            raise
     logits = logits_module.pop("logits")
     if forward is not None:
         forward_vocab(logits.shape[-1], given=tgt_vocab, from_module=logits_module["path"] is not None,
