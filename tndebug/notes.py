@@ -209,7 +209,8 @@ PROBE_CAUSES: dict[str, str] = {
         "sequence, or pad queries masked too) [notes 000, 002]; -1e9 is finite but overflows "
         "fp16, so fill with torch.finfo(dtype).min. A LayerNorm eps that rounds to 0 in fp16 "
         "(1e-8, 1e-12) gives 0/0 on constant rows there, never in fp32 [note 000, as measured]; "
-        "a too-high lr also sends the loss to NaN [note 002]."
+        "a too-high lr also sends the loss to NaN [note 002]. A loss that is NaN on finite "
+        "logits comes from the loss code (a log of 0, a division by a zero count)."
     ),
     "missing-scale": (
         "The / sqrt(d_k) was dropped, so Var(q.k) grows with d_k (std ~8 at d_k=64) and "

@@ -6,7 +6,7 @@ import torch
 from tndebug.config import ModelConfig
 from tndebug.harness import train_with_probes
 from tndebug.model import make_model
-from tndebug.probes.base import RunContext
+from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.nan_scores import NanScores
 from tndebug.subject import tndebug_subject
 
@@ -147,3 +147,39 @@ def test_a_nan_between_probed_steps_is_named_on_divergence():
     errors = [f for f in findings if f.severity == "error"]
     assert errors and errors[0].step == 5
     assert "encoder.layers.1.ffn" in errors[0].where or "encoder.layers.1.ffn" in errors[0].message
+
+
+# -- a NaN made by the loss code while the logits are finite (issue 19) ---------------------
+def nan_loss_run(criterion_nan: bool):
+    """A step whose loss is NaN: the declared criterion gives NaN itself (a log of a negative),
+    or is healthy while the user's loss code (not the declared criterion) made the NaN."""
+    model = make_model(ModelConfig.tiny())
+    subject = tndebug_subject(model)
+    crit = (lambda lg, t: torch.nn.functional.cross_entropy(lg, t) + torch.log(-lg.new_ones(())))
+    run = RunContext(subject, criterion=crit if criterion_nan else
+                     (lambda lg, t: torch.nn.functional.cross_entropy(lg, t)))
+    probe = NanScores()
+    probe.setup(run)
+    src, tgt = subject.random_batch(4, 8, 8, pad_share=0.0)
+    with torch.no_grad():
+        logits = subject.logits(src, tgt)
+    return probe, run, StepInfo(3, loss=torch.tensor(float("nan")), logits=logits, src=src,
+                                tgt_in=tgt, tgt_out=tgt)
+
+
+@pytest.mark.parametrize("criterion_nan", [True, False])
+@pytest.mark.parametrize("moment", ["on_divergence", "update"])
+def test_nan_loss_with_finite_logits_names_the_loss_code(criterion_nan, moment):
+    probe, run, info = nan_loss_run(criterion_nan)
+    assert probe.findings == []                           # a healthy model at setup
+    if moment == "on_divergence":
+        probe.on_divergence(run, info)
+    else:                                                 # a probed step: loss flagged, activations finite
+        probe.update({"names": [], "gnames": [], "loss_bad": torch.tensor(1.0)}, info)
+    (f,) = probe.findings
+    assert f.severity == "error" and f.where == "loss" and f.step == 3
+    assert "update diverged" not in f.message and "learning rate" not in f.message
+    assert "this step's logits are finite" in f.message and "loss computation" in f.message
+    assert f.evidence["step_logits"] == "finite"
+    assert f.evidence["criterion_on_finite_logits"] == ("non-finite" if criterion_nan else "finite")
+    assert "log_softmax" in f.fix and "max(n, 1)" in f.fix

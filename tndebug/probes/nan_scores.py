@@ -9,6 +9,7 @@ from torch import nn
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._attn_stats import fully_masked_rows, masked_entries, probe_batch, roles
+from tndebug.probes._nan_checks import FIX_LOSS, loss_story
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
 from tndebug.trace import Trace
@@ -163,6 +164,7 @@ class NanScores(Probe):
         self._trace: Trace | None = None
         self._forward_done = False     # the first non-finite forward was reported
         self._grad_done = False
+        self._replay_logits: torch.Tensor | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self, run: RunContext) -> None:
@@ -316,9 +318,9 @@ class NanScores(Probe):
                 self._report_nonfinite(found, info.step, context)
             elif loss_bad:
                 self._forward_done = True
-                self.report("error", "loss is NaN/Inf while every captured activation is finite "
-                            "(the criterion)", where="loss", step=info.step,
-                            evidence={"threshold": "finite loss"})
+                msg, ev = loss_story(self._run, info, self._replay_logits)
+                self.report("error", msg, where="loss", step=info.step,
+                            evidence={**ev, "activations": "finite"}, fix=FIX_LOSS)
             return
         gbad = [n for n, b in zip(stats["gnames"], stats["gbad"].tolist()) if b > 0] if "gbad" in stats else []
         if gbad and not bad and not self._grad_done and not self._forward_done:
@@ -336,18 +338,19 @@ class NanScores(Probe):
             self._report_nonfinite(found, info.step, "the diverged step's batch, replayed with every tap")
         else:
             self._forward_done = True
-            self.report("error", "loss became NaN/Inf while a replay of the batch is finite: the "
-                        "update diverged (gradients or learning rate), not the forward pass",
-                        where="loss", step=info.step,
-                        evidence={"threshold": "finite loss", "replay": "finite"})
+            msg, ev = loss_story(self._run, info, self._replay_logits)
+            self.report("error", msg, where="loss", step=info.step, evidence=ev, fix=FIX_LOSS)
 
     def _replay(self, info: StepInfo) -> dict | None:
         """Re-run the step's batch with every tap (eval, no grad) to name the op."""
+        self._replay_logits = None
         subject = self._run.subject if self._run is not None else None
         if subject is None or subject.capture is None or info.src is None or info.tgt_in is None:
             return None
         try:
             with subject.evaluating():
-                return first_nonfinite(subject.trace(info.src, info.tgt_in, reads=("all",)))
+                trace = subject.trace(info.src, info.tgt_in, reads=("all",))
         except Exception:  # noqa: BLE001 - the step's own trace still names a tensor
             return None
+        self._replay_logits = trace.logits
+        return first_nonfinite(trace)
