@@ -85,13 +85,14 @@ def load_config(folder: Path):
         raise UsageError(f"{cfg_path} has no model_type; it is not a transformers config")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
                                                         MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
     if model_type not in CONFIG_MAPPING_NAMES:
         raise UsageError(f"{cfg_path}: model_type {model_type!r} is unknown to transformers "
                          f"{tf.__version__} (a newer transformers, or a model with custom code, "
                          f"which tndebug does not run)")
     if model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-        kind = "a decoder-only" if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else "not an encoder-decoder"
+        kind = _shape(model_type, raw, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
         raise UsageError(f"{folder} holds {kind} model ({model_type}, "
                          f"{', '.join(raw.get('architectures') or []) or 'no architectures'}): "
                          f"tndebug triages encoder-decoders today (AutoModelForSeq2SeqLM)")
@@ -432,6 +433,18 @@ def triage_hf(opts, patch=None, sinks=()):
            "temperature_sweep": sweep_ev, "timings_s": timings, "probe_seconds": probe_seconds,
            "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
     return driver.make_report(run, findings, statuses)
+
+
+def _shape(model_type: str, raw: dict, causal: dict, masked: dict) -> str:
+    """What a directory that is no encoder-decoder holds, from its saved architectures first
+    (BERT has a causal-LM head class too, yet a BertForMaskedLM is an encoder), then from the
+    head classes its model_type has."""
+    archs = " ".join(raw.get("architectures") or [])
+    if any(w in archs for w in ("CausalLM", "LMHeadModel")) or raw.get("is_decoder"):
+        return "a decoder-only"
+    if model_type in masked:
+        return "an encoder-only"
+    return "a decoder-only" if model_type in causal else "not an encoder-decoder"
 
 
 def _line(e: Exception) -> str:
