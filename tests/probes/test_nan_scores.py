@@ -183,3 +183,33 @@ def test_nan_loss_with_finite_logits_names_the_loss_code(criterion_nan, moment):
     assert f.evidence["step_logits"] == "finite"
     assert f.evidence["criterion_on_finite_logits"] == ("non-finite" if criterion_nan else "finite")
     assert "log_softmax" in f.fix and "max(n, 1)" in f.fix
+
+
+# -- eps = 0 divides by zero on a constant row in fp32 too (issue 19) ------------------------
+def zero_eps_tiny():
+    model = make_model(ModelConfig.tiny())
+    for m in model.modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            m.eps = 0.0
+    return model
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-5])
+def test_hand_written_norm_with_eps_0_is_a_warning_in_fp32(eps):
+    findings = run_probe(hand_subject(HandModel(norm_cls=HandNorm, eps=eps)), NanScores())
+    if eps:
+        assert findings == []
+        return
+    (f,) = findings
+    assert (f.severity, f.where) == ("warning", "enc.0.norms.0")
+    assert "a constant row gives NaN/Inf in float32" in f.message and "bites in this dtype" in f.message
+    assert "only matters if you switch on fp16" not in f.message
+    assert f.fix.startswith("use eps=1e-5 (1e-6 for RMSNorm)")
+
+
+def test_nn_layernorm_with_eps_0_is_a_warning_in_fp32():
+    probe = NanScores()
+    probe.setup(RunContext(tndebug_subject(zero_eps_tiny())))
+    (f,) = [f for f in probe.findings if f.probe == "nan-scores"]
+    assert f.severity == "warning" and f.evidence["eps"][f.where] == 0.0
+    assert f.evidence["compute_dtype"] == "torch.float32" and "more norm modules" in f.message

@@ -1,7 +1,6 @@
 """nan-scores: the first NaN/Inf of a pass, named by module and op, and what breeds one."""
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -9,7 +8,7 @@ from torch import nn
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._attn_stats import fully_masked_rows, masked_entries, probe_batch, roles
-from tndebug.probes._nan_checks import FIX_LOSS, loss_story
+from tndebug.probes._nan_checks import FIX_LOSS, constant_rows_nonfinite, loss_story
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
 from tndebug.trace import Trace
@@ -102,22 +101,7 @@ def _fully_masked(rec) -> dict:
 
 def _half_nonfinite(module: nn.Module) -> bool | None:
     """Run a float16 copy of a norm module on constant rows; True if any output is NaN/Inf."""
-    shape = getattr(module, "normalized_shape", None)
-    if shape is None:
-        w = next((p for p in module.parameters(recurse=False) if p.dim() == 1), None)
-        shape = None if w is None else tuple(w.shape)
-    if not shape:
-        return None
-    shape = tuple(shape)
-    try:
-        dev = next(iter(module.parameters()), torch.empty(0)).device
-        half = copy.deepcopy(module).to(device=dev, dtype=torch.float16)
-        x = torch.tensor([0.0, 1.0, -3.0], device=dev).view(3, *[1] * len(shape)).expand(3, *shape)
-        with torch.no_grad():
-            y = half(x.to(torch.float16).contiguous())
-        return not bool(y.isfinite().all())
-    except Exception:  # noqa: BLE001 - a norm that cannot run in half is simply not tested
-        return None
+    return constant_rows_nonfinite(module, torch.float16)
 
 
 def _portability(dtype: torch.dtype) -> str:
@@ -190,7 +174,8 @@ class NanScores(Probe):
         return self._run is not None and self._run.compute_dtype == torch.float16
 
     def _check_norms(self, model: nn.Module) -> None:
-        eps_of, static, behaviour = {}, [], []
+        eps_of, static, behaviour, own = {}, [], [], []
+        dtype = self._run.compute_dtype
         for name, mod in model.named_modules():
             if not (isinstance(mod, nn.LayerNorm) or "Norm" in type(mod).__name__):
                 continue
@@ -201,9 +186,13 @@ class NanScores(Probe):
                     static.append(name)
             if _half_nonfinite(mod):
                 behaviour.append(name)
-        flagged = list(dict.fromkeys(static + behaviour))
-        if eps_of or flagged:
-            self.cover("", "checked")          # the norms' eps against float16
+            if dtype != torch.float16 and constant_rows_nonfinite(mod, dtype):
+                own.append(name)               # e.g. eps = 0: 0/0 on a constant row in fp32 too
+        if eps_of or static or behaviour or own:
+            self.cover("", "checked")          # the norms' eps against float16 and this dtype
+        if own:
+            self._report_own_dtype(own, eps_of, dtype)
+        flagged = [n for n in dict.fromkeys(static + behaviour) if n not in own]
         if not flagged:
             return
         first, more = flagged[0], len(flagged) - 1
@@ -228,6 +217,22 @@ class NanScores(Probe):
                               "compute_dtype": str(self._run.compute_dtype),
                               "threshold": f"eps must not round to 0 in float16 (< {FP16_TINY / 2:.1e})"},
                     fix=FAULT_NOTES["tiny_ln_eps"][2])
+
+    def _report_own_dtype(self, own: list[str], eps_of: dict, dtype: torch.dtype) -> None:
+        """Norms that give NaN/Inf on a constant row in the model's own dtype: the hazard bites
+        here (docs/severity.md: warning; a constant row is a rare input, not this run's batch)."""
+        first, name = own[0], str(dtype).removeprefix("torch.")
+        eps = eps_of.get(first)
+        tail = f" (+{len(own) - 1} more norm modules)" if len(own) > 1 else ""
+        self.report("warning", f"{first}: {'eps=' + format(eps, 'g') + ': ' if eps is not None else ''}"
+                               f"a constant row gives NaN/Inf in {name}, the model's own dtype (0/0: "
+                               f"bites in this dtype){tail}",
+                    where=first, step=0,
+                    evidence={"eps": {n: eps_of.get(n) for n in own}, "compute_dtype": str(dtype),
+                              "constant_row_nonfinite": own,
+                              "threshold": "a norm must stay finite on a constant row in its own dtype"},
+                    fix="use eps=1e-5 (1e-6 for RMSNorm) inside the square root: the norm then "
+                        "returns its bias on a constant row")
 
     def _check_fill(self, trace: Trace) -> None:
         by_fill: dict[float, list[str]] = {}
