@@ -15,6 +15,11 @@ from tndebug.subject import tndebug_subject
 NAME = "positional-encoding"
 
 
+def all_kinds(findings):
+    """{(severity, where)} of every finding of the probe, info included."""
+    return {(f.severity, f.where) for f in findings if f.probe == NAME}
+
+
 def _ours(cfg):
     return setup_only(tndebug_subject(make_model(cfg)), [PositionalEncodingProbe()])
 
@@ -29,12 +34,12 @@ def test_healthy_model_is_silent(norm):
 
 @pytest.mark.parametrize("fault, expected", [
     ("no_pos_encoding", {("error", "src_embed")}),
-    ("no_emb_scale", {("warning", "src_embed"), ("warning", "tgt_embed")}),
+    ("no_emb_scale", {("info", "src_embed"), ("info", "tgt_embed")}),    # uses positions: info
     ("pos_max_len_small", {("error", "src_embed"), ("error", "tgt_embed")}),
 ])
 def test_fault_gives_exactly_its_finding(fault, expected):
     findings = _ours(ModelConfig.tiny().with_faults(fault))
-    assert kinds(findings, NAME) == expected
+    assert all_kinds(findings) == expected
 
 
 def test_missing_pe_evidence_names_both_embeddings():
@@ -127,10 +132,49 @@ def test_hand_forgotten_pe_without_taps_or_encoder_still_caught():
     assert findings[0].evidence["compared"] == "decoder logits"
 
 
-def test_hand_unscaled_embeddings_warn():
+def test_hand_unscaled_embeddings_that_use_positions_are_info_naming_the_deviation():
+    """No sqrt(d_model) (2 of 7 healthy public implementations): the order test shows the
+    positions used, so the deviation is info, named, never a warning."""
     findings = _hand(UnscaledPE)
+    assert all_kinds(findings) == {("info", "src_embed"), ("info", "tgt_embed")}
+    for f in findings:
+        assert f.evidence["rho"] < RHO_LOW and f.evidence["order_test"] == "uses positions"
+        assert "no sqrt(d_model)" in f.message and "no harm shown" in f.message
+
+
+class BatchIndexedPE(UnscaledPE):
+    """`x + pe[:x.size(0)]` on batch-first input: each sequence gets one PE row at every
+    position (no position information), over unscaled embeddings it drowns."""
+
+    def forward(self, x):
+        return self.token_part(x) + self.pe[: x.shape[0]][:, None, :]      # [B, T, d]
+
+
+def test_hand_unscaled_embeddings_whose_positions_are_lost_warn():
+    findings = _hand(BatchIndexedPE)
+    assert ("error", "encoder") in kinds(findings, NAME)                    # the order test
+    (w,) = [f for f in findings if f.severity == "warning" and f.where == "src_embed"]
+    assert "PE drowns the token embeddings" in w.message and "ignores token order" in w.message
+    assert w.evidence["order_test"] == "ignores order"
+
+
+def test_unscaled_embeddings_in_a_run_that_trains_are_info_with_the_loss():
+    probe = PositionalEncodingProbe(every(50))
+    _, findings, _ = train_with_probes(ModelConfig.tiny().with_faults("no_emb_scale"), [probe],
+                                       steps=101, warmup=20)
+    assert all_kinds(findings) == {("info", "src_embed"), ("info", "tgt_embed")}
+    for f in findings:
+        (s0, l0), (s1, l1) = f.evidence["loss_trend"][0], f.evidence["loss_trend"][-1]
+        assert (s0, s1) == (0, 100) and l1 < 0.95 * l0 and "it trains" in f.message
+
+
+def test_unscaled_embeddings_in_a_run_that_does_not_learn_warn():
+    """lr 0: the loss stays where it starts, so the deviation's harm cannot be ruled out."""
+    probe = PositionalEncodingProbe(every(10))
+    _, findings, _ = train_with_probes(ModelConfig.tiny().with_faults("no_emb_scale"), [probe],
+                                       steps=21, lr_factor=1e-12)
     assert kinds(findings, NAME) == {("warning", "src_embed"), ("warning", "tgt_embed")}
-    assert all(f.evidence["rho"] < RHO_LOW for f in findings)
+    assert all("the loss does not fall" in f.message for f in findings)
 
 
 def test_hand_wrapped_positions_are_the_same_error():
