@@ -534,7 +534,9 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kw
             probes call your model for their own tests (a Hugging Face encoder-decoder, tndebug's
             and The Annotated Transformer's layout need none).
         pad_id, bos_id: the padding id (0) and the decoder's first id (1; HF: from its config).
-        out: the run directory for report.json, report.md, figures/ and tb/ (None: no files).
+        out: the run directory for report.json, report.md, figures/ and tb/ (None: no files);
+            one that holds a run is refused unless `overwrite=True` (as `tndebug run --out`).
+        overwrite: replace the run in `out` (its reports, figures and TensorBoard events).
         probes: "all" (default schedules), "a,b", a list of names or of Probe objects.
         criterion: `(logits [N, V], target [N]) -> loss`, for label-smoothing's unit test.
         lr_schedule: the declared schedule, `step -> lr` or a LambdaLR, for lr-schedule.
