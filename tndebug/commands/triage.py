@@ -68,6 +68,10 @@ def add_parser(sub) -> None:
     p.add_argument("--text", metavar="FILE",
                    help="Hugging Face directory: held-out source<TAB>target lines, tokenised with "
                         "the tokenizer saved in the directory (for the temperature sweep)")
+    p.add_argument("--max-len", type=positive_int, default=None, metavar="N",
+                   help="the longest sequence your model takes (its position table); the probes' "
+                        "batches fit it (default: the checkpoint's config, else found by calling "
+                        "the model)")
     p.add_argument("--pad-id", type=nonneg_int, default=0,
                    help="the padding token id of your vocabulary: masked in the held-out batches "
                         "and ignored by the loss (default 0)")
@@ -109,7 +113,7 @@ def main(args) -> int:
                          adapter=args.adapter, task=args.task, pad_id=args.pad_id,
                          bos_id=args.bos_id, heads=args.heads, norm=args.norm, probes=args.probe,
                          trust=args.trust_checkpoint, data=args.data, attn=args.attn,
-                         text=args.text)
+                         text=args.text, max_len=args.max_len)
     with claim_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite,
                       kind="triage") as out:                  # checked and locked before any work
         return _triage(opts, out, args)

@@ -24,7 +24,7 @@ from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, severity_rank, SEVERITIES
 from tndebug.library import args as A
-from tndebug.library.live import live_subject, unwrap
+from tndebug.library.live import live_subject, set_max_len, unwrap
 from tndebug.report import Report
 
 N_SEQUENCES = 16            # as triage's held-out batch
@@ -32,7 +32,8 @@ N_SEQUENCES = 16            # as triage's held-out batch
 
 def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_id: int | None = 0,
           bos_id: int | None = None, probes: str | Iterable[str] | None = None,
-          src_vocab: int | None = None, tgt_vocab: int | None = None) -> Report:
+          src_vocab: int | None = None, tgt_vocab: int | None = None,
+          max_len: int | None = None) -> Report:
     """Run triage's probes on `model` as it is now.
 
     Args:
@@ -43,6 +44,8 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
             (split into tgt[:, :-1] and tgt[:, 1:]); None: random ids, a third of the rows padded.
         pad_id, bos_id: padding and decoder-start ids (HF models: from the config).
         probes: names ("a,b" or a list); default: every probe that needs no training run.
+        max_len: the longest sequence the model takes (default: its config's
+            max_position_embeddings, else found by calling it); the probes' batches fit it.
     Returns:
         A Report (`verdict`, `findings`, `probes`, `exit_code(fail_on)`), as `tndebug triage`'s.
     Raises:
@@ -54,6 +57,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
     names = _names(probes)
     subject, info = live_subject(model, forward, pad_id=pad_id, bos_id=bos_id,
                                  src_vocab=src_vocab, tgt_vocab=tgt_vocab)
+    set_max_len(subject, max_len, "check")
     model = unwrap(model)
     batch = _batch(subject, data)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)

@@ -285,3 +285,16 @@ def pad_id_findings(batch, pad_id: int, step: int) -> list[Finding]:
                     evidence=evidence,
                     fix=f"pass the model's pad id: tndebug.watch(..., pad_id=ID), the id your "
                         f"tokenizer pads with (tokenizer.pad_token_id); {pad_id} is not it")]
+
+
+def set_max_len(subject, max_len, who: str) -> None:
+    """The user's `max_len` (the longest sequence their model takes) for the probes' batches; it
+    replaces what the config says. Refused unless it is an int that an exact test can run at."""
+    from tndebug.subject import MIN_PROBE_LEN
+    if max_len is None:
+        return
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < MIN_PROBE_LEN:
+        raise UsageError(f"{who}: max_len={max_len!r}; expected an int >= {MIN_PROBE_LEN} (the "
+                         f"longest sequence the model takes; the exact tests need "
+                         f"{MIN_PROBE_LEN} positions)")
+    subject.max_len = max_len

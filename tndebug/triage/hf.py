@@ -318,6 +318,7 @@ def triage_hf(opts, patch=None, sinks=()):
     from tndebug.triage import run as R
     from tndebug.triage.capture import GenericCapture
     from tndebug.triage.fresh import SEED, scale_at_init, seeded
+    from tndebug.triage import hf_checks
     from tndebug.triage.hf_data import held_out
     from tndebug.triage.hf_findings import hf_fix, hf_where, resume_state
     from tndebug.triage.userdata import check_vocab
@@ -339,7 +340,10 @@ def triage_hf(opts, patch=None, sinks=()):
     sd = read_weights(files)
     lap("load")
     model = build_model(tf, config, attn)
+    checks = hf_checks.tied_head(model, sd)            # before loading: unties as transformers does
     tied = load_tied(model, sd, folder)
+    more, files_note = hf_checks.weight_files_differ(folder, files, read_weights)
+    checks += more + hf_checks.ids_vs_tokenizer(folder, config)
     model.eval()
     src_v = model.get_input_embeddings().num_embeddings
     out_emb = model.get_output_embeddings()
@@ -372,7 +376,7 @@ def triage_hf(opts, patch=None, sinks=()):
         with sliced_output(fresh, keep, lambda: fwd(fresh, batch.src[:1, :3], batch.tgt_in[:1, :3], ids["pad"])):
             return driver.probe_once(sub, names, batch, compute_dtype=dtype)
 
-    data, source = held_out(opts, folder, ids, ids["marker"])
+    data, source, data_checks = held_out(opts, folder, ids, ids["marker"], config)
     if data is not None:
         check_vocab(data, src_v, tgt_v, source)
     batch = random_batch(HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"],
@@ -381,7 +385,7 @@ def triage_hf(opts, patch=None, sinks=()):
     dtype = R.weights_dtype(sd)           # the saved dtype: decides fp16 hazards (compute: fp32)
     lap("model")
 
-    findings = hygiene.non_finite(sd) + resume_state(folder)
+    findings = hygiene.non_finite(sd) + checks + data_checks + resume_state(folder)
     with sliced_output(model, keep, lambda: forward(model, batch.src[:1, :3], batch.tgt_in[:1, :3],
                                                      ids["pad"])) as keep:
         probed = driver.probe_once(subject, probe_names, batch, compute_dtype=dtype, sinks=sinks)
@@ -415,6 +419,7 @@ def triage_hf(opts, patch=None, sinks=()):
            "transformers_version": tf.__version__,
            "attn_implementation": getattr(model.config, "_attn_implementation", None),
            "weight_files": [p.name for p in files], "tied_keys_restored": tied,
+           **({"weight_files_note": files_note} if files_note else {}),
            "task": None, "data": source or "none (--text or --data: the temperature sweep needs it)",
            "probe_data": f"random ids from the model's vocabulary ({lo}..{hi - 1}; special ids excluded)",
            "held_out_sequences": int((data if data is not None else batch).src.shape[0]),

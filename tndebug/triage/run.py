@@ -56,6 +56,7 @@ class TriageOptions:
     adapter: str | None = None          # annotated | tndebug | FILE.py:FUNCTION
     task: str = "copy"
     pad_id: int = 0
+    max_len: int | None = None          # the longest sequence the model takes (--max-len)
     bos_id: int = 1
     heads: int | None = None
     norm: str | None = None
@@ -103,6 +104,9 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
               else _layout_target(ckpt, opts, batch, task, probe_names))
     findings += target.findings
     subject = target.subject
+    if opts.max_len:
+        subject.max_len = opts.max_len
+    refuse_longer(subject, batch[:2], f"--data {opts.data}" if opts.data else f"--task {task.name}")
     lap("model")
 
     probed = driver.probe_once(subject, probe_names, batch,
@@ -140,6 +144,19 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
 
 
 # -- inputs ---------------------------------------------------------------------------------------
+def refuse_longer(subject: Subject, tensors, what: str) -> None:
+    """UsageError when the held-out batches are longer than the model takes (its position table,
+    its config's limit, or --max-len): every comparison would index past the table."""
+    width = max(int(t.shape[1]) for t in tensors)
+    fits = subject.fit(width)
+    if fits < width:
+        known = (f"max_len {subject.max_len} (its config, or --max-len)" if subject.max_len
+                 else f"the model raised on longer sequences")
+        raise UsageError(f"{what}: rows are {width} positions long, but the model takes at most "
+                         f"{fits} ({known}): pass shorter sequences, or --max-len if the limit "
+                         f"is wrong")
+
+
 def _probe_names(spec: str | None) -> list[str]:
     if spec is None:
         return list(TRIAGE_PROBES)
@@ -350,6 +367,15 @@ def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
     return probe_fresh
 
 
+def _runs(adapter, model, src, tgt, pad_id) -> bool:
+    try:
+        with torch.no_grad():
+            adapter.forward(model, src, tgt, pad_id)
+        return True
+    except Exception:  # noqa: BLE001 - whether it runs is the question
+        return False
+
+
 def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int]:
     src, tgt_in, _ = batch
     fed: dict[str, int] = {}                 # "src"/"tgt" -> size of the embedding fed those ids
@@ -368,6 +394,12 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
         with torch.no_grad():
             logits = adapter.forward(model, src[:2], tgt_in[:2], pad_id)
     except Exception as e:  # noqa: BLE001 - the user's adapter may raise anything
+        width = max(src.shape[1], tgt_in.shape[1])
+        if width > 4 and _runs(adapter, model, src[:2, :4], tgt_in[:2, :4], pad_id):
+            raise UsageError(f"the held-out rows are {width} positions long and the model raises "
+                             f"{type(e).__name__} on them but runs on 4: they are longer than "
+                             f"the model takes (its position table): pass shorter --data, or "
+                             f"--max-len N") from None
         raise UsageError(f"the adapter {adapter.name} raised {type(e).__name__}: "
                          f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''} "
                          f"(it is called as forward(model, src [B,S], tgt [B,T], pad_id))") from None
