@@ -78,18 +78,29 @@ def _tokenizer(folder: Path, spec: str):
                      f"tokenizer.json: tokenizer.save_pretrained(DIR)), or pass --data with token ids")
 
 
-def held_out(opts, folder: Path, ids: dict, marker: int) -> tuple[Batch | None, str | None]:
-    """The user's in-distribution batch (column 0 = the probes' marker), or (None, None)."""
-    from tndebug.triage.userdata import load_data, to_batch
+def held_out(opts, folder: Path, ids: dict, marker: int, config=None):
+    """(the user's in-distribution batch (column 0 = the probes' marker), its source, the
+    checkpoint findings of its ids against config.json), or (None, None, [])."""
+    from tndebug.triage.hf_checks import ids_vs_data
+    from tndebug.triage.userdata import _call, _read, to_batch
     if opts.data and getattr(opts, "text", None):
         raise UsageError("pass --data or --text, not both")
     if opts.data:
-        batch, source = load_data(opts.data, ids["pad"], ids["start"]), f"--data {opts.data}"
+        path_s, sep, name = opts.data.rpartition(":")
+        raw = _call(opts.data) if sep and path_s.endswith(".py") and name else _read(Path(opts.data))
+        source = f"--data {opts.data}"
     elif getattr(opts, "text", None):
-        batch = to_batch(load_text(opts.text, folder, ids), ids["pad"], ids["start"], f"--text {opts.text}")
-        source = f"--text {opts.text}"
+        raw, source = load_text(opts.text, folder, ids), f"--text {opts.text}"
     else:
-        return None, None
+        return None, None, []
+    findings, start = [], ids["start"]
+    if isinstance(raw, dict) and all(isinstance(raw.get(k), torch.Tensor) and raw[k].dim() == 2
+                                     and not raw[k].is_floating_point() for k in ("src", "tgt")):
+        findings = ids_vs_data(raw["src"].long(), raw["tgt"].long(), config, source) if config else []
+        lead = raw["tgt"][:, 0]
+        if any(f.where == "decoder_start_token_id" for f in findings):
+            start = int(lead[0])         # named above; read the data as it is led
+    batch = to_batch(raw, ids["pad"], start, opts.data or source)
     tgt_in = batch.tgt_in.clone()
     tgt_in[:, 0] = marker
-    return Batch(batch.src, tgt_in, batch.tgt_out), source
+    return Batch(batch.src, tgt_in, batch.tgt_out), source, findings

@@ -1,0 +1,130 @@
+"""Hugging Face consistency checks (issue 19, tndebug/triage/hf_checks.py): a head in the file
+that differs from the embedding it is tied to, config ids against the saved tokenizer and
+against --data, two weight files that differ. Each healthy -> no checkpoint finding; each
+broken -> the error (warning for the two files) with its numbers."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from tndebug.triage.hf import triage_hf                               # noqa: E402
+from tndebug.triage.run import TriageOptions                          # noqa: E402
+
+from test_hf import _word_tokenizer, config, describe                 # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory):
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("checks") / "bart"
+    transformers.AutoModelForSeq2SeqLM.from_config(config("bart")).save_pretrained(folder)
+    return folder
+
+
+def _copy(bart, tmp_path, name="m", **cfg) -> Path:
+    folder = tmp_path / name
+    shutil.copytree(bart, folder)
+    if cfg:
+        raw = json.loads((folder / "config.json").read_text())
+        raw.update(cfg)
+        (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+def _checks(report):
+    return [f for f in report.findings if f.probe == "checkpoint" and f.severity != "info"]
+
+
+def _with_head(folder: Path, head) -> None:
+    from safetensors.torch import load_file, save_file
+    sd = load_file(str(folder / "model.safetensors"))
+    sd["lm_head.weight"] = head(sd["model.shared.weight"])
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_saved_head_that_differs_from_its_tied_embedding(bart, tmp_path):
+    same = _copy(bart, tmp_path, "same")
+    _with_head(same, lambda e: e.clone())                            # saved, equal: healthy
+    assert not _checks(triage_hf(TriageOptions(str(same)))), "equal head flagged"
+    stray = _copy(bart, tmp_path, "stray")
+    torch.manual_seed(1)
+    _with_head(stray, lambda e: torch.randn_like(e) * 0.02)
+    seen = {}
+
+    def look(model, adapter):                                        # the model triage examines
+        seen["untied"] = model.lm_head.weight.data_ptr() != model.model.shared.weight.data_ptr()
+    report = triage_hf(TriageOptions(str(stray)), patch=look)
+    errs = [f for f in _checks(report) if f.where == "lm_head.weight"]
+    assert errs and errs[0].severity == "error", describe(report.findings)
+    ev = errs[0].evidence
+    assert ev["embedding"] == "model.shared.weight" and ev["max_abs_difference"] > 0
+    assert ev["head_norm"] != ev["embedding_norm"] and seen["untied"]   # as transformers runs it
+
+
+def _tokenized(bart, tmp_path, name, **cfg) -> Path:
+    folder = _copy(bart, tmp_path, name, **cfg)
+    _word_tokenizer(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), bos_token="<s>",
+                                         pad_token="<pad>", eos_token="</s>",
+                                         unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+def test_config_ids_against_the_tokenizer(bart, tmp_path):
+    assert not _checks(triage_hf(TriageOptions(str(_tokenized(bart, tmp_path, "ok")))))
+    bad = _tokenized(bart, tmp_path, "bad", pad_token_id=5, decoder_start_token_id=7)
+    report = triage_hf(TriageOptions(str(bad)))
+    got = {f.where: f for f in _checks(report)}
+    assert got["pad_token_id"].severity == "error", describe(report.findings)
+    assert got["pad_token_id"].evidence["tokenizer"] == [1]
+    assert got["decoder_start_token_id"].severity == "error"
+
+
+def _data(tmp_path, start: int, pad: int) -> Path:
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 90, (10, 7), generator=g)
+    tgt = torch.cat([torch.full((10, 1), start), torch.randint(4, 90, (10, 6), generator=g),
+                     torch.full((10, 1), 2)], 1)                                # start, words, eos
+    for i in range(0, 10, 2):                                                   # short rows padded
+        n = 2 + i % 4
+        src[i, -n:] = pad
+        tgt[i, -n:] = pad
+        tgt[i, -n - 1] = 2
+    path = tmp_path / f"data_{start}_{pad}.pt"
+    torch.save({"src": src, "tgt": tgt}, path)
+    return path
+
+
+def test_config_ids_against_the_data(bart, tmp_path):
+    report = triage_hf(TriageOptions(str(bart), data=str(_data(tmp_path, 2, 1))))
+    assert not _checks(report), describe(report.findings)                      # BART: start 2, pad 1
+    wrong = _copy(bart, tmp_path, "wrong", decoder_start_token_id=0)
+    report = triage_hf(TriageOptions(str(wrong), data=str(_data(tmp_path, 2, 1))))
+    got = {f.where: f for f in _checks(report)}
+    assert got["decoder_start_token_id"].evidence["data"] == 2, describe(report.findings)
+    report = triage_hf(TriageOptions(str(bart), data=str(_data(tmp_path, 2, 3))))
+    got = {f.where: f for f in _checks(report)}
+    assert got["pad_token_id"].evidence["data"] == 3, describe(report.findings)
+
+
+def test_safetensors_and_a_different_bin(bart, tmp_path):
+    from safetensors.torch import load_file
+    same = _copy(bart, tmp_path, "same_bin")
+    sd = load_file(str(same / "model.safetensors"))
+    torch.save(sd, same / "pytorch_model.bin")
+    report = triage_hf(TriageOptions(str(same)))
+    assert not _checks(report) and "same tensors" in report.run["weight_files_note"]
+    other = _copy(bart, tmp_path, "other_bin")
+    torch.save({k: v + 0.01 if "fc1" in k else v for k, v in sd.items()}, other / "pytorch_model.bin")
+    report = triage_hf(TriageOptions(str(other)))
+    warn = [f for f in _checks(report) if f.where == "pytorch_model.bin"]
+    assert warn and warn[0].severity == "warning", describe(report.findings)
+    assert warn[0].evidence["triaged"] == ["model.safetensors"] and warn[0].evidence["differing_tensors"] == 8          # fc1 weight and bias, 4 layers
