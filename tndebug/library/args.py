@@ -149,7 +149,15 @@ def user_data(tensors: dict[str, Any], pad_id: int, src_vocab: int, tgt_vocab: i
                          f"(pad_id=)")
 
 
-def output_dir(out: Any, *, overwrite: bool, start_step: int):
+def is_main_process(dist: Any = None) -> bool:
+    """Rank 0 of the process group the user started (or of `dist`), or no group at all."""
+    if dist is not None:
+        return bool(dist.is_main)
+    import torch.distributed as tdist
+    return not (tdist.is_available() and tdist.is_initialized()) or tdist.get_rank() == 0
+
+
+def output_dir(out: Any, *, overwrite: bool, start_step: int, main: bool = True):
     """`watch(out=)` checked by the CLI's rule (tndebug/outputs.py) without creating anything:
     a file, a place under a file, or a directory that holds a run (unless overwrite=True) is
     refused. A resumed watch (start_step > 0) continues in its own directory, as `run --resume`
@@ -161,6 +169,8 @@ def output_dir(out: Any, *, overwrite: bool, start_step: int):
         return None
     if not isinstance(out, (str, Path)):
         raise UsageError(f"watch: out={_shown(out)}; expected a directory path (str or Path)")
+    if not main:                       # under DDP rank 0 alone writes: the others may find its files
+        return Path(out)
     with _prefixed("watch"):
         resolve_output(str(out), str(out), overwrite=overwrite, kind="run", names=LIBRARY,
                        continuing=out if start_step > 0 else None)

@@ -89,7 +89,8 @@ class Watch:
         self._model_ref = weakref.ref(self._model)
         self._optimizer = _inner_optimizer(optimizer) if optimizer is not None else None
         self._forward, self._pad_id, self._bos_id = forward, pad_id, bos_id
-        self.out = A.output_dir(out, overwrite=self._overwrite, start_step=start_step)
+        self.out = A.output_dir(out, overwrite=self._overwrite, start_step=start_step,
+                                main=A.is_main_process(dist))
         self._claim = contextlib.ExitStack()     # the output directory's lock, held in the block
         self._probe_spec, self._criterion = probes, criterion
         self._schedule, self._schedule_note = declared_schedule(lr_schedule)
