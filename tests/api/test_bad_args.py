@@ -249,7 +249,7 @@ def test_a_resumed_watch_continues_in_its_directory(model, tmp_path):
     assert dbg.report.run["start_step"] == 2
 
 
-def test_out_in_use_is_refused_and_a_refused_entry_leaves_nothing(model, tmp_path):
+def test_out_in_use_is_refused(model, tmp_path):
     d = tmp_path / "busy"
     d.mkdir()
     (d / ".tndebug.lock").write_text(f"pid=1\nhost={socket.gethostname()}\n")   # pid 1 is alive
@@ -262,7 +262,22 @@ def test_out_in_use_is_refused_and_a_refused_entry_leaves_nothing(model, tmp_pat
         with pytest.raises(UsageError, match="in use by another tndebug.watch in this process"):
             watch(model, out=d).__enter__()
         M.train("sdpa", model, opt, 1)
+
+
+
+def test_an_entry_that_fails_after_the_claim_leaves_no_lock_and_no_directory(model, tmp_path,
+                                                                             monkeypatch):
+    from tndebug.reporters import session
+
+    def broken(self, *a, **k):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(session.ReportSession, "__init__", broken)
     fresh = tmp_path / "fresh"
-    with pytest.raises(UsageError):
-        watch(model, out=fresh, pad_id=-1).__enter__()
+    with pytest.raises(RuntimeError, match="disk full"):
+        watch(model, out=fresh).__enter__()
     assert not fresh.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(RuntimeError, match="disk full"):
+        watch(model, out=kept).__enter__()
+    assert kept.is_dir() and not (kept / ".tndebug.lock").exists()
