@@ -19,11 +19,21 @@ from typing import Any, Callable, Iterable
 import torch
 
 from tndebug.findings import Finding
+from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.trace import Trace
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 SNAPSHOT_READS = frozenset({"attn.probs", "stream", "grad.stream"})   # what the figures draw
+
+
+def failure_reason(what: str, e: BaseException) -> str:
+    """Why a probe that raised has no verdict, saying whose code raised: tndebug's own (a bug
+    to report) or the model's, on an input the probe gave it (`_raised.by_tndebug`)."""
+    where = raised_in(e)
+    whose = ("tndebug's own code (a tndebug bug: please report it)" if by_tndebug(e)
+             else "the model's code") + (f" at {where}" if where else "")
+    return f"{what} raised {type(e).__name__}: {e} (in {whose})"
 
 
 class ProbeEngine:
@@ -58,7 +68,7 @@ class ProbeEngine:
             return fn(*args)
         except Exception as e:  # noqa: BLE001 - a probe's bug must not kill training
             if probe.skipped is None:
-                probe.skip(f"{what} raised {type(e).__name__}: {e}")
+                probe.skip(failure_reason(what, e))
             return None
         finally:
             self.seconds_by_probe[probe.name] = self.seconds_by_probe.get(probe.name, 0.0) + \
