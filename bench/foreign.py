@@ -133,7 +133,8 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
     L += ["", f"Overall: false-alarm rate {sum(r['outcome'] == 'false alarm' for r in tot_h)}/{len(tot_h)} "
           f"(and {sum(r['outcome'].startswith('unjudged') for r in tot_h)} clean only because probes broke), "
           f"recall {sum(r['outcome'].startswith('caught') for r in tot_b)}/{len(tot_b)}, "
-          f"collateral errors in {sum('collateral' in r['outcome'] for r in tot_b)}/{len(tot_b)} bug runs.", "",
+          f"collateral errors in {sum('collateral' in r['outcome'] for r in tot_b)}/{len(tot_b)} bug runs, "
+          f"crashes in {sum(r['outcome'] == 'crash' for r in records)}/{len(records)} runs.", "",
           "## Confusion table: style x fault x probe", "",
           "Each cell: E = error, W = warning, in how many of the runs (seeds); **bold** = the probe "
           "that owns the fault.", "",

@@ -1,0 +1,207 @@
+"""Every benchmark figure that README.md and docs/*.md quote is in the results file they name.
+
+The convention: right after quoted figures, on the same line, a marker names the results file and
+lists the figures taken from it, e.g.
+
+    1.025× (SDPA) / 1.023× (HF BART) <!-- bench/results/watch_overhead.json: 1.025 1.023 -->
+
+Each listed figure must appear in the line's text before the marker and in the file: a number
+there that rounds to it (to the figure's decimals; `99.1%` also matches a fraction 0.991), or,
+for a token that is not a number (`0/90`), the token itself; `60ms` is a number of milliseconds
+that the file may hold in seconds. A figure with no results file
+behind it is worded "not reproduced at this commit" instead. The named file must be one that
+`python -m bench` regenerates (bench/_jobs.py), and once it records its provenance, a clean tree.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARKER = re.compile(r"<!--\s*((?:bench/results|sample_runs)/[^\s:]+)\s*:?\s*(.*?)\s*-->")
+NUMBER = re.compile(r"[-−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+NOT_REPRODUCED = "not reproduced at this commit"
+
+# Quoted results files written before bench/_provenance.py existed: no commit is known for
+# them. `python -m bench all` on a quiet machine replaces each; remove its entry then (the last
+# test fails while an entry names a file that records its provenance).
+LEGACY = {
+    "bench/results/default_run.json", "bench/results/default_run.md", "bench/results/speed_vs_torch.json",
+    "bench/results/overhead.json", "bench/results/report_overhead.json",
+    "bench/results/ddp_overhead.json", "bench/results/ddp_overhead_small.json",
+    "bench/results/triage_speed.json", "bench/results/hf_triage.json", "bench/results/foreign.json",
+    "bench/results/foreign.md", "bench/results/foreign_at_b735d21.md", "bench/results/foreign_at_b735d21.json",
+    "bench/results/watch_overhead.json", "bench/results/watch_breakdown_sdpa.json",
+    "bench/results/watch_breakdown_bart.json", "bench/results/detection.md", "bench/results/detection.json",
+    "bench/results/detection.jsonl",
+}
+
+
+def _jobs():
+    if "bench_jobs" not in sys.modules:           # dataclasses look their module up there
+        spec = importlib.util.spec_from_file_location("bench_jobs", ROOT / "bench" / "_jobs.py")
+        sys.modules["bench_jobs"] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["bench_jobs"]
+
+
+def markers() -> list[tuple[str, int, str, str, list[str]]]:
+    """(doc, line number, the text the marker follows, results file, figures). The text is that
+    of its paragraph (wrapped prose) or table row up to the marker, after any earlier marker."""
+    out = []
+    for doc in DOCS:
+        lines = doc.read_text().splitlines()
+        for n, line in enumerate(lines, 1):
+            start = 0
+            for m in MARKER.finditer(line):
+                before = line[start:m.start()]
+                if start == 0 and not line.startswith("|"):
+                    k = n - 2                       # back through the paragraph's earlier lines
+                    while k >= 0 and lines[k].strip() and not lines[k].startswith("|") \
+                            and not MARKER.search(lines[k]):
+                        before = lines[k] + "\n" + before
+                        if lines[k].lstrip().startswith("* "):
+                            break
+                        k -= 1
+                out.append((doc.name, n, before, m.group(1), m.group(2).split()))
+                start = m.end()
+    return out
+
+
+def _numbers(value, into: list[float]) -> list[float]:
+    if isinstance(value, bool):
+        return into
+    if isinstance(value, (int, float)):
+        into.append(float(value))
+    elif isinstance(value, str):
+        into.extend(float(x.replace("−", "-")) for x in NUMBER.findall(value))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _numbers(k, into)
+            _numbers(v, into)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _numbers(v, into)
+    return into
+
+
+def file_contents(path: Path) -> tuple[list[float], str]:
+    text = path.read_text()
+    if path.suffix == ".json":
+        return _numbers(json.loads(text), []), text
+    return _numbers(text, []), text
+
+
+def _core(figure: str) -> str:
+    return figure.removesuffix("ms").rstrip("%×x").replace("−", "-")
+
+
+def present(figure: str, numbers: list[float], text: str) -> bool:
+    core = _core(figure)
+    if not NUMBER.fullmatch(core):
+        return figure in text
+    value = float(core)
+    decimals = len(core.split(".")[1]) if "." in core else 0
+    tol = 0.5 * 10 ** -decimals + 1e-9
+    # `99.1%` may be stored as 0.991, `60ms` as 0.060 (seconds)
+    scales = (1.0, 100.0) if figure.endswith("%") else (1000.0,) if figure.endswith("ms") else (1.0,)
+    return any(abs(x * s - value) <= tol for x in numbers for s in scales)
+
+
+def in_text(figure: str, text: str) -> bool:
+    core = _core(figure)
+    if not NUMBER.fullmatch(core):
+        return figure in text
+    pattern = r"(?<![\d.])" + re.escape(core) + r"(?![\d])"
+    return re.search(pattern, text.replace("−", "-")) is not None
+
+
+ALL = markers()
+
+
+def test_the_docs_carry_markers():
+    assert len(ALL) >= 10, "the README's benchmark table and docs/library.md quote results files"
+
+
+@pytest.mark.parametrize("doc, line, text, path, figures", ALL,
+                         ids=[f"{d}:{n}:{p.split('/')[-1]}" for d, n, _, p, _ in ALL])
+def test_quoted_figures_are_in_the_named_results_file(doc, line, text, path, figures):
+    target = ROOT / path
+    assert target.exists(), f"{doc}:{line} names {path}, which does not exist"
+    jobs = _jobs()
+    assert path not in jobs.ARCHIVED, f"{doc}:{line} quotes {path}: {jobs.ARCHIVED.get(path)}"
+    written = {w for j in jobs.JOBS for w in j.writes}
+    assert path in written or any(path.startswith(w) for w in written if w.endswith("/")), \
+        f"{doc}:{line}: no job of `python -m bench` writes {path}"
+    numbers, raw = file_contents(target) if target.is_file() else ([], "")
+    for fig in figures:
+        assert in_text(fig, text), f"{doc}:{line}: the marker lists {fig}, which the text before it does not quote"
+        assert present(fig, numbers, raw), f"{doc}:{line}: {fig} is not in {path}"
+
+
+def _table_rows(doc: Path, heading: str) -> list[tuple[int, str]]:
+    lines = doc.read_text().splitlines()
+    start = lines.index(heading)
+    rows = []
+    for n, line in enumerate(lines[start + 1:], start + 2):
+        if line.startswith("## "):
+            break
+        if line.startswith("| ") and not line.startswith("| what") and not line.startswith("|---"):
+            rows.append((n, line))
+    return rows
+
+
+def test_every_benchmark_row_traces_to_a_results_file_or_says_it_does_not():
+    rows = _table_rows(ROOT / "README.md", "## Benchmarks")
+    assert len(rows) >= 8
+    for n, row in rows:
+        measured = row.rsplit("|", 2)[-2]
+        assert MARKER.search(measured) or NOT_REPRODUCED in measured, f"README.md:{n}: {row[:80]}"
+
+
+def test_every_claim_of_the_notes_section_traces_or_says_it_does_not():
+    lines = (ROOT / "README.md").read_text().split("## What the measurements showed")[1].split("\n## ")[0]
+    bullets = [b for b in lines.split("\n* ")[1:]]
+    assert len(bullets) >= 6
+    for b in bullets:
+        if re.search(r"\d\.\d", b):
+            assert MARKER.search(b) or NOT_REPRODUCED in b, b[:120]
+
+
+@pytest.mark.parametrize("path", sorted({p for *_, p, _ in ALL}))
+def test_a_quoted_results_file_records_a_clean_tree(path):
+    target = ROOT / path
+    if not target.is_file():
+        pytest.skip(f"{path}: a folder (sample_runs/): its reports carry no provenance")
+    text = target.read_text()
+    if target.suffix == ".jsonl":                 # bench/detection.py: a line when a run ends
+        blocks = [r["provenance"] for r in map(json.loads, filter(str.strip, text.splitlines()))
+                  if r.get("meta") and "provenance" in r]
+        recorded, clean = bool(blocks), all(b.get("clean") for b in blocks)
+    elif target.suffix == ".json":
+        data = json.loads(text)
+        block = data.get("provenance") if isinstance(data, dict) else None
+        recorded, clean = block is not None, bool(block and block.get("clean"))
+    else:
+        recorded, clean = "* Provenance" in text and "not recorded" not in text, "DIRTY tree" not in text
+    if path in LEGACY:
+        assert not recorded, f"{path} now records its provenance: remove it from LEGACY"
+    else:
+        assert recorded, f"{path} records no provenance: rerun `python -m bench` for it"
+        assert clean, f"{path} was written from a dirty tree and must not be quoted"
+
+
+def test_the_matching_rules_reject_a_figure_the_file_does_not_hold():
+    assert present("1.025", [1.02487], "") and not present("1.026", [1.02487], "")
+    assert present("99.1%", [0.991], "") and not present("99.4%", [0.991], "")
+    assert present("60ms", [0.0605], "") and not present("62ms", [0.0605], "")
+    assert present("−21%", [-0.2115], "") and not present("21%", [-0.2115], "")
+    assert present("0/90", [], "rate 0/90 (") and not present("1/90", [], "rate 0/90 (")
+    assert in_text("1.4", "load 1.0–1.4)") and not in_text("1.4", "load 1.0–1.45)")
+    assert in_text("−86", "ends near −86,") and not in_text("86", "step 860")
