@@ -58,8 +58,17 @@ def listing(jobs: list[Job], quick: bool) -> str:
         lines.append("    writes: " + (", ".join(job.writes) if not quick else "files under {out} (scratch)"))
         lines.append(f"    about {job.minutes:g} min on 2 quiet cores" + (" (quick: well under one)" if quick else ""))
     total = sum(j.minutes for j in jobs if not j.needs)
-    lines.append(f"total (without the GPU job): about {total:g} min on 2 quiet cores")
+    lines.append(f"total (without the GPU job): about {total:g} min on 2 quiet cores"
+                 + ("" if quick else f", plus up to 2 min before each job for the load to settle"))
     return "\n".join(lines)
+
+
+def wait_quiet(seconds: float) -> None:
+    """Let the 1-minute load settle below QUIET_LOAD (the last job's own processes raise it for a
+    minute or two after they end), for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while os.getloadavg()[0] >= QUIET_LOAD and time.monotonic() < deadline:
+        time.sleep(5)
 
 
 def run_job(job: Job, quick: bool, out: Path | None, runner: str) -> tuple[int, float]:
@@ -87,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", type=Path, default=None,
                     help="scratch folder of --quick (default: a new temporary folder)")
     ap.add_argument("--keep-going", action="store_true", help="run the other jobs after a failure")
+    ap.add_argument("--wait-quiet", type=float, default=None, metavar="S",
+                    help=f"before each job, wait up to S seconds for the 1-minute load to fall below "
+                         f"{QUIET_LOAD} (default 120; 0 with --quick)")
     args = ap.parse_args(argv)
     if args.what == "run" and not args.names:
         ap.error("run needs job names: " + ", ".join(j.name for j in JOBS))
@@ -114,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
               "written now records `clean: false` and must not be quoted", file=sys.stderr)
     runner = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     failed, t0 = [], time.monotonic()
+    wait = args.wait_quiet if args.wait_quiet is not None else (0.0 if args.quick else 120.0)
     for job in jobs:
+        wait_quiet(wait)
         code, seconds = run_job(job, args.quick, out, runner)
         print(f"== {job.name}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {seconds:.0f} s",
               file=sys.stderr, flush=True)
