@@ -73,6 +73,12 @@ JOBS: tuple[Job, ...] = (
         (("bench/watch_breakdown.py", "--model", "sdpa", "--steps", "20", "--skip", "4",
           "--out", "{out}/watch_breakdown_sdpa.json"),),
         (R + "watch_breakdown_sdpa.json", R + "watch_breakdown_bart.json"), 4.0),
+    Job("notes_claims", "the notes' claims a model at init settles: entropy, rho, initial loss / ln V, "
+                        "self-argmax and score symmetry",
+        (("bench/notes_claims.py",),),
+        (("bench/notes_claims.py", "--presets", "tiny", "--seeds", "0", "--tasks", "copy",
+          "--out", "{out}/notes_claims.json"),),
+        (R + "notes_claims.json",), 2.0),
     Job("detection", "fault-injection detection: every fault x seeds x norms, healthy and benign runs",
         (("bench/detection.py", "--fresh"), ("bench/detection_report.py",)),
         (("bench/detection.py", "--fresh", "--faults", "no_scale", "--healthy-tasks", "copy", "--norms", "pre",

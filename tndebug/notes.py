@@ -270,6 +270,11 @@ PROBE_CAUSES: dict[str, str] = {
         "rows must be zeroed or the model learns to predict pad [note 003]. Note 000 "
         "instead spreads eps/(V-1) over every class, pad included [notes 000, 001]."
     ),
+    "zero-grad": (
+        "optimizer.zero_grad() is missing from the training loop (or runs once, before it), "
+        "so every backward adds to the sum of all earlier gradients (not in the notes; "
+        "without this probe its only sign is loss-health's generic plateau)."
+    ),
 }
 
 NOTE_CLAIMS: list[dict] = [

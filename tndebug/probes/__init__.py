@@ -18,6 +18,7 @@ _MODULES = {
     "loss-health": "loss_health",
     "lr-schedule": "lr_schedule",
     "label-smoothing": "label_smoothing",
+    "zero-grad": "zero_grad",
 }
 PROBE_NAMES = tuple(_MODULES)
 

@@ -1,0 +1,134 @@
+"""zero-grad: do the gradients of one step carry into the next (optimizer.zero_grad forgotten)?
+
+Failure: the loop never clears `.grad` (`optimizer.zero_grad()` missing, or called once before
+    the loop), so backward adds each step's gradient to the sum of all earlier ones; the update
+    follows a running sum, the loss plateaus or swings.
+Symptom: the loss stops improving after a few hundred steps (a generic plateau); the gradient
+    norm grows step after step.
+Fix: call `optimizer.zero_grad(set_to_none=True)` once per step, before backward (or right
+    after `optimizer.step()`).
+
+How it decides (exact, from the gradients as the run leaves them; no extra forward or backward):
+* after every `optimizer.step()` (the optimizer's step post-hook) it notes, for a few parameters
+  (the TRACKED smallest trainable ones: cheap, and any parameter shows it), the `.grad` tensor
+  object and its in-place version counter;
+* the first time backward reaches such a parameter after that step (a tensor hook, which runs
+  before autograd adds the new gradient into `.grad`), the `.grad` is one of: None (cleared with
+  set_to_none), the same tensor modified in place since (zeroed: `zero_grad(set_to_none=False)`),
+  or the very same tensor at the very same version, non-zero: the previous step's gradient,
+  untouched, about to receive this step's. The last is the bug, exactly: error.
+Gradient accumulation over micro-batches (several backward calls, one step) is unaffected: only
+the first backward after each step is looked at. Clipping and GradScaler's unscale act before
+the step, so what the post-hook notes is what the next backward would add to.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from tndebug.probes.base import Probe, RunContext
+from tndebug.probes.schedule import never
+
+TRACKED = 3           # parameters watched: one shows the bug; the smallest keep the check cheap
+
+
+class ZeroGradProbe(Probe):
+    """Gradients that carry across optimizer steps: `optimizer.zero_grad()` forgotten."""
+
+    name = "zero-grad"
+    summary = "gradients carried across optimizer steps (optimizer.zero_grad() forgotten)"
+    reads = ()
+    fix = ("Call optimizer.zero_grad(set_to_none=True) once per step, before loss.backward() "
+           "(or right after optimizer.step()); gradient accumulation zeroes once per optimizer step")
+    default_schedule = staticmethod(never)       # it watches every step through its own hooks
+
+    def __init__(self, schedule=None) -> None:
+        super().__init__(schedule)
+        self._handles: list = []
+        self._params: list[tuple[str, torch.nn.Parameter]] = []
+        self._after: dict[int, tuple | None] = {}  # i -> (grad tensor, version) after the last step
+        self._armed: set[int] = set()              # parameters whose next backward is looked at
+        self._fresh = False
+        self.steps = 0                             # optimizer steps seen
+        self.checked_steps = 0                     # steps whose first backward was looked at
+        self._carried: set[int] = set()            # steps whose backward found the last step's grad
+
+    def setup(self, run: RunContext) -> None:
+        if run.mode != "train":
+            self.cover("", "not applicable", "no training steps (triage)")
+            return
+        if run.optimizer is None:
+            self.skip("no optimizer given: its steps cannot be seen")
+            return
+        named = [(n, p) for n, p in run.subject.model.named_parameters() if p.requires_grad]
+        if not named:
+            self.skip("the model has no trainable parameter")
+            return
+        self._params = sorted(named, key=lambda np_: np_[1].numel())[:TRACKED]
+        me = weakref.ref(self)
+        for i, (_, p) in enumerate(self._params):
+            self._handles.append(p.register_hook(lambda g, i=i: _incoming(me, i)))
+        self._handles.append(run.optimizer.register_step_post_hook(
+            lambda opt, args, kwargs: _stepped(me)))
+
+    def after_step(self) -> None:
+        """The optimizer stepped: note each tracked .grad (object, version); arm the check."""
+        self.steps += 1
+        for i, (_, p) in enumerate(self._params):
+            g = p.grad
+            self._after[i] = None if g is None else (g, g._version)
+            self._armed.add(i)
+        self._fresh = True                       # the next backward is this step's first
+
+    def incoming(self, i: int) -> None:
+        """Backward reaches parameter i: is the previous step's gradient still in .grad?"""
+        if i not in self._armed:
+            return
+        self._armed.discard(i)
+        if self._fresh:                              # the step's first backward is seen
+            self._fresh = False
+            self.checked_steps += 1
+        name, p = self._params[i]
+        before, now = self._after.get(i), p.grad
+        carried = (before is not None and now is before[0] and now._version == before[1]
+                   and bool(now.detach().ne(0).any()))
+        self.cover("", "checked")
+        if not carried:
+            return
+        self._carried.add(self.steps)
+        if self.findings:
+            return
+        step = self.steps                 # the step whose backward this is (0 = the first)
+        self.report("error", f"gradients accumulate across optimizer steps: at step {step} the "
+                    f".grad of {name} still held step {step - 1}'s gradient when backward added "
+                    f"the new one (optimizer.zero_grad() is not called between steps)",
+                    where="", step=step,
+                    evidence={"parameter": name, "grad_norm_carried": float(now.detach().norm()),
+                              "same_tensor": True, "version_unchanged": True,
+                              "steps_seen": self.steps, "test": "the .grad object and its "
+                              "in-place version are those left by the previous optimizer step"})
+
+    def finish(self, run: RunContext) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._params and not self.checked_steps and "" not in self.coverage:
+            self.skip("no backward followed an optimizer step (one step or none): nothing to "
+                      "compare across steps")
+        if self.findings:
+            self.findings[0].evidence.update(carried_steps=len(self._carried),
+                                             checked_steps=self.checked_steps)
+
+
+def _incoming(ref, i: int) -> None:
+    probe = ref()
+    if probe is not None:
+        probe.incoming(i)
+    return None                       # the gradient passes unchanged
+
+
+def _stepped(ref) -> None:
+    probe = ref()
+    if probe is not None:
+        probe.after_step()
