@@ -275,6 +275,11 @@ PROBE_CAUSES: dict[str, str] = {
         "so every backward adds to the sum of all earlier gradients (not in the notes; "
         "without this probe its only sign is loss-health's generic plateau)."
     ),
+    "train-mode": (
+        "model.eval() for an evaluation was never undone by model.train(): the training "
+        "steps run with the modules' evaluation behaviour (no random masking, batch-norm on "
+        "frozen running statistics) (not in the notes)."
+    ),
 }
 
 NOTE_CLAIMS: list[dict] = [

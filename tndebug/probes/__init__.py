@@ -19,6 +19,7 @@ _MODULES = {
     "lr-schedule": "lr_schedule",
     "label-smoothing": "label_smoothing",
     "zero-grad": "zero_grad",
+    "train-mode": "train_mode",
 }
 PROBE_NAMES = tuple(_MODULES)
 
