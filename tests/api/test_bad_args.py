@@ -165,8 +165,6 @@ def test_watch_reports_the_pad_id_once_as_a_finding(model):
     assert good._data_findings == []
 
 
-@pytest.mark.xfail(strict=True, reason="Watch._finish (the lead's) does not add "
-                                       "self._data_findings to the report's findings yet")
 def test_the_pad_id_finding_reaches_the_report(model):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     with watch(model, opt, pad_id=5, probes="loss-health") as dbg:

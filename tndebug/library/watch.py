@@ -43,6 +43,8 @@ from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library import args as A
+from tndebug.library.live import set_max_len
+from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.library.live import declared_schedule, default_batch, live_subject, pad_id_findings, \
     unwrap
 from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext, StepInfo
@@ -69,7 +71,8 @@ class Watch:
                  total_steps: int | None = None, batch: Callable | None = None,
                  fail_on: str = "error", tensorboard: bool = True, quiet: bool = False,
                  src_vocab: int | None = None, tgt_vocab: int | None = None,
-                 hook_optimizer: bool = True, dist: Any = None, overwrite: bool = False) -> None:
+                 hook_optimizer: bool = True, dist: Any = None, overwrite: bool = False,
+                 max_len: int | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(_inner_optimizer(optimizer), torch.optim.Optimizer):
@@ -98,6 +101,7 @@ class Watch:
         self._total_steps, self._batch_fn = total_steps, batch
         self.fail_on, self._tensorboard, self._quiet = fail_on, tensorboard, quiet
         self._vocab = (src_vocab, tgt_vocab)
+        self._max_len = max_len
         self._hook_optimizer = hook_optimizer and self._optimizer is not None
         self._dist = dist
         # -- results
@@ -138,6 +142,7 @@ class Watch:
         self._subject, self._info = live_subject(
             model, self._forward, pad_id=self._pad_id, bos_id=self._bos_id,
             src_vocab=self._vocab[0], tgt_vocab=self._vocab[1], need_attention=needs_attention)
+        set_max_len(self._subject, self._max_len, "watch")
         self._pad_id = self._subject.pad_id
         self._start_id = (self._info.get("hf_ids") or {}).get("start", self._subject.bos_id)
         self._capture = _StepCapture(self._subject.capture)
@@ -448,8 +453,10 @@ class Watch:
             f"{type(e).__name__}: {e}; switched off, training went on", step=self._step,
             evidence={"moment": what, "error": f"{type(e).__name__}: {e}",
                       "traceback": "".join(frames[-3:]).strip()},
-            fix="A tndebug bug, not yours: the rest of the report stands; please report it "
-                "with this traceback"))
+            fix=("A tndebug bug, not yours: the rest of the report stands; please report it "
+                 "with this traceback") if by_tndebug(e) else
+                (f"Your model's code raised on the probe's input (at {raised_in(e)}): the "
+                 f"probe could not check it; the rest of the report stands")))
 
     # -- the end -------------------------------------------------------------------------------
     def _finish(self, status: str, error: str | None) -> None:
@@ -460,6 +467,7 @@ class Watch:
         self._capture.stop()
         engine = self._engine
         findings = self._call(engine.finish, full=True) or engine.findings()
+        findings += self._data_findings or []          # the pad id seen mid-sequence (live.py)
         if self._dist is not None and self._dist.active:
             findings = self._dist.gather_findings(findings)
         if self._own_failure is not None:
@@ -548,6 +556,8 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kw
             default (HF keywords, else the first two 2-D integer tensors) does not fit.
         fail_on: "error" | "warning" | "info" | "never": what makes `exit_code` 1.
         tensorboard, quiet: write out/tb; print no summary at the end.
+        max_len: the longest sequence your model takes (default: its config's
+            max_position_embeddings, else found by calling it); the probes' batches fit it.
     Raises:
         tndebug.errors.UsageError on entering, for a model or forward it cannot use.
     """
