@@ -86,3 +86,21 @@ def test_healthy_16bit_bart_is_clean(tmp_path, dtype):
     assert not flagged(report), describe(report.findings)
     assert report.run["compute_dtype"] == dtype and report.run["weight_dtypes"] == [dtype]
     assert report.run["arithmetic"].startswith(f"float32 ({dtype} weights upcast exactly")
+
+
+def test_nan_weights_do_not_hide_a_missing_causal_mask(tmp_path):
+    """NaN weights in the file: the code's exact tests also run on from_config (issue 19)."""
+    from safetensors.torch import load_file, save_file
+    torch.manual_seed(0)
+    folder = tmp_path / "bart_nan"
+    transformers.AutoModelForSeq2SeqLM.from_config(config("bart")).save_pretrained(folder)
+    sd = load_file(str(folder / "model.safetensors"))
+    save_file({k: torch.full_like(v, float("nan")) if v.dim() == 2 else v for k, v in sd.items()},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    report = triage_hf(TriageOptions(str(folder)), patch=patch_for("no_causal"))
+    mask = [f for f in report.findings if f.probe == "mask-broadcast" and f.severity == "error"]
+    assert mask and all(f.evidence["judged_on"] == "fresh init" for f in mask), describe(report.findings)
+    assert report.probes["mask-broadcast"]["status"] == "fail"
+    healthy = triage_hf(TriageOptions(str(folder)))
+    assert not [f for f in healthy.findings if f.evidence.get("judged_on") == "fresh init"
+                and f.severity in ("warning", "error")], describe(healthy.findings)

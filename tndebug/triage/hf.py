@@ -317,7 +317,7 @@ def triage_hf(opts, patch=None, sinks=()):
     from tndebug.triage import hygiene
     from tndebug.triage import run as R
     from tndebug.triage.capture import GenericCapture
-    from tndebug.triage.fresh import SEED, scale_at_init, seeded
+    from tndebug.triage.fresh import SEED, apart_from_weights, seeded
     from tndebug.triage import hf_checks
     from tndebug.triage.hf_data import held_out
     from tndebug.triage.hf_findings import hf_fix, hf_where, resume_state
@@ -391,7 +391,7 @@ def triage_hf(opts, patch=None, sinks=()):
         probed = driver.probe_once(subject, probe_names, batch, compute_dtype=dtype, sinks=sinks)
     statuses, probe_seconds = probed.statuses, probed.seconds
     how = f"AutoModelForSeq2SeqLM.from_config(config), seed {SEED}, attn {attn or 'from config'}"
-    checked, statuses = scale_at_init(probed.findings, statuses, probe_fresh, how)
+    checked, statuses = apart_from_weights(probed, probe_fresh, probe_names, sd, how)
     findings += checked
     lap("probes")
     findings += hygiene.duplicate_heads(attention_weights(model))
