@@ -79,6 +79,17 @@ class Subject:
         self._limit = lo
         return lo
 
+    def inputs(self) -> dict:
+        """What the probes' own batches were fitted to, for the report's `run.probe_inputs`:
+        the ids they draw from, the pad and start ids, and the length limit with its source."""
+        limit = self.max_len or self._limit
+        source = ("max_len (the model's config, or the user's max_len)" if self.max_len else
+                  "found by calling the model (longer sequences raised)" if self._limit else
+                  "none found (every length tried ran)")
+        return {"content_ids": [self.first_content, min(self.src_vocab, self.tgt_vocab) - 1],
+                "pad_id": self.pad_id, "bos_id": self.bos_id, "max_len": limit,
+                "max_len_source": source, "longest_tried": max(self._runs_at, limit or 0) or None}
+
     def _runs(self, n: int) -> bool:
         src = torch.full((2, n), self.first_content, dtype=torch.long, device=self.device)
         src[0, max(2, n // 2):] = self.pad_id

@@ -487,6 +487,7 @@ class Watch:
                "bos_id": self._subject.bos_id, "src_vocab": self._subject.src_vocab,
                "tgt_vocab": self._subject.tgt_vocab,
                "attention_modules": self._info.get("attention_modules"),
+               "probe_inputs": self._subject.inputs(),
                "optimizer": type(opt).__name__ if opt is not None else None,
                "lr_schedule": ("declared" if self._schedule is not None else None),
                "start_step": self.start_step, "steps": self._steps_seen,

@@ -138,6 +138,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
            "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in ckpt.state_dict.values()
                                     if v.is_floating_point()}),
            "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
+           "probe_inputs": subject.inputs(),
            "temperature_sweep": sweep_evidence, **target.run,
            "timings_s": timings, "probe_seconds": probe_seconds, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
     return driver.make_report(run, findings, statuses)
