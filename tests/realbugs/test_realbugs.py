@@ -1,0 +1,60 @@
+"""The real-bug corpus in brief: the healthy model and four representative reported bugs through
+`tndebug.check` / `tndebug.watch` (the whole corpus: `python bench/realbugs.py`)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import tndebug  # noqa: E402
+from bugs import BUGS, build  # noqa: E402
+from loops import run_watch  # noqa: E402
+from model import forward  # noqa: E402
+
+SERIOUS = ("warning", "error")
+
+
+def serious(report):
+    return sorted({(f.probe, f.severity) for f in report.findings if f.severity in SERIOUS})
+
+
+def test_corpus_records_a_thread_and_an_expectation_for_every_bug():
+    assert len(BUGS) >= 20
+    assert sum(b.expected_severity is not None for b in BUGS.values()) >= 20
+    for b in BUGS.values():
+        assert b.url.startswith("https://github.com/") and ("/issues/" in b.url or "/pull/" in b.url), b
+        assert (b.expected_probe is None) == (b.expected_severity is None), b
+        assert b.front in ("check", "watch"), b
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_healthy_model_is_clean(seed):
+    report = tndebug.check(build(None, seed), forward, pad_id=0, bos_id=1)
+    assert serious(report) == [], report.findings
+    assert report.verdict == "clean"
+
+
+@pytest.mark.parametrize("name, probe", [("no_scale", "missing-scale"),
+                                         ("no_tgt_mask", "mask-broadcast"),
+                                         ("pe_single_row", "positional-encoding")])
+def test_reported_bug_is_named_by_its_probe(name, probe):
+    bug = BUGS[name]
+    report = tndebug.check(build(bug, 0), forward, pad_id=0, bos_id=1)
+    assert (probe, "error") in serious(report), report.findings
+    assert bug.expected_probe == probe
+
+
+def test_benign_reported_bug_stays_clean():
+    # the scale split as 1/d_k^(1/4) on q and on k (openai/guided-diffusion#38): the same numbers
+    report = tndebug.check(build(BUGS["scale_split_qk"], 0), forward, pad_id=0, bos_id=1)
+    assert serious(report) == [], report.findings
+
+
+def test_training_loop_bug_is_named_and_its_benign_twin_is_not():
+    bug = BUGS["no_train_after_eval"]
+    assert ("train-mode", "warning") in serious(run_watch(build(bug, 0), steps=8, **bug.loop))
+    twin = BUGS["no_train_after_eval_no_dropout"]          # no dropout: the mode changes nothing
+    assert serious(run_watch(build(twin, 0), steps=8, **twin.loop)) == []
