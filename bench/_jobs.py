@@ -73,6 +73,11 @@ JOBS: tuple[Job, ...] = (
         (("bench/watch_breakdown.py", "--model", "sdpa", "--steps", "20", "--skip", "4",
           "--out", "{out}/watch_breakdown_sdpa.json"),),
         (R + "watch_breakdown_sdpa.json", R + "watch_breakdown_bart.json"), 4.0),
+    Job("realbugs", "the real-bug corpus (tests/realbugs) through tndebug.check / watch, healthy controls",
+        (("bench/realbugs.py",),),
+        (("bench/realbugs.py", "--seeds", "1", "--steps", "0", "--watch-steps", "4", "--bugs", "no_scale",
+          "--out", "{out}/realbugs"),),
+        (R + "realbugs.json", R + "realbugs.md"), 5.0),      # a guess: no full run recorded yet
     Job("notes_claims", "the notes' claims a model at init settles: entropy, rho, initial loss / ln V, "
                         "self-argmax and score symmetry",
         (("bench/notes_claims.py",),),

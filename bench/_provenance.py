@@ -25,10 +25,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a measurement runs: the package, the bench scripts, the test corpora the scripts import
-# (tests/foreign: bench/foreign.py; tests/api: watch_overhead.py; tests/zoo: triage_speed.py) and
-# the package's set-up. bench/results/ is what the scripts write, so its changes do not count.
-CODE_PATHS = ("tndebug", "bench", "tests/foreign", "tests/api", "tests/zoo", "pyproject.toml",
-              ":(exclude)bench/results")
+# (tests/foreign: bench/foreign.py; tests/api: watch_overhead.py; tests/zoo: triage_speed.py;
+# tests/realbugs: realbugs.py) and the package's set-up. bench/results/ is what the scripts
+# write, so its changes do not count.
+CODE_PATHS = ("tndebug", "bench", "tests/foreign", "tests/api", "tests/zoo", "tests/realbugs",
+              "pyproject.toml", ":(exclude)bench/results")
 ENV_KEYS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
 PACKAGES = ("torch", "transformers", "numpy", "tndebug")
 

@@ -128,6 +128,9 @@ def main(argv=None) -> int:
     tmp.unlink(missing_ok=True)
     med = lambda xs: statistics.median(xs)  # noqa: E731
     ratio_ddp = med(ddp["default"]) / med(ddp["none"])
+    # each rep's ratio (its arms ran back to back): the spread beside the median
+    reps_ddp = [round(d / n, 4) for d, n in zip(ddp["default"], ddp["none"])]
+    reps_single = [round(d / n, 4) for d, n in zip(single["default"], single["none"])]
     result = {
         "preset": args.preset, "steps": args.steps, "global_batch": args.batch_size, "processes": 2,
         "backend": "gloo", "device": "cpu", "torch_threads_per_process": 1, "reps": args.reps,
@@ -138,7 +141,9 @@ def main(argv=None) -> int:
         "ratio_single": round(med(single["default"]) / med(single["none"]), 4),
         "reduce_ms_per_step": round(med(reduce_ms), 4),
         "reduce_share": round(med(reduce_ms) / med(ddp["none"]), 5),
-        "target": TARGET, "meets_target": ratio_ddp <= TARGET, "note": NOTE,
+        "ratio_ddp_reps": reps_ddp, "ratio_single_reps": reps_single,
+        # met only when every rep is: a spread that crosses the target is not met
+        "target": TARGET, "meets_target": max(reps_ddp) <= TARGET, "note": NOTE,
         "provenance": prov.finish(),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -203,7 +203,8 @@ def _summarise(runs: list[dict], args) -> tuple[dict, dict, dict]:
         ratios[arm] = {"ratio_cpu": statistics.median(pc), "ratio_wall": statistics.median(pw),
                        "ratio_cpu_second_half": statistics.median(late),
                        "ratio_cpu_rounds": pc, "ratio_wall_rounds": pw, "target": TARGETS[arm],
-                       "meets_target": statistics.median(pc) <= TARGETS[arm]}
+                       # met only when every round is: a spread that crosses the target is not met
+                       "meets_target": max(pc) <= TARGETS[arm]}
     # per-probe cost on the probed steps, as a share of the no-probe step time
     base_step = summary["none"]["step_cpu_s"]
     per_probe = {}
