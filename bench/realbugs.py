@@ -150,7 +150,7 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
     coll = [r for r in changing if "collateral" in r["outcome"]]
     L = ["# Real-bug corpus: reported Transformer bugs, reconstructed in a model of our own (issue 19)", "",
          provenance_line(meta["provenance"]),
-         f"* Commit `{meta['commit']}`; `git status --porcelain` empty: **{meta['clean_tree']}**"
+         f"* Commit `{meta['commit']}` (at the start); `git status --porcelain` empty at the start: **{meta['clean_tree']}**"
          f" (the corpus itself, {', '.join(CORPUS_PATHS)}: {'committed' if meta['corpus_clean'] else 'UNCOMMITTED'})",
          f"* Command `{meta['provenance']['command']}`; load average before {meta['provenance']['load_before']}, "
          f"after {meta['provenance']['load_after']}; wall {meta['wall_s']:.0f} s",
@@ -159,10 +159,15 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
          f"{sum(b.benign for b in corpus.BUGS.values())} benign. Model bugs: `tndebug.check` on a fresh "
          f"initialisation (seed 0) and after {meta['steps']} Adam steps on a copy task; loop bugs: "
          f"`tndebug.watch` over {meta['watch_steps']} steps. Healthy controls over seeds {meta['seeds']}.",
+         *([f"* The commit moved during the run: {meta['provenance']['code_changed_during_run']}"]
+           if "code_changed_during_run" in meta["provenance"] else []),
          "* Evaluation only: no threshold of tndebug was set on this corpus (written after them).", "",
          "## Summary", "",
          f"* Behaviour-changing runs caught by their probe: **{len(caught)}/{len(changing)}**; "
          f"with a collateral error from another probe: {len(coll)}/{len(changing)}",
+         f"* Behaviour-changing bugs caught in every phase they ran: **"
+         f"{sum(all(r['outcome'].startswith('caught') for r in changing if r['bug'] == n) for n in {r['bug'] for r in changing})}"
+         f"/{len({r['bug'] for r in changing})}**",
          f"* Benign reported bugs clean: **{sum(r['outcome'] == 'clean' for r in benign)}/{len(benign)}**",
          f"* Healthy controls clean: **{sum(r['outcome'] == 'clean' for r in healthy)}/{len(healthy)}**",
          f"* Crashes: {sum(r['outcome'] == 'crash' for r in records)}", "",
@@ -199,6 +204,9 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
             lambda r: [f"expected {r['expected_probe']} ({r['expected_severity']})"
                        + (f"; its status {r['expected_status']}" if r.get("expected_status") else "")]
             + fl(r, lambda f: True))
+    listing("What the owning probe said (the first phase each bug ran)",
+            lambda r: r["expected_probe"] and r["phase"] in ("init", "watch") and r["outcome"].startswith("caught"),
+            lambda r: fl(r, lambda f: f["probe"] == r["expected_probe"])[:1])
     listing("Caught below the expected severity",
             lambda r: r["outcome"].startswith("caught") and r.get("own_severity") != r["expected_severity"],
             lambda r: [f"expected {r['expected_severity']}, got {r['own_severity']}"])
@@ -244,7 +252,7 @@ def main(argv=None) -> int:
                 records.append(run_check(bug, name, 0, args.steps))
     for r in records:
         print(f"{r['bug']:36s} {r['phase']:8s} seed {r['seed']}: {r['outcome']:28s} {r['flagged']}", flush=True)
-    meta = {"bench": "realbugs", "commit": _git("rev-parse", "HEAD"), "clean_tree": clean_tree,
+    meta = {"bench": "realbugs", "commit": prov.tree["commit"], "clean_tree": clean_tree,
             "corpus_clean": corpus_clean, "seeds": list(range(args.seeds)), "steps": args.steps,
             "watch_steps": args.watch_steps, "wall_s": time.perf_counter() - t0,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
