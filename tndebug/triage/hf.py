@@ -22,23 +22,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tndebug.data import Batch
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
+from tndebug.triage.hf_weights import (WEIGHTS, _line, load_tied, read_weights,  # noqa: F401
+                                       sliced_output, weight_files)
 
 INSTALL = "pip install 'tndebug[hf]'"
-WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
-           "pytorch_model.bin")
 OWN_CHECKPOINTS = ("checkpoint.pt", "model.pt")     # tndebug's (and plain torch) files win
 HELD_OUT, SRC_LEN, TGT_LEN = 16, 12, 12             # the random batch for the probes' pass
 # The probes see the logits of ids [0, PROBE_VOCAB) of a larger vocabulary (exact for those ids):
@@ -116,74 +113,6 @@ def build_model(tf, config, attn: str | None) -> nn.Module:
                          f"{f' with --attn {attn}' if attn else ''}: {_line(e)}") from None
 
 
-# -- weights -------------------------------------------------------------------------------------
-def weight_files(folder: Path) -> list[Path]:
-    """The files holding the weights (shards sorted by name); a shard the index names but the
-    directory lacks is an error."""
-    for name in WEIGHTS:
-        p = folder / name
-        if not p.is_file():
-            continue
-        if not name.endswith(".index.json"):
-            return [p]
-        try:
-            shards = sorted(set(json.loads(p.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise UsageError(f"{p} is not a shard index (no weight_map); save the model again") from None
-        missing = [s for s in shards if not (folder / s).is_file()]
-        if missing:
-            raise UsageError(f"{p} names {len(missing)} shard(s) that are not in {folder} "
-                             f"(e.g. {', '.join(missing[:3])}): copy the whole directory")
-        return [folder / s for s in shards]
-    raise UsageError(f"{folder} has config.json but no weights (model.safetensors, "
-                     f"pytorch_model.bin or their .index.json)")
-
-
-def read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
-    sd: dict[str, torch.Tensor] = {}
-    for p in files:
-        try:
-            if p.suffix == ".safetensors":
-                from safetensors.torch import load_file
-                part = load_file(str(p))
-            else:
-                part = torch.load(p, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - a truncated or foreign file
-            raise UsageError(f"{p} is corrupt or truncated ({_line(e)[:120]}); copy or save it "
-                             f"again") from None
-        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
-            raise UsageError(f"{p} does not hold a state_dict of tensors")
-        sd.update(part)
-    return sd
-
-
-def load_tied(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path) -> list[str]:
-    """Load `sd` into `model`; returns the missing keys restored by weight tying. Anything else
-    that does not fit is a one-line UsageError naming a few keys."""
-    own = model.state_dict()
-    ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
-    unexpected = [k for k in sd if k not in own and not any(r.search(k) for r in ignore)]
-    shapes = [f"{k} {list(sd[k].shape)} in the file, {list(own[k].shape)} from config.json"
-              for k in sd if k in own and sd[k].shape != own[k].shape]
-    if shapes:
-        raise UsageError(f"the weights in {folder} do not fit its config.json: {len(shapes)} shape "
-                         f"mismatch(es) (e.g. {'; '.join(shapes[:2])})")
-    if unexpected:
-        raise UsageError(f"the weights in {folder} do not fit its config.json: {len(unexpected)} "
-                         f"unexpected key(s) (e.g. {', '.join(unexpected[:3])})")
-    missing = model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False).missing_keys
-    model.tie_weights()
-    after = model.state_dict()
-    loaded = {after[k].data_ptr() for k in sd if k in after}
-    tied = [k for k in missing if after[k].data_ptr() in loaded]
-    ignore_missing = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_missing", None) or [])]
-    untied = [k for k in missing if k not in tied and not any(r.search(k) for r in ignore_missing)]
-    if untied:
-        raise UsageError(f"the weights in {folder} do not fit its config.json: {len(untied)} "
-                         f"missing key(s) not tied to a loaded weight (e.g. {', '.join(untied[:3])})")
-    return tied
-
-
 # -- ids, the subject and the adapter --------------------------------------------------------------
 def special_ids(config) -> dict[str, int]:
     return {k: v for k, v in sorted(vars(config).items())
@@ -247,44 +176,6 @@ def make_adapter(start: int, marker: int):
                                    ).last_hidden_state                               # [B, S, d]
     forward.decoder_ids = decoder_ids               # for callers that wrap it (tests)
     return forward, encode
-
-
-@contextmanager
-def sliced_output(model: nn.Module, keep: int | None, check=None):
-    """Within: the output layer computes the logits of ids [0, keep) only, exactly (its weight
-    rows and BART's `final_logits_bias` sliced; parameters and hooks unchanged). Yields `keep`,
-    or None when there is nothing to slice or the model does not allow it: `check()` (a small
-    forward returning logits) must then give `keep` columns, else nothing is changed."""
-    head = model.get_output_embeddings()
-    bias = getattr(model, "final_logits_bias", None)
-    if keep is None or not isinstance(head, nn.Linear) or head.out_features <= keep:
-        yield None
-        return
-
-    def forward(x):
-        return F.linear(x, head.weight[:keep], None if head.bias is None else head.bias[:keep])
-    head.forward = forward                                   # an instance attribute: undone below
-    if isinstance(bias, torch.Tensor):
-        model.final_logits_bias = bias[..., :keep]
-    try:
-        if check is not None:
-            try:
-                with torch.no_grad():
-                    ok = check().shape[-1] == keep
-            except Exception:  # noqa: BLE001 - the model's forward needs its whole vocabulary
-                ok = False
-            if not ok:
-                keep = None
-                del head.forward
-                if isinstance(bias, torch.Tensor):
-                    model.final_logits_bias = bias
-                bias = None
-        yield keep
-    finally:
-        if "forward" in vars(head):
-            del head.forward
-        if isinstance(bias, torch.Tensor):
-            model.final_logits_bias = bias
 
 
 def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
@@ -450,8 +341,3 @@ def _shape(model_type: str, raw: dict, causal: dict, masked: dict) -> str:
     if model_type in masked:
         return "an encoder-only"
     return "a decoder-only" if model_type in causal else "not an encoder-decoder"
-
-
-def _line(e: Exception) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0][:200] if s else type(e).__name__
