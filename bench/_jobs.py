@@ -94,10 +94,9 @@ JOBS: tuple[Job, ...] = (
           "--md", "{out}/detection.md")),
         (R + "detection.jsonl", R + "detection.json", R + "detection.md"), 20.0),
     Job("sample_runs", "sample_runs/: real `tndebug run` outputs, healthy and one fault per probe",
-        (("sample_runs/regenerate.py",),),
-        (("-c", "import sys; sys.path.insert(0, 'sample_runs'); import regenerate; "
-                "regenerate.regenerate('no_scale', root=__import__('pathlib').Path(sys.argv[1]))", "{out}"),),
-        ("sample_runs/",), 3.0),
+        (("bench/sample_runs.py",),),
+        (("bench/sample_runs.py", "no_scale", "--root", "{out}/sample_runs", "--out", "{out}/sample_runs.json"),),
+        ("sample_runs/", R + "sample_runs.json"), 3.0),
     Job("gpu_check", "the base preset on one GPU, probes off / default / every step, GPU faults",
         (("bench/gpu_check.py",),),
         (("bench/gpu_check.py", "--budget-s", "60", "--out", "{out}/gpu_check.json"),),

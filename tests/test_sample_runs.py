@@ -66,3 +66,17 @@ def test_rerunning_a_quick_sample_reproduces_its_verdict_and_findings(tmp_path):
         "sample_runs/no_scale differs from a rerun at this commit: regenerate sample_runs/ "
         "(`python -m bench run sample_runs`) and commit it")
     assert fresh["run"]["steps"] == stored["run"]["steps"] and fresh["run"]["faults"] == stored["run"]["faults"]
+
+
+def test_the_regeneration_record_matches_the_committed_samples():
+    """bench/sample_runs.py (`python -m bench run sample_runs`) records the commit that produced
+    sample_runs/ beside each sample's verdict and findings; the two must agree."""
+    record = ROOT.parent / "bench" / "results" / "sample_runs.json"
+    if not record.exists():
+        pytest.skip("bench/results/sample_runs.json not written yet: `python -m bench run sample_runs`")
+    samples = json.loads(record.read_text())["samples"]
+    assert set(samples) == set(regenerate.SAMPLES)
+    for name, rec in samples.items():
+        report = json.loads((ROOT / name / "report.json").read_text())
+        assert rec["verdict"] == report["verdict"], name
+        assert [tuple(f) for f in rec["findings"]] == _findings(report), name
