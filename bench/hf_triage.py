@@ -12,7 +12,7 @@ and + MarianMTModel (transformers imports a model's module lazily, when from_con
 
 Random weights: no --text, so the temperature sweep is skipped (it needs real data). The machine
 may be shared: `cli_cpu_over_threads_s` (the child's CPU time / 2) is what two idle cores take,
-`load_average_*` says how busy it was.
+the provenance block's `load_before` / `load_after` say how busy it was.
 """
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ def main() -> None:
                   f"{row['stages_s_of_median']}")
     doc = {"bench": "triage_speed", "preset": "base", "config": ModelConfig.base().to_dict(),
            "target_s": TARGET_S, "provenance": prov.finish(),
-           "note": "wall: triage() in-process, end to end. The machine is shared: load_average says "
+           "note": "wall: triage() in-process, end to end. The machine is shared: the provenance's load says "
                    "how many processes competed for its 2 cores, and wall time grows with it. "
                    "cpu_s = process CPU time; with threads=1 it is the cost on one idle core "
                    "(other processes do not add to it, except through shared caches), so "
