@@ -6,6 +6,10 @@ on a copy task) or `tndebug.watch` (training-loop bugs), against healthy control
     OMP_NUM_THREADS=1 python bench/realbugs.py            # -> bench/results/realbugs.{md,json}
     python bench/realbugs.py --seeds 5 --steps 60 --bugs no_scale,pe_single_row --out /tmp/rb
 
+To judge the committed tndebug while the shared tree holds others' uncommitted edits:
+    git archive HEAD tndebug | tar -x -C /tmp/rb_head
+    REALBUGS_TNDEBUG_AT=$(git rev-parse HEAD) PYTHONPATH=/tmp/rb_head python bench/realbugs.py
+
 A behaviour-changing bug is *caught* when its expected probe reports it at warning or error (at
 any severity for a bug expected as info: an fp16 hazard in an fp32 model); a *collateral* error
 is another probe's error on it. A benign reported bug (it does not change what the model computes
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -161,6 +166,8 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
          f"`tndebug.watch` over {meta['watch_steps']} steps. Healthy controls over seeds {meta['seeds']}.",
          *([f"* The commit moved during the run: {meta['provenance']['code_changed_during_run']}"]
            if "code_changed_during_run" in meta["provenance"] else []),
+         f"* tndebug imported from `{meta['tndebug_from']}`; its uncommitted changes: "
+         f"{meta['tndebug_uncommitted'] or 'none'}",
          "* Evaluation only: no threshold of tndebug was set on this corpus (written after them).", "",
          "## Summary", "",
          f"* Behaviour-changing runs caught by their probe: **{len(caught)}/{len(changing)}**; "
@@ -252,7 +259,12 @@ def main(argv=None) -> int:
                 records.append(run_check(bug, name, 0, args.steps))
     for r in records:
         print(f"{r['bug']:36s} {r['phase']:8s} seed {r['seed']}: {r['outcome']:28s} {r['flagged']}", flush=True)
+    pkg = Path(tndebug.__file__).resolve().parent
+    from_repo = ROOT in pkg.parents
     meta = {"bench": "realbugs", "commit": prov.tree["commit"], "clean_tree": clean_tree,
+            "tndebug_from": str(pkg), "tndebug_uncommitted": (
+                _git("status", "--porcelain", "--", "tndebug").splitlines() if from_repo else
+                "not the working tree: " + os.environ.get("REALBUGS_TNDEBUG_AT", "a copy put first on PYTHONPATH")),
             "corpus_clean": corpus_clean, "seeds": list(range(args.seeds)), "steps": args.steps,
             "watch_steps": args.watch_steps, "wall_s": time.perf_counter() - t0,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
