@@ -1,0 +1,174 @@
+"""x-transformers (lucidrains, from the registry: the `xt` extra) in the foreign corpus: its
+XTransformer encoder-decoder with four attention variants (absolute positions with the einsum or
+the flash/SDPA attention, rotary, T5 relative bias with RMSNorm), healthy over three seeds, and
+the injected bugs, each first checked to do what it says on the model's own tensors, then
+trained a few dozen steps, saved as users save and triaged as
+
+    tndebug triage CKPT --model tests/foreign/xtransformers.py:build \
+        --adapter tests/foreign/xtransformers.py:forward
+
+Cases that fail on today's probes are in foreign_corpus.XT_KNOWN_FAILURES with the cause seen in
+the report (strict xfail: a fixed case fails as XPASS until its entry goes)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("x_transformers")
+
+from foreign_corpus import (BY_NAME, EXPECTED_PROBE, XT_KNOWN_FAILURES, describe, flagged,  # noqa: E402
+                            make_checkpoint, probe_failures, run_triage)
+from tndebug.triage.adapters import import_file  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+STYLE = BY_NAME["xtransformers"]
+XT = import_file(STYLE.path)
+STEPS = 40                    # a few dozen Adam steps: past the 30-step warmup of tests/zoo/train.py
+PAD = 0
+
+
+def _same_weights(variant: str, bug: str | None, seed: int = 0):
+    """(healthy, buggy) models of one variant holding the same weights."""
+    torch.manual_seed(seed)
+    healthy = XT.build(variant).eval()
+    buggy = XT.build(variant, bug=bug).eval()
+    missing, unexpected = buggy.load_state_dict(healthy.state_dict(), strict=False)
+    assert not missing and not unexpected
+    XT._inject(buggy, bug)                  # again: the load overwrote the zeroed position tables
+    return healthy, buggy
+
+
+def _batch(seed: int = 0, B: int = 4, S: int = 9, T: int = 8):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, 11, (B, S), generator=g)
+    src[0, 6:] = PAD                                            # one padded source
+    tgt = torch.randint(3, 11, (B, T), generator=g)
+    tgt[:, 0] = 1                                               # BOS-led
+    return src, tgt
+
+
+# -- the adapter is the package's own call --------------------------------------------------
+@pytest.mark.parametrize("variant", list(XT.VARIANTS))
+def test_the_adapter_gives_the_loss_xtransformer_forward_computes(variant):
+    """XTransformer.forward(src, tgt, mask) shifts tgt and returns the cross-entropy; the adapter's
+    logits on tgt[:, :-1] against tgt[:, 1:] give the same number."""
+    torch.manual_seed(0)
+    model = XT.build(variant).eval()
+    src, tgt = _batch()
+    with torch.no_grad():
+        theirs = model(src, tgt, mask=src != PAD)
+        logits = XT.forward(model, src, tgt[:, :-1], PAD)
+    ours = F.cross_entropy(logits.transpose(1, 2), tgt[:, 1:])
+    assert logits.shape == (4, 7, 16)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+# -- each bug does what it says, on the model's own tensors ---------------------------------
+def test_no_scale_leaves_q_k_unscaled_in_both_attention_paths():
+    healthy, buggy = _same_weights("abs", "no_scale")
+    src, tgt = _batch()
+    with torch.no_grad():
+        sims = [m.encoder(src, mask=src != PAD, return_embeddings=True, return_intermediates=True)[1]
+                .attn_intermediates[0].qk_similarities for m in (healthy, buggy)]
+    torch.testing.assert_close(sims[1], sims[0] * 8 ** 0.5)    # d_k = 32 / 4
+    # the flash (SDPA) path reads the same attribute: same weights, same logits as the einsum path
+    _, flash = _same_weights("flash", "no_scale")
+    flash.load_state_dict(buggy.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(XT.forward(flash, src, tgt, PAD), XT.forward(buggy, src, tgt, PAD),
+                                   rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(XT.forward(healthy, src, tgt, PAD), XT.forward(buggy, src, tgt, PAD))
+
+
+@pytest.mark.parametrize("variant", ["abs", "flash"])
+def test_no_causal_lets_the_decoder_see_the_future(variant):
+    src, tgt = _batch()
+    later = tgt.clone()
+    later[:, -1] = torch.where(tgt[:, -1] == 3, 4, 3)           # change the last target token only
+    for model, sees in zip(_same_weights(variant, "no_causal"), (False, True)):
+        with torch.no_grad():
+            a, b = XT.forward(model, src, tgt, PAD), XT.forward(model, src, later, PAD)
+        assert (not torch.allclose(a[:, :-1], b[:, :-1], atol=1e-6)) is sees
+
+
+@pytest.mark.parametrize("variant", ["abs", "flash"])
+def test_inverted_pad_mask_lets_appended_source_pads_change_the_logits(variant):
+    src, tgt = _batch()
+    padded = F.pad(src, (0, 3), value=PAD)
+    for model, sees in zip(_same_weights(variant, "inverted_pad_mask"), (False, True)):
+        with torch.no_grad():
+            a, b = XT.forward(model, src, tgt, PAD), XT.forward(model, padded, tgt, PAD)
+        assert (not torch.allclose(a, b, atol=1e-5)) is sees
+
+
+def test_shared_qkv_uses_one_linear_for_q_k_and_v():
+    healthy, buggy = _same_weights("abs", "shared_qkv")
+    assert all(a.to_q is a.to_k is a.to_v for a in XT.attentions(buggy))
+    assert not any(a.to_q is a.to_k for a in XT.attentions(healthy))
+    assert len(XT.attentions(buggy)) == 6                       # 2 enc self, 2 dec self, 2 cross
+    x = torch.randn(2, 5, 32)
+    attn = XT.attentions(buggy)[0]
+    assert torch.equal(attn.to_k(x), attn.to_q(x)) and torch.equal(attn.to_v(x), attn.to_q(x))
+
+
+@pytest.mark.parametrize("variant", list(XT.VARIANTS))
+def test_zero_positions_makes_the_encoder_order_free(variant):
+    src = _batch()[0][1:]                                       # unpadded rows
+    perm = torch.randperm(src.shape[1], generator=torch.Generator().manual_seed(1))
+    for model, order_free in zip(_same_weights(variant, "zero_positions"), (False, True)):
+        with torch.no_grad():
+            a = XT.encode(model, src, PAD)[:, perm]
+            b = XT.encode(model, src[:, perm], PAD)
+        assert torch.allclose(a, b, atol=1e-5) is order_free
+
+
+# -- triage on trained checkpoints ----------------------------------------------------------
+_cache: dict = {}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("xt")
+
+
+def checkpoint(folder, variant, bug, seed):
+    key = (variant, bug, seed)
+    if key not in _cache:
+        _cache[key] = make_checkpoint(STYLE.name, variant, bug, seed, folder, steps=STEPS)
+    return _cache[key]
+
+
+def _param(variant, what, *rest):
+    reason = XT_KNOWN_FAILURES.get((STYLE.name, variant, what))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return pytest.param(variant, *rest, marks=marks, id="-".join(map(str, (variant, what, *rest))))
+
+
+@pytest.mark.parametrize("variant, seed",
+                         [_param(v, "healthy", seed) for v in STYLE.variants for seed in (0, 1, 2)])
+def test_healthy_xtransformer_triages_clean(folder, variant, seed):
+    report = run_triage(STYLE.name, checkpoint(folder, variant, None, seed))
+    assert report.run["layout"] == "user code"
+    bad = flagged(report)
+    assert not bad, f"{variant} seed {seed}: false alarms\n{describe(bad)}"
+    broke = probe_failures(report)
+    assert not broke, f"{variant} seed {seed}: clean only because probes broke: {broke}"
+
+
+@pytest.mark.parametrize("variant, bug",
+                         [_param(v, bug, bug) for v in STYLE.bug_variants for bug in STYLE.bugs])
+def test_xtransformer_bug_is_named_by_its_probe(folder, variant, bug):
+    report = run_triage(STYLE.name, checkpoint(folder, variant, bug, 0))
+    probe, bad = EXPECTED_PROBE[bug], flagged(report)
+    assert any(f.probe == probe for f in bad), \
+        f"{variant} {bug}: {probe} reports nothing at warning or error\n{describe(report.findings)}\n" \
+        f"  probe failures: {probe_failures(report)}"
+    others = [f for f in bad if f.severity == "error" and f.probe != probe]
+    assert not others, f"{variant} {bug}: errors from other probes\n{describe(others)}"
+
+
+def test_known_failures_name_real_cases():
+    cases = {(STYLE.name, v, "healthy") for v in STYLE.variants} | \
+            {(STYLE.name, v, b) for v in STYLE.bug_variants for b in STYLE.bugs}
+    assert set(XT_KNOWN_FAILURES) <= cases
