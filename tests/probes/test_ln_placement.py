@@ -144,6 +144,62 @@ def test_a_slow_run_that_keeps_its_gradient_is_not_a_stall():
     assert f.severity == "info" and "no symptom" in f.message
 
 
+def _normed_residual(model, stack, layers):
+    """`x = norm(x); x = x + f(x)` in the first sublayer of `layers` of `stack` (a substituted
+    forward, as a user's code would compute it)."""
+    from tndebug.model.hooks import tap
+    for i in layers:
+        sub = getattr(model, stack).layers[i].sublayer[0]
+        sub.forward = lambda x, f, sub=sub: tap(sub.hook_resid,
+                                                sub.norm(x) + sub.dropout(f(sub.norm(x))))
+    return model
+
+
+def test_residual_carrying_the_normalised_input_warns_per_stack():
+    torch.manual_seed(0)
+    model = _normed_residual(make_model(ModelConfig.tiny(norm="pre")), "encoder", [0, 1])
+    probe = LnPlacement()
+    probe.setup(RunContext(subject=tndebug_subject(model)))
+    (f,) = alarms(probe.findings)
+    assert f.severity == "warning" and f.where == "encoder.layers.0.sublayer.0", f.message
+    assert f.evidence["sublayers"] == ["encoder.layers.0.sublayer.0", "encoder.layers.1.sublayer.0"]
+    assert f.evidence["rel_to_normalised_input"] < f.evidence["threshold"] < f.evidence["rel_to_input"]
+    assert "x = x + f(norm(x))" in f.fix
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_residual_of_the_normalised_input_in_user_code(bug):
+    """The Annotated Transformer's SublayerConnection through the generic capture, written
+    `x = self.norm(x); return x + sublayer(x)` in every encoder layer when `bug`."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
+    import models as M
+    from tndebug.library.live import live_subject
+    torch.manual_seed(0)
+    model = M.annotated()
+    if bug:
+        for layer in model.encoder.layers:
+            sc = layer.sublayer[0]
+            sc.forward = lambda x, sublayer, sc=sc: (lambda n: n + sublayer(n))(sc.norm(x))
+    subject, _ = live_subject(model, M.annotated_forward, pad_id=M.PAD, bos_id=M.BOS)
+    probe = LnPlacement()
+    probe.setup(RunContext(subject=subject))
+    found = [(f.severity, f.where) for f in alarms(probe.findings)]
+    assert found == ([("warning", "encoder.layers.0.sublayer.0")] if bug else []), probe.findings
+    assert probe.coverage["decoder.layers.0.sublayer.0"]["status"] == "checked"
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_healthy_residuals_carry_their_input(norm):
+    torch.manual_seed(0)
+    probe = LnPlacement()
+    probe.setup(RunContext(subject=tndebug_subject(make_model(ModelConfig.tiny(norm=norm)))))
+    assert alarms(probe.findings) == []
+    checked = [w for w, c in probe.coverage.items() if "sublayer" in w]
+    assert len(checked) == (6 if norm == "pre" else 0)     # 2 enc self, 2 dec self, 2 cross
+
+
 def test_pre_ln_without_warmup_is_fine():
     _, findings, _ = train_with_probes(ModelConfig.tiny(norm="pre"), [LnPlacement()], steps=18,
                                        warmup=1, lr_factor=8e-3)

@@ -2,7 +2,8 @@
 
 Failure: (1) pre-LN blocks `x + f(norm(x))` with no final LayerNorm after the stack, so the
     memory and the generator read an unnormalised, growing stream; (2) post-LN blocks
-    `norm(x + f(x))` trained without warmup at a high learning rate (Xiong et al. 2020).
+    `norm(x + f(x))` trained without warmup at a high learning rate (Xiong et al. 2020); (3) a
+    pre-LN sublayer written `x = norm(x); x = x + f(x)`, whose residual carries norm(x).
 Symptom: (1) every block output fails the LayerNorm identity (pre-LN) and so does the stack
     output; (2) post-LN, and the applied lr is ≥ 1e-4 from the first step with no rising ramp,
     and the run shows the symptom (a loss that stops falling, gradient spikes, divergence): the
@@ -17,6 +18,9 @@ How it decides (tensors and behaviour only; FAILURE_MODES 2.6, 6):
   none -> pre. Reported as info, with the gradient profile at init as evidence (post-LN
   gradients grow toward the output, pre-LN ones do not).
 * stack outputs: the last "stack" stream point of each stack (else the encoder memory).
+* the residual of each attention sublayer (pre-LN or mixed): output minus the attention's
+  output is the input x (healthy) or g * norm(x) + b (the bug), exactly (`_residual`): a warning,
+  exact but possibly deliberate.
 * lr: StepInfo.lr on steps 0, 1, 2, 4, 8, 16 (else the declared schedule).
 * post-LN without warmup at a high lr: the hazard is decided from the lr by step 16; it is a
   warning only with its symptom, looked for at every step the probe observes after that (every
@@ -47,6 +51,7 @@ import torch
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
+from tndebug.probes._residual import NORM_TOL, residual_carries
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import Schedule
 from tndebug.trace import StreamPoint, Trace
@@ -177,6 +182,8 @@ class LnPlacement(Probe):
         self.report("info", f"norm placement {words}", step=step, evidence=ev, fix="")
         if label == "pre":
             self._final_norm(trace, step, run)
+        if label in ("pre", "mixed"):
+            self._residual_input(run, step)
 
     def _grad_profile(self, trace: Trace) -> dict:
         """Per-layer ‖∂L/∂x‖ at the layer outputs, and last/first per stack."""
@@ -218,6 +225,34 @@ class LnPlacement(Probe):
                 where=where, step=step,
                 evidence={"placement": "pre", **sig.as_evidence(),
                           "threshold_null_ratio": ds.NULL_RATIO, "threshold_direct": ds.DIRECT_TOL})
+
+    def _residual_input(self, run: RunContext, step: int) -> None:
+        """Pre-LN sublayers whose residual carries norm(x) instead of x (`_residual`)."""
+        subject = run.subject
+        src, tgt = ds.probe_batch(subject)
+        try:
+            with subject.evaluating():
+                trace = subject.trace(src, tgt, reads=("stream", "attn.out", "attn.probs"))
+        except Exception:  # noqa: BLE001 - the placement is decided; this test is extra
+            return
+        by_stack: dict[str, list[dict]] = {}
+        for e in residual_carries(trace):
+            self.cover(e["where"], "checked")
+            if e["carries"] == "normalised input":
+                by_stack.setdefault(e["stack"], []).append(e)
+        for stack, bad in by_stack.items():
+            first = bad[0]
+            self.report(
+                "warning", f"the residual of {first['where']} carries the normalised input: its "
+                f"output is norm(x) + f(norm(x)), not x + f(norm(x)) ({len(bad)} {stack} "
+                f"sublayer{'s' if len(bad) > 1 else ''}: {', '.join(e['where'] for e in bad[:3])})",
+                where=first["where"], step=step, layer=first["layer"],
+                evidence={"sublayers": [e["where"] for e in bad],
+                          "rel_to_input": round(first["rel_input"], 6),
+                          "rel_to_normalised_input": first["rel_norm"],
+                          "threshold": NORM_TOL, "attention": first["attention"]},
+                fix="Keep the residual on the unnormalised stream: x = x + f(norm(x)); do not "
+                    "assign norm(x) back to x before adding the sublayer's output")
 
     # -- warmup ----------------------------------------------------------------------------
     def _lr_history(self) -> list[tuple[int, float]]:

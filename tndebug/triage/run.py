@@ -43,7 +43,7 @@ from tndebug.triage.userdata import check_vocab as check_data_vocab, load_data
 
 # Probes that judge weights and code from one forward/backward; the others need a training run
 # (an optimizer, a declared schedule, the user's criterion, a loss curve).
-TRAINING_ONLY = ("lr-schedule", "label-smoothing", "loss-health")
+TRAINING_ONLY = ("lr-schedule", "label-smoothing", "loss-health", "zero-grad", "train-mode")
 TRIAGE_PROBES = tuple(n for n in PROBE_NAMES if n not in TRAINING_ONLY)
 HELD_OUT = 16           # held-out sequences for the loss comparisons (heads, norm, sweep)
 

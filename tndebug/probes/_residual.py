@@ -1,0 +1,81 @@
+"""What the residual of an attention sublayer carries: its input, or its input normalised.
+
+A Pre-LN sublayer computes x + f(norm(x)); the bug `x = norm(x); x = x + f(x)` computes
+norm(x) + f(norm(x)): the skip path carries the normalised stream, so nothing reaches the next
+block unnormalised and the identity path of Pre-LN is gone. From one trace (eval mode) with the
+residual stream at every sublayer output and the attention module's output (`attn.out`, after
+W_O), for each attention sublayer with its input `x` (the stream point before it) and output `y`:
+
+    d = y - attn_out          # what the residual added the sublayer's output to
+    d == x                    # the residual carries the input (Pre-LN, rel < CARRY_TOL)
+    d == g * norm(x) + b      # ... the input normalised: LayerNorm (centred) or RMSNorm, per-
+                              # feature g, b fitted by least squares over the real tokens
+                              # (relative residual < NORM_TOL)
+
+Post-LN (y = norm(x + f(x))) fits neither and is not judged here (ln-placement names it).
+"""
+from __future__ import annotations
+
+import torch
+
+from tndebug.probes import _depth_stats as ds
+from tndebug.trace import Trace
+
+# Both identities are exact up to float32 rounding (relative ~1e-7 on a d=32..512 stream; the
+# norm's eps of 1e-5..1e-6 against a unit variance moves z by ~1e-6 relative): 1e-4 leaves two
+# orders of margin, and a residual that carries anything else misses both by O(1).
+CARRY_TOL = 1e-4
+NORM_TOL = 1e-4
+_KINDS = {"encoder": ("enc_self",), "decoder": ("dec_self", "cross")}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _norm_fit(d: torch.Tensor, x: torch.Tensor, centred: bool) -> float:
+    """Relative residual of d ≈ g ⊙ norm(x) + b (per feature g, b), over tokens [N, D]."""
+    z = x - x.mean(-1, keepdim=True) if centred else x
+    z = z / z.pow(2).mean(-1, keepdim=True).add(1e-12).sqrt()                 # [N, D]
+    if centred:                                  # per feature: least squares on [z, 1]
+        zc, dc = z - z.mean(0), d - d.mean(0)
+        g = (zc * dc).sum(0) / zc.pow(2).sum(0).clamp_min(1e-30)
+        fit = g * zc + d.mean(0)
+    else:                                        # RMSNorm: no bias
+        g = (z * d).sum(0) / z.pow(2).sum(0).clamp_min(1e-30)
+        fit = g * z
+    return _rel(fit, d)
+
+
+def residual_carries(trace: Trace) -> list[dict]:
+    """One entry per attention sublayer whose residual fits one of the identities: {"where",
+    "stack", "layer", "attention", "carries": "input" | "normalised input", "rel_input",
+    "rel_norm"}; sublayers that fit neither (Post-LN, FFN sublayers) are left out."""
+    out = []
+    for stack, points in ds.stack_groups(trace):
+        recs = [r for r in trace.records() if r.kind in _KINDS.get(stack, ()) and r.out is not None]
+        for prev, cur in zip(points, points[1:]):
+            if cur.kind != "sublayer" or cur.layer is None or prev.x.shape != cur.x.shape:
+                continue
+            cands = [r for r in recs if r.layer == cur.layer and r.out.shape == cur.x.shape]
+            if not cands:
+                continue                          # an FFN sublayer: its output is not captured
+            keep = ds.token_keep(trace, stack, cur.x)                            # [B, T]
+            x = prev.x.detach().double()[keep]                                   # [N, D]
+            best = None
+            for r in cands:
+                d = (cur.x.detach().double() - r.out.detach().double())[keep]    # [N, D]
+                if not torch.isfinite(d).all() or not torch.isfinite(x).all():
+                    continue
+                rel_in = _rel(d, x)
+                rel_norm = min(_norm_fit(d, x, True), _norm_fit(d, x, False))
+                carries = ("input" if rel_in < CARRY_TOL else
+                           "normalised input" if rel_norm < NORM_TOL else None)
+                entry = {"where": ds.module_path(cur.name), "stack": stack, "layer": cur.layer,
+                         "attention": r.site, "carries": carries,
+                         "rel_input": rel_in, "rel_norm": rel_norm}
+                if best is None or carries == "input" or (carries and best["carries"] is None):
+                    best = entry
+            if best is not None and best["carries"] is not None:   # an FFN or Post-LN: untested
+                out.append(best)
+    return out
