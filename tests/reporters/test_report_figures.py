@@ -3,7 +3,7 @@ maps carry token labels and show the last step; each figure shows one step."""
 import torch
 
 from tndebug.report import Report
-from tndebug.reporters import plots
+from tndebug.reporters import figures_common, plots
 from tndebug.reporters.recorder import Recorder
 from tndebug.trace import AttentionRecord, StreamPoint, Trace
 
@@ -38,7 +38,7 @@ def recorded(bad_from=None, steps=(0, 10, 20, 29), final=29) -> Recorder:
 
 def capture(monkeypatch):
     figs = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+    monkeypatch.setattr(figures_common, "save", lambda fig, path: figs.append(fig))
     return figs
 
 
@@ -48,13 +48,16 @@ def test_healthy_figures_show_the_final_step_with_token_labels(monkeypatch, tmp_
     p = plots.figure_attention_maps(rec, "dec_self", tmp_path)
     fig = figs[-1]
     assert "step 29" in fig._suptitle.get_text() and "step 29" in p.caption
-    axes = fig.axes[:-1]                                       # the last one is the colorbar
-    assert len(axes) == 4                                      # 2 layers x 2 heads
-    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["BOS", "5", "6", "7"]
-    assert [t.get_text() for t in axes[2].get_xticklabels()] == ["BOS", "5", "6", "7"]
-    assert "queries" in axes[0].get_ylabel() and axes[2].get_xlabel() == "keys"
+    (ax, _bar) = fig.axes                                      # one tiled image and its colorbar
+    assert [t.get_text() for t in ax.texts] == ["head 0", "head 1", "layer 0", "layer 1"]
+    ys = [t.get_text() for t in ax.get_yticklabels()]
+    xs = [t.get_text() for t in ax.get_xticklabels()]
+    assert ys == ["BOS", "5", "6", "7"] * 2 and xs == ["BOS", "5", "6", "7"] * 2   # per block
+    assert "queries" in ax.get_ylabel() and "keys" in ax.get_xlabel()
+    assert p.labels == {"0.x": "keys (one block per head)", "0.y": "queries (one block per layer)",
+                        "1.y": "attention probability"}
     p = plots.figure_attention_maps(rec, "enc_self", tmp_path)
-    assert [t.get_text() for t in figs[-1].axes[0].get_yticklabels()] == ["5", "6", "7", "pad"]
+    assert [t.get_text() for t in figs[-1].axes[0].get_yticklabels()][:4] == ["5", "6", "7", "pad"]
 
 
 def test_depth_shows_one_step_in_both_panels(monkeypatch, tmp_path):

@@ -1,6 +1,7 @@
 """TensorBoard output, read back with TensorBoard's own reader."""
 import io
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +193,9 @@ def test_a_resumed_run_purges_the_steps_written_after_the_checkpoint(tmp_path):
     for step in range(15):
         first.log_scalars(step, {"train/loss": 1.0})
     first.close()
+    # a resumed run starts seconds later; event files sort by name (its time in seconds, then
+    # a per-process counter that sorts as text: "...10" before "...9"), so keep them a second apart
+    time.sleep(1.05)
     resumed = TensorBoardSink(tmp_path, purge_step=10)
     for step in range(10, 20):
         resumed.log_scalars(step, {"train/loss": 2.0})

@@ -19,7 +19,9 @@ OUTPUTS = ("Outputs: --out DIR is refused (exit 2, before any work) when it is a
            "under a file, is not writable, is in use by another tndebug, or already holds a "
            "tndebug report or run (a training run's report.json included), unless --overwrite. "
            "Without --out: ./triage-<parent dir>-<file stem>, or the first free of NAME-2, "
-           "NAME-3, ...")
+           "NAME-3, ... Written there: report.json, report.md, figures/*.png (not with "
+           "--no-figures) and tb/ (TensorBoard; a previous triage's events are replaced, a "
+           "training run's tb/ is kept and none is written).")
 EXITS = ("Exit codes: 0 clean: nothing at or above --fail-on, and every probe that applies checked "
          "the model; 1 findings at or above it; 4 no such finding, but a probe that applies could "
          "not check the model (verdict INCOMPLETE or UNCHECKED, with the reason); 2 bad input or "
@@ -96,6 +98,9 @@ def add_parser(sub) -> None:
                    help="exit 1 when a finding is at least this severe (default error)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="unpickle code in the file (only for files you trust)")
+    p.add_argument("--no-figures", action="store_true",
+                   help="skip figures/ (attention maps, head entropy and similarity, depth, the "
+                        "findings' evidence); report.md and tb/ are still written")
     p.set_defaults(func=main)
 
 
@@ -114,18 +119,24 @@ def main(args) -> int:
                          bos_id=args.bos_id, heads=args.heads, norm=args.norm, probes=args.probe,
                          trust=args.trust_checkpoint, data=args.data, attn=args.attn,
                          text=args.text, max_len=args.max_len)
+    from tndebug.reporters.oneshot import previous_mode
+    previous = previous_mode(args.out) if args.out and args.overwrite else None   # whose tb/ it is
     with claim_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite,
                       kind="triage") as out:                  # checked and locked before any work
-        return _triage(opts, out, args)
+        return _triage(opts, out, args, previous)
 
 
-def _triage(opts, out, args) -> int:
+def _triage(opts, out, args, previous: str | None = None) -> int:
+    from tndebug.reporters.oneshot import tensorboard_place
     from tndebug.reporters.session import ReportSession
     from tndebug.triage.loading import UnsafeCheckpoint
     from tndebug.triage.run import triage
 
+    # figures and tb/ from the probed pass itself; deferred: nothing is written before it succeeded
+    session = ReportSession(out, fmt=args.format, tensorboard=tensorboard_place(out, previous),
+                            figures=not args.no_figures, defer=True)
     try:
-        report = triage(opts)
+        report = triage(opts, sinks=session.sinks)
     except UnsafeCheckpoint as e:
         print(f"tndebug: error: {e}", file=sys.stderr)
         finding = Finding("checkpoint", "error", f"unsafe pickle: {len(e.globals)} globals outside "
@@ -137,5 +148,4 @@ def _triage(opts, out, args) -> int:
                         first_sign=finding)
         ReportSession(out, fmt=args.format, tensorboard=False).finish(report, fail_on="never")
         return 2
-    session = ReportSession(out, fmt=args.format, tensorboard=False)
     return session.finish(report, fail_on=args.fail_on)

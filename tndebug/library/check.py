@@ -33,7 +33,7 @@ N_SEQUENCES = 16            # as triage's held-out batch
 def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_id: int | None = 0,
           bos_id: int | None = None, probes: str | Iterable[str] | None = None,
           src_vocab: int | None = None, tgt_vocab: int | None = None,
-          max_len: int | None = None) -> Report:
+          max_len: int | None = None, out=None, overwrite: bool = False, sinks=()) -> Report:
     """Run triage's probes on `model` as it is now.
 
     Args:
@@ -46,11 +46,20 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         probes: names ("a,b" or a list); default: every probe that needs no training run.
         max_len: the longest sequence the model takes (default: its config's
             max_position_embeddings, else found by calling it); the probes' batches fit it.
+        out: a directory for report.json, report.md, figures/ and tb/ (docs/triage.md,
+            Outputs); one that already holds a report is refused unless overwrite=True.
+        sinks: reporters shown the probed step (`ReportSession.sinks`; `out=` makes its own).
     Returns:
         A Report (`verdict`, `findings`, `probes`, `exit_code(fail_on)`), as `tndebug triage`'s.
     Raises:
         UsageError for a model it cannot call, a forward of the wrong shape, no attention found.
     """
+    if out is not None:                    # claimed before any work; written once it is done
+        from tndebug.reporters.oneshot import writing, written
+        with writing(out, overwrite=overwrite, where="check") as session:
+            return written(session, check(model, forward, data, pad_id=pad_id, bos_id=bos_id,
+                                          probes=probes, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+                                          max_len=max_len, sinks=session.sinks))
     from tndebug.triage import hygiene
     from tndebug.triage.capture import projection_weights
     t0 = time.perf_counter()
@@ -62,7 +71,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
     batch = _batch(subject, data)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     with torch.random.fork_rng(devices=[subject.device] if subject.device.type == "cuda" else []):
-        probed = driver.probe_once(subject, names, batch, compute_dtype=dtype)
+        probed = driver.probe_once(subject, names, batch, compute_dtype=dtype, sinks=sinks)
     findings, statuses, seconds = probed.findings, probed.statuses, probed.seconds
     if info["hf"]:
         from tndebug.triage import hf

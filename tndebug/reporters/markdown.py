@@ -47,8 +47,10 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
     groups = sorted_groups(report)
     if not groups:
         out.append("No findings.")
-    for i, (_, fs) in enumerate(groups, 1):
+    placed: set[str] = set()             # figures shown next to the finding they illustrate
+    for i, (g, fs) in enumerate(groups, 1):
         out += _finding(i, fs[0]) if len(fs) == 1 else _group(i, fs)
+        out += _figures_of(g.members, plots, placed, fig_prefix) if with_figures else []
 
     out += ["", "## Probes", "", "| probe | status | reason |", "|---|---|---|"]
     for name, st in report.probes.items():
@@ -56,9 +58,11 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
         out.append(f"| `{name}` | {STATUS_MARK.get(status, status)} | {_md(st.get('reason', ''))} |")
     out += _coverage(report)
 
-    if with_figures and plots:
-        out += ["", "## Figures", ""]
-        for p in plots:
+    rest = [p for p in plots if p.name not in placed]
+    if with_figures and rest:
+        out += ["", "## Figures", ""] + (["The figures of the findings are shown with them, "
+                                          "above.", ""] if placed else [])
+        for p in rest:
             if not p.name:
                 out += [f"*{p.title}: {p.caption}*", ""]
                 continue
@@ -66,6 +70,17 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
     elif not with_figures:
         out += ["", "*Figures: see report.md and figures/ in the run directory.*"]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _figures_of(members, plots: list[Plot], placed: set[str], prefix: str) -> list[str]:
+    """The figures that illustrate one of these findings and are not shown yet."""
+    out = []
+    for p in plots:
+        if p.name and p.name not in placed and set(p.findings) & set(members):
+            placed.add(p.name)
+            out += [f"**Figure: {p.title}**", "", f"![{p.title}]({prefix}{p.name})", "",
+                    f"*{p.caption}*", ""]
+    return out
 
 
 def _coverage(report: Report) -> list[str]:

@@ -38,25 +38,31 @@ class ReportSession:
             data) on the first probed step and every N steps; default about 20 per run.
         resume_step: the step a resumed run starts from: TensorBoard purges the events of
             the earlier run from there on (they were written after its last checkpoint).
+        defer: write no file before `finish` (triage: a bad input leaves nothing behind):
+            TensorBoard's input is held (`Deferred`) and replayed into tb/ at the end.
+        echo: print the summary at the end (`tndebug.check(out=)` prints nothing).
     """
 
     def __init__(self, out_dir: str | Path, fmt: str = "text", tensorboard: bool = True, *,
                  figures: bool = True, markdown: bool = True, tb_every: int | None = None,
-                 resume_step: int | None = None) -> None:
+                 resume_step: int | None = None, defer: bool = False,
+                 echo: bool = True) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.fmt = fmt
         self.figures, self.markdown = figures, markdown
+        self.echo = echo
         self.tb_every = tb_every
         self.recorder = Recorder()
         self.tb = None
-        if tensorboard:
-            from tndebug.reporters.tensorboard import TensorBoardSink   # TB only when asked
-            self.tb = TensorBoardSink(self.out_dir / "tb", heavy_every=tb_every,
-                                      purge_step=resume_step)
-        self.sinks: list = [self.recorder] + ([self.tb] if self.tb else [])
+        self.held: Deferred | None = Deferred() if tensorboard and defer else None
+        self._tb_args = {"heavy_every": tb_every, "purge_step": resume_step}
+        if tensorboard and not defer:
+            self._open_tensorboard()
+        self.sinks: list = [self.recorder] + ([self.tb] if self.tb else []) + \
+            ([self.held] if self.held else [])
         self.plots: list = []
         self.report_seconds = 0.0        # time spent in finish() (figures, files, printing)
         self._code: int | None = None
@@ -87,6 +93,8 @@ class ReportSession:
         self.recorder.log_scalars(step, values)
         if self.tb is not None:
             self.tb.log_scalars(step, values)
+        if self.held is not None:
+            self.held.log_scalars(step, values)
 
     def on_metric(self, step: int, tag: str, value: float) -> None:
         """A metric that does not come through a probe (same path as the probes' ones)."""
@@ -103,6 +111,10 @@ class ReportSession:
         paths = {"report": str(self.out_dir / "report.json")}
         md = ""
         try:
+            if self.figures:                      # drawn first: report.json lists them
+                self.plots = _guarded("figures", self._draw, report) or []
+            if self.held is not None:
+                _guarded("TensorBoard", self._replay)
             report.write_json(self.out_dir / "report.json")
             md = _guarded("report.md", self._write_markdown, report, paths) or ""
             if self.tb is not None:
@@ -111,7 +123,8 @@ class ReportSession:
         finally:
             self.close()
         self._code = report.exit_code(fail_on)
-        self._print(report, md, paths)
+        if self.echo:
+            self._print(report, md, paths)
         self.report_seconds += time.perf_counter() - t0
         return self._code
 
@@ -131,18 +144,34 @@ class ReportSession:
     # -- pieces ---------------------------------------------------------------------------
     def _write_markdown(self, report: Report, paths: dict) -> str:
         from tndebug.reporters import markdown
-        if self.figures:
-            from tndebug.reporters.plots import make_figures
-            self.plots = make_figures(self.recorder, report, self.out_dir / "figures")
-            for p in self.plots:
-                if not p.name:
-                    print(f"tndebug: warning: {p.title}: {p.caption}", file=sys.stderr)
-            self.plots = [p for p in self.plots if p.name] + [p for p in self.plots if not p.name]
         md = markdown.render(report, self.plots)
         if self.markdown:
             (self.out_dir / "report.md").write_text(md)
             paths["markdown"] = str(self.out_dir / "report.md")
         return md
+
+    def _draw(self, report: Report) -> list:
+        """The figures (once), failed ones last; `run.figures` lists those drawn."""
+        from tndebug.reporters.plots import make_figures
+        plots = make_figures(self.recorder, report, self.out_dir / "figures")
+        for p in plots:
+            if not p.name:
+                print(f"tndebug: warning: {p.title}: {p.caption}", file=sys.stderr)
+        plots = [p for p in plots if p.name] + [p for p in plots if not p.name]
+        report.run = {**report.run, "figures": [p.to_dict() for p in plots if p.name]}
+        return plots
+
+    def _open_tensorboard(self) -> None:
+        from tndebug.reporters.tensorboard import TensorBoardSink   # TB only when asked
+        self.tb = TensorBoardSink(self.out_dir / "tb", **self._tb_args)
+
+    def _replay(self) -> None:
+        """A deferred session's TensorBoard: opened now, shown what it was held."""
+        held, self.held = self.held, None
+        self._open_tensorboard()
+        self.tb.final_step = self.recorder.final_step
+        held.replay(self.tb)
+        self.sinks = [s for s in self.sinks if s is not held] + [self.tb]
 
     def _write_tensorboard(self, report: Report) -> None:
         from tndebug.reporters import markdown
@@ -161,6 +190,28 @@ class ReportSession:
             console.print_summary(report, console.make_console(stderr=True), paths)
         else:
             console.print_summary(report, console.make_console(), paths)
+
+
+class Deferred:
+    """A sink that holds what it is shown (metrics, traces, scalars) until `replay(sink)`.
+    A trace's tensors are kept alive until then: one probed step (triage, check)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+
+    def on_metric(self, step: int, tag: str, value: float) -> None:
+        self.calls.append(("on_metric", (step, tag, value)))
+
+    def on_trace(self, step: int, trace) -> None:
+        self.calls.append(("on_trace", (step, trace)))
+
+    def log_scalars(self, step: int, scalars: dict) -> None:
+        self.calls.append(("log_scalars", (step, dict(scalars))))
+
+    def replay(self, sink) -> None:
+        calls, self.calls = self.calls, []
+        for name, args in calls:
+            getattr(sink, name)(*args)
 
 
 PATH_KEYS = ("checkpoint",)          # run keys that hold a file's path (`data` is a description)

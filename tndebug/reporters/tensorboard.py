@@ -56,6 +56,7 @@ RESULT_PREFIXES = ("final_", "best_")
 RESULT_SUFFIXES = ("_s", "_s_by_probe")        # timings (wall_s, tokens_per_s, ...) and per-probe dicts
 # probe metrics that are the trainer's own scalars under another name: one tag per quantity
 SAME_AS = {"loss/train": "train/loss", "lr/observed": "train/lr"}
+NOT_HPARAMS = ("figures",)         # run keys that are neither: the figures' files and captions
 
 
 class TensorBoardSink:
@@ -277,7 +278,7 @@ class TensorBoardSink:
         metrics = {f"hparams/{k}": float(v) for k, v in run.items()
                    if _is_result(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
         metrics.update({f"hparams/{k}": float(v) for k, v in extra_metrics.items()})
-        hp = _flat_hparams({k: v for k, v in run.items() if not _is_result(k)})
+        hp = _flat_hparams({k: v for k, v in run.items() if not _is_result(k) and k not in NOT_HPARAMS})
         for summary in hparams(hp, metrics):
             self._file().add_summary(summary, step)
         for tag, value in metrics.items():
