@@ -180,3 +180,20 @@ def test_check_out_writes_the_same_outputs_and_refuses_a_second_time(tmp_path):
     tndebug.check(model, forward, out=out, overwrite=True)
     assert len(list((out / "tb").glob("events.out.tfevents.*"))) == 1
     assert not (out / ".tndebug.lock").exists()
+
+
+def test_hugging_face_directory_gets_the_figures(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BartConfig(vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4,
+                                  encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                  max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                                  activation_dropout=0.0)
+    folder = tmp_path / "bart"
+    transformers.AutoModelForSeq2SeqLM.from_config(cfg).save_pretrained(folder)
+    report, session = session_triage(TriageOptions(str(folder)), tmp_path / "out")
+    assert ONE_PASS <= {p.name for p in session.plots}, [p.name for p in session.plots]
+    for p in session.plots:
+        assert_drawn(tmp_path / "out" / "figures" / p.name)
+    assert len(list((tmp_path / "out" / "tb").glob("events.out.tfevents.*"))) == 1
