@@ -98,3 +98,31 @@ def test_handmade_view_without_transpose_names_every_attention():
     findings = run_probe(hand_subject(HandModel(attn_cls=ViewNoTranspose)), MaskBroadcast(), steps=1)
     assert {f.where for f in findings} == {"enc.0.self_attn", "dec.0.self_attn", "dec.0.src_attn"}
     assert all("no transpose" in f.message for f in findings)
+
+
+# -- stories that fit the evidence (issue 19) ---------------------------------------------------------
+def test_dropout_left_on_in_eval_is_named_not_read_as_a_leak():
+    """Outputs that change between two identical eval calls make every comparison meaningless:
+    one error that says so, and no mask story."""
+    import torch.nn.functional as F
+    from tndebug.model import make_model
+    from tndebug.config import ModelConfig
+    from tndebug.probes.mask_broadcast import MaskBroadcast
+    from tndebug.probes.base import RunContext
+    from tndebug.subject import tndebug_subject
+    torch.manual_seed(0)
+    model = make_model(ModelConfig.tiny())
+    orig = model.generator.forward
+    model.generator.forward = lambda x: orig(F.dropout(x, 0.3))          # training=True always
+    probe = MaskBroadcast()
+    probe.setup(RunContext(subject=tndebug_subject(model)))
+    assert [f.message for f in probe.findings if "two identical calls" in f.message], probe.findings
+    assert len(probe.findings) == 1 and "F.dropout(x, p, training=self.training)" in probe.findings[0].fix
+
+
+def test_softmax_over_the_batch_axis_is_named():
+    from tndebug.probes.mask_broadcast import _normalised_axis
+    p = torch.randn(4, 2, 5, 5).softmax(0)
+    assert _normalised_axis(p) == "batch"
+    assert _normalised_axis(torch.randn(4, 2, 5, 5).softmax(1)) == "heads"
+    assert _normalised_axis(torch.randn(4, 2, 5, 5).softmax(-1)) is None

@@ -23,6 +23,13 @@ NOTE = {k: FAULT_NOTES[k][2] for k in ("mask_inverted", "pad_mask_query_axis", "
                                         "softmax_wrong_dim", "view_without_transpose")}
 
 
+OUTSIDE_FIX = ("The masks are right; something else moves information between positions. Look "
+               "for a head split or merge without the transpose (q.view(B, T, h, d_k)"
+               ".transpose(1, 2), and back with z.transpose(1, 2).reshape(B, T, d_model)), a "
+               "positional encoding indexed by the padded batch's shape instead of each "
+               "position, or a norm or pooling over the time axis.")
+
+
 @dataclass
 class Check:
     """One behavioural comparison: max |change| against its tolerance."""
@@ -172,6 +179,17 @@ def expected(kind: str, src: torch.Tensor, tgt: torch.Tensor, pad: int):
     return q_real[:, None], allowed[:, None]
 
 
+def _normalised_axis(p: torch.Tensor) -> str | None:
+    """The axis other than keys and queries that the probabilities [B, h, T, S] sum to 1 over
+    (a softmax taken over the batch or the heads), or None. Exact: a softmax's sums are 1 to
+    rounding, and no other axis sums to 1 by accident on random inputs of more than one row."""
+    q = p.nan_to_num()
+    for axis, name in ((0, "batch"), (1, "heads")):
+        if p.shape[axis] > 1 and float((q.sum(axis) - 1).abs().max()) <= SUM_TOL:
+            return name
+    return None
+
+
 def probs_check(m: Module, p: torch.Tensor, src, tgt, pad) -> str:
     """Mass on keys a real query must not see, row sums; sets m.problem when one fails.
     Returns "" when the probabilities were tested, else why they could not be."""
@@ -197,9 +215,13 @@ def probs_check(m: Module, p: torch.Tensor, src, tgt, pad) -> str:
     m.stats = st
     sum_err = max(abs(st["row_sum_min"] - 1), abs(st["row_sum_max"] - 1))
     span = f"{st['row_sum_min']:.3f}..{st['row_sum_max']:.3f}"
+    other = _normalised_axis(p) if sum_err > SUM_TOL else None
     if sum_err > SUM_TOL:
         if col_err <= SUM_TOL:
             m.problem, m.fix = f"softmax over the query axis: columns sum to 1, rows to {span}", NOTE["softmax_wrong_dim"]
+        elif other is not None:
+            m.problem = f"softmax over the {other} axis: it sums to 1 there, the rows to {span}"
+            m.fix = NOTE["softmax_wrong_dim"]
         elif st["forbidden_mass_max"] <= MASS_TOL:
             m.problem = f"rows sum to {span}, not 1: masked after softmax (masked keys stay in the denominator)"
             m.fix = NOTE["mask_after_softmax"]
@@ -257,6 +279,8 @@ class MaskBroadcast(Probe):
         s = run.subject
         with s.evaluating():
             try:
+                if not self._deterministic(s):
+                    return
                 checks = behaviour(s)
                 modules = self._modules(s) if s.capture is not None else []
             except ModelRaised as e:
@@ -269,6 +293,27 @@ class MaskBroadcast(Probe):
                 self.skip(f"non-finite outputs made these tests inconclusive: {', '.join(odd)}",
                           where="" if len(odd) == len(checks) else None)
             self._verdict(checks, modules, lambda: self._fit_heads(s, modules))
+
+    def _deterministic(self, s: Subject) -> bool:
+        """Two identical calls in eval mode must give the same logits: every test below compares
+        outputs, so randomness left on in eval (dropout written as F.dropout(x, p) without
+        training=self.training, or a Dropout built in forward) would read as a leak."""
+        src, tgt = probe_batch(s, 4, s.fit(10), s.fit(9), seed=4)
+        a = _call(INPUTS["base"], s.logits, src, tgt)
+        b = _call(INPUTS["base"], s.logits, src, tgt)
+        c = compare(a, b)
+        if not c.failed:
+            return True
+        self.report("error", f"the model's outputs change by {c.delta:.3g} between two identical "
+                    f"calls in eval mode: something random (dropout) is active in eval",
+                    where="", step=0, evidence={"repeat": vars(c), "threshold":
+                                               f"max|change| > {REL_TOL:g}*(1+max|logit|)"},
+                    fix="Use nn.Dropout modules (model.eval() switches them off) or "
+                        "F.dropout(x, p, training=self.training); never a bare F.dropout(x, p) "
+                        "or a Dropout made inside forward")
+        self.skip("the model's eval outputs are not repeatable, so no comparison can decide",
+                  where="")
+        return False
 
     def _raised(self, e: ModelRaised) -> None:
         """The model raised on an input it should take (lengths within its limit, ids within its
@@ -339,19 +384,32 @@ class MaskBroadcast(Probe):
                     m.fix = NOTE["view_without_transpose"]
             if not mods and not tests[kind]:
                 continue
-            self._report_kind(kind, mods, tests[kind], checks)
+            seen = [m for m in modules if m.kind == kind]
+            masks_ok = bool(seen) and all(m.stats and not m.problem for m in seen)
+            self._report_kind(kind, mods, tests[kind], checks, masks_ok)
         if "batch" in failed and not any(tests.values()) and not self.findings:
             c = checks["batch"]
             self.report("error", f"an example's logits change by {c.delta:.3g} with its batch "
                         f"companions (something mixes the batch axis)", where="batch axis", step=0,
-                        evidence={"batch": vars(c), "threshold": f"max|change| > {REL_TOL:g}*(1+max|logit|)"})
+                        evidence={"batch": vars(c), "threshold": f"max|change| > {REL_TOL:g}*(1+max|logit|)"},
+                        fix="Find what reads across examples: a positional encoding or mask indexed "
+                            "by x.size(0) (the batch) where x.size(1) (the positions) was meant, a "
+                            "BatchNorm, a reshape or a transpose that moves the batch axis, a "
+                            "mask of shape [B, B]. Each example's logits must not depend on the "
+                            "others in its batch.")
         if "src_pad_length" in failed and "enc_pad_length" not in checks and not self.findings:
             c = checks["src_pad_length"]
             self.report("error", f"logits at real positions change by {c.delta:.3g} when pad columns "
                         f"are appended to the source", where="encoder or decoder (cross-attention)",
                         step=0, evidence={"src_pad_length": vars(c)})
 
-    def _report_kind(self, kind: str, mods: list[Module], tests: list[str], checks) -> None:
+    def _report_kind(self, kind: str, mods: list[Module], tests: list[str], checks,
+                     masks_ok: bool = False) -> None:
+        """One error for the attention kind: the module whose probabilities show the defect, else
+        the behaviour test that failed. When every module of the kind had its probabilities
+        tested and they respect the masks, the masks are right: positions mix outside the
+        softmax (a head split or merge without transpose, a PE that depends on the padded
+        length), and the message and fix say that, not "add a mask"."""
         beh = {t: vars(checks[t]) for t in tests}
         ev = {"behaviour": beh, "modules": {m.site: {**m.stats, **({"fit_residual": m.fit} if m.fit is not None else {})}
                                             for m in mods},
@@ -377,5 +435,12 @@ class MaskBroadcast(Probe):
                 "src_pad_length": ("logits at real positions change by {d} when source pads are "
                                    "appended, the encoder output does not (cross-attention sees pads)",
                                    NOTE["no_memory_mask"])}[t]
-        self.report("error", f"{KIND_WORDS[kind]}: " + what[0].format(d=f"{c.delta:.3g}"),
-                    where=KIND_WORDS[kind], step=0, evidence=ev, fix=what[1])
+        text, fix = what[0].format(d=f"{c.delta:.3g}"), what[1]
+        if masks_ok:
+            text = (text.split(" (")[0] + f", yet the attention probabilities of every "
+                    f"{KIND_WORDS[kind]} module respect the masks: positions are mixed outside "
+                    f"the softmax")
+            fix = OUTSIDE_FIX
+            ev["probabilities_respect_masks"] = True
+        self.report("error", f"{KIND_WORDS[kind]}: " + text, where=KIND_WORDS[kind], step=0,
+                    evidence=ev, fix=fix)
