@@ -79,7 +79,7 @@ def add_parser(sub) -> None:
                    help="torch intra-op threads for this run (restored after it). One is the "
                         "default: on an idle 2-core machine a second thread ran the small preset "
                         "only 1.2x faster (34 vs 28 step/s) for 1.6x the CPU, and beside one busy "
-                        "process 2.4x slower (12 vs 28 step/s; up to 32x on a loaded machine); "
+                        "process 2.4x slower (12 vs 28 step/s); "
                         "bench/results/default_run.md (default %(default)s)")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="auto: CUDA when available, else CPU (default auto)")
