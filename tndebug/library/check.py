@@ -92,6 +92,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
            "random ids from the model's vocabulary", "held_out_sequences": int(batch[0].shape[0]),
            "compute_dtype": str(dtype).removeprefix("torch."),
            "attention_modules": info["attention_modules"], "probes_run": names,
+           "probe_inputs": subject.inputs(),
            "probe_seconds": seconds, "wall_s": round(time.perf_counter() - t0, 3),
            "status": "completed"}
     return driver.make_report(run, findings, statuses)

@@ -251,7 +251,8 @@ def triage_hf(opts, patch=None, sinks=()):
     def make_subject(model, forward, encode):
         subject = HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
                             tgt_vocab=hi, encode=encode, capture=GenericCapture(model),
-                            max_len=getattr(config, "max_position_embeddings", None), first_content=lo)
+                            max_len=getattr(opts, "max_len", None)
+                            or getattr(config, "max_position_embeddings", None), first_content=lo)
         if hasattr(subject.capture, "discover"):   # attention sites by behaviour, whatever the class
             subject.capture.discover(lambda: forward(model, batch.src[:2], batch.tgt_in[:2], ids["pad"]))
         return subject
@@ -273,6 +274,8 @@ def triage_hf(opts, patch=None, sinks=()):
     batch = random_batch(HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"],
                                    src_vocab=hi, tgt_vocab=hi, first_content=lo))   # the probes' pass
     subject = make_subject(model, forward, encode)
+    if data is not None:
+        R.refuse_longer(subject, (data.src, data.tgt_in), source)
     dtype = R.weights_dtype(sd)           # the saved dtype: decides fp16 hazards (compute: fp32)
     lap("model")
 
@@ -326,6 +329,7 @@ def triage_hf(opts, patch=None, sinks=()):
                         f"used" + (f"; probes mark column 0 with id {ids['marker']}, which the "
                                    f"adapter feeds as {ids['start']}" if ids["marker"] != ids["start"] else "")),
            "attention_modules": sorted(subject.capture.attention), "probes_run": probe_names,
+           "probe_inputs": subject.inputs(),
            "temperature_sweep": sweep_ev, "timings_s": timings, "probe_seconds": probe_seconds,
            "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
     return driver.make_report(run, findings, statuses)
