@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "api"))
 import models as M  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from _provenance import Provenance  # noqa: E402
+
 import tndebug  # noqa: E402
 from tndebug.config import ModelConfig  # noqa: E402
 from tndebug.model import make_model  # noqa: E402
@@ -140,12 +143,14 @@ def margins(loss, grad) -> dict:
                                  if f < lp.STALL_FALL and g < lp.STALL_GRAD), None)}
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("calibration", "eval"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ln_warmup_symptom.json"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    prov = Provenance.start(__file__, argv)
     sets = {"calibration": CALIBRATION, "eval": EVALUATION}
     out = {"thresholds": {"RISE": lp.RISE, "SPIKE": lp.SPIKE, "STALL_FROM": lp.STALL_FROM,
                           "STALL_FALL": lp.STALL_FALL, "STALL_GRAD": lp.STALL_GRAD,
@@ -163,6 +168,8 @@ def main() -> None:
             print(f"{name:11s} {str(spec):42s} verdict {row['verdict']}  rise {m['max_rise']:.3f} "
                   f"spike {m['max_spike']:.2f} fall {m['min_stall_fall']:.4f} grad "
                   f"{m['min_stall_grad']:.3f}", flush=True)
+    out["provenance"] = prov.finish()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"-> {args.out}")
 
