@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -121,6 +122,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cases", default="tndebug,annotated,user")
     ap.add_argument("--cli", action="store_true", help="also time the command as a subprocess")
+    ap.add_argument("--no-figures", action="store_true",
+                    help="with --cli: also time the command with --no-figures (what figures/ costs)")
     ap.add_argument("--threads", default="1,2",
                     help="torch thread counts to time (1: the CPU time is the single-core cost, "
                          "free of spin-waits)")
@@ -150,11 +153,16 @@ def main() -> None:
                    "verdict": report.verdict, "probes_run": report.run["probes_run"],
                    "wall_within_target": statistics.median(walls) <= TARGET_S,
                    "cpu_within_target": statistics.median(cpus) <= TARGET_S}
-            if args.cli:
-                t0 = time.perf_counter()
-                subprocess.run(cli_args(case, paths, Path(tmp) / f"out-{case}"), check=True,
+            arms = [("", [])] + ([("_no_figures", ["--no-figures"])] if args.no_figures else [])
+            for suffix, extra in arms if args.cli else []:       # cli_s, cli_no_figures_s
+                t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+                subprocess.run(cli_args(case, paths, Path(tmp) / f"out-{case}") + extra, check=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                row["cli_wall_s"] = round(time.perf_counter() - t0, 2)
+                c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                row[f"cli{suffix}_wall_s"] = round(time.perf_counter() - t0, 2)
+                row[f"cli{suffix}_cpu_s"] = round(c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime, 2)
+                print(f"{case:10s} cli{suffix}: wall {row[f'cli{suffix}_wall_s']} s, "
+                      f"cpu {row[f'cli{suffix}_cpu_s']} s")
             results[f"{case}/threads={threads}"] = row
             print(f"{case:10s} threads={threads} wall {row['median_s']:7.2f} s  cpu {row['cpu_median_s']:7.2f} s  "
                   f"{row['stages_s_of_median']}")
