@@ -155,13 +155,13 @@ def _normed_residual(model, stack, layers):
     return model
 
 
-def test_residual_carrying_the_normalised_input_warns_per_stack():
+def test_residual_carrying_the_normalised_input_is_an_error_per_stack():
     torch.manual_seed(0)
     model = _normed_residual(make_model(ModelConfig.tiny(norm="pre")), "encoder", [0, 1])
     probe = LnPlacement()
     probe.setup(RunContext(subject=tndebug_subject(model)))
     (f,) = alarms(probe.findings)
-    assert f.severity == "warning" and f.where == "encoder.layers.0.sublayer.0", f.message
+    assert f.severity == "error" and f.where == "encoder.layers.0.sublayer.0", f.message
     assert f.evidence["sublayers"] == ["encoder.layers.0.sublayer.0", "encoder.layers.1.sublayer.0"]
     assert f.evidence["rel_to_normalised_input"] < f.evidence["threshold"] < f.evidence["rel_to_input"]
     assert "x = x + f(norm(x))" in f.fix
@@ -186,7 +186,7 @@ def test_residual_of_the_normalised_input_in_user_code(bug):
     probe = LnPlacement()
     probe.setup(RunContext(subject=subject))
     found = [(f.severity, f.where) for f in alarms(probe.findings)]
-    assert found == ([("warning", "encoder.layers.0.sublayer.0")] if bug else []), probe.findings
+    assert found == ([("error", "encoder.layers.0.sublayer.0")] if bug else []), probe.findings
     assert probe.coverage["decoder.layers.0.sublayer.0"]["status"] == "checked"
 
 

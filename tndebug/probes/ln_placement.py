@@ -19,8 +19,8 @@ How it decides (tensors and behaviour only; FAILURE_MODES 2.6, 6):
   gradients grow toward the output, pre-LN ones do not).
 * stack outputs: the last "stack" stream point of each stack (else the encoder memory).
 * the residual of each attention sublayer (pre-LN or mixed): output minus the attention's
-  output is the input x (healthy) or g * norm(x) + b (the bug), exactly (`_residual`): a warning,
-  exact but possibly deliberate.
+  output is the input x (healthy) or g * norm(x) + b (the bug), exactly (`_residual`): an error
+  (exact; the skip path no longer carries the stream, so Pre-LN's identity path is gone).
 * lr: StepInfo.lr on steps 0, 1, 2, 4, 8, 16 (else the declared schedule).
 * post-LN without warmup at a high lr: the hazard is decided from the lr by step 16; it is a
   warning only with its symptom, looked for at every step the probe observes after that (every
@@ -244,7 +244,7 @@ class LnPlacement(Probe):
         for stack, bad in by_stack.items():
             first = bad[0]
             self.report(
-                "warning", f"the residual of {first['where']} carries the normalised input: its "
+                "error", f"the residual of {first['where']} carries the normalised input: its "
                 f"output is norm(x) + f(norm(x)), not x + f(norm(x)) ({len(bad)} {stack} "
                 f"sublayer{'s' if len(bad) > 1 else ''}: {', '.join(e['where'] for e in bad[:3])})",
                 where=first["where"], step=step, layer=first["layer"],
