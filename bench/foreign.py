@@ -81,7 +81,7 @@ def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, 
         rec["outcome"] = ("crash" if "crashed" in rec else "false alarm" if flagged else
                           "unjudged (probes broke)" if rec["probe_failures"] else "clean")
     else:
-        own = any(f["probe"] == rec["expected_probe"] for f in flagged)
+        own = corpus.names_bug(rec["findings"], bug)      # a deviation: at any severity
         collateral = [f for f in flagged if f["severity"] == "error" and f["probe"] != rec["expected_probe"]]
         rec["collateral_errors"] = sorted({f["probe"] for f in collateral})
         rec["outcome"] = ("crash" if "crashed" in rec else
@@ -112,7 +112,10 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
          f"{meta['bug_runs']} with a bug over seeds {meta['bug_seeds']}), {meta['steps']} training "
          f"steps each, wall {meta['wall_s']:.0f} s; {meta['date']}", "",
          "Healthy: a *false alarm* is any warning or error. Bug: *caught* when the probe that owns "
-         "it gives a warning or an error; *collateral* when another probe gives an error.", "",
+         "it gives a warning or an error (for a deviation from the paper that models train with, "
+         "`no_emb_scale`, a finding at any severity: its info names the deviation, "
+         "tests/foreign/foreign_corpus.py DEVIATIONS); *collateral* when another probe gives an "
+         "error.", "",
          "## Per style", "",
          "| style | healthy runs | false alarms | rate | clean only because probes broke | bug runs | caught | recall | collateral errors | crashes |",
          "|---|---|---|---|---|---|---|---|---|---|"]

@@ -37,6 +37,21 @@ EXPECTED_PROBE = {
     "zero_positions": "positional-encoding",
 }
 
+# Deviations from the paper that a model can train with (healthy public implementations omit
+# the sqrt(d_model) and reach 99.5% token accuracy): positional-encoding names them as info,
+# and warns only when the model's behaviour shows the harm (order not used, a loss that does not
+# fall; docs/severity.md, issue 19). Named = their probe reports them at any severity.
+DEVIATIONS = frozenset({"no_emb_scale"})
+
+
+def names_bug(findings, bug: str, severities=("warning", "error")) -> bool:
+    """The bug's own probe reported it: at warning or error, or at any severity for a deviation.
+    `findings`: Finding objects or their dicts."""
+    def get(f, k):
+        return f[k] if isinstance(f, dict) else getattr(f, k)
+    return any(get(f, "probe") == EXPECTED_PROBE[bug]
+               and (get(f, "severity") in severities or bug in DEVIATIONS) for f in findings)
+
 
 @dataclass(frozen=True)
 class Style:
