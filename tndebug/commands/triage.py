@@ -89,8 +89,9 @@ def add_parser(sub) -> None:
                    help="output directory (default: ./triage-<parent dir>-<file stem>, numbered "
                         "-2, -3, ... when taken); see Outputs above")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the reports and figures already in --out (a checkpoint or tb/ "
-                        "there is never removed)")
+                   help="replace the reports and figures already in --out, and tb/ when a "
+                        "previous triage wrote it (a checkpoint, or a training run's tb/, is "
+                        "never removed)")
     p.add_argument("--format", choices=("text", "json", "md"), default="text",
                    help="what goes to stdout at the end: the findings table, the JSON report, or "
                         "the Markdown report (default text)")
