@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from tndebug.trace import AttentionRecord, StreamPoint, Trace
 
@@ -358,6 +359,7 @@ class _State:
         self.intercept = "all" in reads or any(r.startswith("attn.") and r != "attn.out" for r in reads)
         self.alpha: float | None = None
         self.calls: list[_AttnCall] = []       # attention modules currently running
+        self.calls_seen = 0                     # attention calls this recording entered
         self.busy = False                      # inside our own tensor work: no interception
         self.layout = _Layout(cap.seq_first_hint, cap.mha_seq_first)
         self.tok: dict[str, torch.Tensor] = {}        # "src"/"tgt" -> token part (raw layout)
@@ -377,6 +379,7 @@ class _State:
                 query = args[0] if args else kwargs.get("query", kwargs.get("x"))
                 key = args[1] if len(args) > 1 else kwargs.get("key")
                 self.calls.append(_AttnCall(name, _t(query), _t(key)))
+                self.calls_seen += 1
             if self.trace is None:
                 return None
             stack = cap.stacks.get(name)
@@ -1057,10 +1060,50 @@ def _patched(state: _State):
         patch(torch, "einsum", einsum)
         patch(F, "softmax", softmax)
         patch(F, "scaled_dot_product_attention", sdpa)
-        yield
+        wrapped = {orig: getattr(owner, name) for owner, name, orig in originals
+                   if (owner, name) in ((torch, "einsum"), (F, "softmax"))}
+        with _rebound(state, wrapped):
+            yield
     finally:
         for owner, name, orig in reversed(originals):
             setattr(owner, name, orig)
+
+
+class _Rebound(TorchFunctionMode):
+    """Calls of torch functions the model bound before the patch (`from torch import einsum`,
+    `functools.partial(F.softmax, dim=-1)`, as x-transformers does): torch hands every call of
+    such a function to an active mode, whatever name it was called by, so they reach the same
+    recording wrappers. A call made through the patched name reaches the mode from inside its
+    wrapper, while `state.busy`, and passes through unrecorded a second time."""
+
+    def __init__(self, state: "_State", wrapped: dict) -> None:
+        super().__init__()
+        self.state, self.wrapped, self.hits = state, wrapped, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        wrapper = self.wrapped.get(func)
+        if wrapper is not None and not self.state.busy and self.state.current() is not None:
+            self.hits += 1
+            return wrapper(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def _rebound(state: "_State", wrapped: dict):
+    """`_Rebound` for this recording, unless an earlier one of this capture saw attention and
+    found every call through the patched names (then it costs nothing: most models)."""
+    cap = state.cap
+    if getattr(cap, "bound_elsewhere", None) is False or not wrapped:
+        yield
+        return
+    mode = _Rebound(state, wrapped)
+    with mode:
+        yield
+    if mode.hits:
+        cap.bound_elsewhere = True
+    elif state.calls_seen:
+        cap.bound_elsewhere = False
 
 
 def projection_weights(model: nn.Module) -> list:
