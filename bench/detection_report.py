@@ -158,11 +158,22 @@ def alarms(run: dict, probe: str | None = None, severities=ALARM) -> list[dict]:
             and (probe is None or f["probe"] == probe)]
 
 
+# Deviations from the paper that models train with: their probe names them as info unless the
+# model's behaviour shows the harm (docs/severity.md, issue 19), so that info is the detection.
+DEVIATIONS = frozenset({"no_emb_scale"})
+
+
+def _named_at(fault) -> tuple[str, ...]:
+    """The severities at which a fault's own probe detects it: its alarms, and also its info
+    for a latent fp16 fault (the advisory on CPU fp32) or a deviation."""
+    return ALARM + ("info",) if fault.needs == "fp16" or fault.name in DEVIATIONS else ALARM
+
+
 def _detected(run: dict) -> list[dict]:
-    """The fault's own probe's alarms (for a latent fp16 fault, its advisory counts)."""
+    """The fault's own probe's alarms (for a latent fp16 fault or a deviation, its info too)."""
     from tndebug.faults import FAULTS
     fault = FAULTS[run["fault"]]
-    return alarms(run, fault.probe, ALARM + ("info",) if fault.needs == "fp16" else ALARM)
+    return alarms(run, fault.probe, _named_at(fault))
 
 
 def first_alarm(run: dict, probe: str, severities=ALARM) -> dict | None:
@@ -221,7 +232,7 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
             continue
         probe = fault.probe
         # latent on CPU fp32: the expected probe's fp16 advisory (info) is the detection
-        sevs = ALARM + ("info",) if fault.needs == "fp16" else ALARM
+        sevs = _named_at(fault)
         det, loc_first, loc_any, steps, sev, no_step = 0, 0, 0, [], defaultdict(int), 0
         per_norm = defaultdict(lambda: [0, 0])
         where_seen = defaultdict(int)

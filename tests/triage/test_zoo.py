@@ -64,8 +64,6 @@ BUGS = [
     ("torch_seq2seq", {"pe": False}, "positional-encoding", "src_tok_emb"),
     ("torch_seq2seq", {"causal": False}, "mask-broadcast", "transformer.decoder.layers.0.self_attn"),
     ("torch_seq2seq", {"memory_mask": False}, "mask-broadcast", "transformer.decoder.layers.0.multihead_attn"),
-    ("torch_seq2seq", {"emb_scale": False, "src_vocab_size": 1000, "tgt_vocab_size": 1000},
-     "positional-encoding", "src_tok_emb"),
     ("sdpa_model", {"scale": False}, "missing-scale", "enc.0.attn"),
     ("sdpa_model", {"causal": False}, "mask-broadcast", "dec.0.attn"),
     ("sdpa_model", {"shared_qk": True}, "head-collapse", "enc.0.attn"),
@@ -80,6 +78,17 @@ def test_bug_is_named_by_probe_and_module(tmp_path_factory, name, bugs, probe, w
     assert (probe, where) in flagged(report), report.findings
     if name != "sdpa_model":         # the exact set: nothing else fires
         assert probes_flagged(report) == {probe}, flagged(report)
+
+
+def test_no_sqrt_d_model_is_a_named_deviation_when_the_model_uses_positions(tmp_path_factory):
+    """Omitting the sqrt(d_model) is a deviation from the paper that models train with (issue 19):
+    positional-encoding names it as info while the encoder's order test shows positions used."""
+    bugs = {"emb_scale": False, "src_vocab_size": 1000, "tgt_vocab_size": 1000}
+    path, _ = checkpoint(tmp_path_factory, "torch_seq2seq", bugs)
+    report = user_triage("torch_seq2seq", path)
+    assert flagged(report) == set(), report.findings
+    named = [f for f in report.findings if f.probe == "positional-encoding" and f.severity == "info"]
+    assert any(f.where == "src_tok_emb" and "sqrt(d_model)" in f.message for f in named), named
 
 
 def test_fill_1e9_in_an_fp32_model_is_an_fp16_advisory(tmp_path_factory):
