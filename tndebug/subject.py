@@ -11,7 +11,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from tndebug.trace import TapCapture, Trace
+from tndebug.capture.taps import TapCapture
+from tndebug.capture.trace import Trace
 
 # Below MIN_PROBE_LEN positions (3 real tokens and a pad) no exact test can run, so a shorter
 # length limit is not searched for.

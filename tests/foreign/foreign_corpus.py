@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from tndebug.triage import TriageOptions, triage
-from tndebug.triage.adapters import import_file
+from tndebug.capture.adapters import import_file
 
 try:
-    from tndebug.triage.adapters import as_logits
+    from tndebug.capture.adapters import as_logits
 except ImportError:           # `bench/foreign.py --at` an older tndebug: train with a local copy
     def as_logits(out, tgt, name):
         out = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)

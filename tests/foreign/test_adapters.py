@@ -12,7 +12,7 @@ import torch
 
 from tndebug.errors import UsageError
 from tndebug.triage import TriageOptions, triage
-from tndebug.triage.adapters import (TNDEBUG_MASKS_NOTE, annotated_forward, as_logits,
+from tndebug.capture.adapters import (TNDEBUG_MASKS_NOTE, annotated_forward, as_logits,
                                      builtin_adapter, import_file, resolve_adapter)
 
 from foreign_corpus import HERE, ROOT

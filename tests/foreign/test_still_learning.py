@@ -9,7 +9,7 @@ import torch
 
 from foreign_corpus import HERE, ROOT
 from tndebug.triage import TriageOptions, triage
-from tndebug.triage.adapters import import_file
+from tndebug.capture.adapters import import_file
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

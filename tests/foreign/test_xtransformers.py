@@ -19,7 +19,7 @@ pytest.importorskip("x_transformers")
 
 from foreign_corpus import (BY_NAME, EXPECTED_PROBE, XT_KNOWN_FAILURES, describe, flagged,  # noqa: E402
                             make_checkpoint, probe_failures, run_triage)
-from tndebug.triage.adapters import import_file  # noqa: E402
+from tndebug.capture.adapters import import_file  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 STYLE = BY_NAME["xtransformers"]

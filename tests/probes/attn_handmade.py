@@ -16,7 +16,7 @@ from tndebug.harness import copy_batch
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
 from tndebug.subject import Subject
-from tndebug.trace import AttentionRecord, StreamPoint, Trace
+from tndebug.capture.trace import AttentionRecord, StreamPoint, Trace
 
 V, PAD, BOS = 11, 0, 1
 

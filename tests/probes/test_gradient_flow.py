@@ -12,7 +12,7 @@ from tndebug.probes.gradient_flow import (DEAD_SHARE, DEAD_SHARE_TRAINING, MIN_T
                                           GradientFlowProbe)
 from tndebug.probes.schedule import every
 from tndebug.subject import tndebug_subject
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 NAME = "gradient-flow"
 FFN_SITES = {f"{s}.layers.{i}.ffn" for s in ("encoder", "decoder") for i in range(2)}

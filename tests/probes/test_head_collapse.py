@@ -16,7 +16,8 @@ from tndebug.probes import probe_class
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.head_collapse import EXACT_ASYM, HeadCollapse
 from tndebug.subject import Subject, tndebug_subject
-from tndebug.trace import AttentionRecord, TapCapture, Trace
+from tndebug.capture.taps import TapCapture
+from tndebug.capture.trace import AttentionRecord, Trace
 
 SITES = {"encoder.layers.0.self_attn", "encoder.layers.1.self_attn", "decoder.layers.0.self_attn",
          "decoder.layers.0.cross_attn", "decoder.layers.1.self_attn", "decoder.layers.1.cross_attn"}

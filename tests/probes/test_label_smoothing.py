@@ -100,7 +100,7 @@ def test_no_criterion_or_raw_logits_skip_with_a_reason():
 def test_runtime_pad_mass_still_falling_is_no_verdict():
     """Above the threshold but falling fast (a model still converging): no warning."""
     from tndebug.probes.base import RunContext, StepInfo
-    from tndebug.trace import Trace
+    from tndebug.capture.trace import Trace
     run = RunContext(subject=tndebug_subject(make_model(ModelConfig.tiny())), criterion=None)
     probe = LabelSmoothingProbe(every(50))
     probe.setup(run)
@@ -118,7 +118,7 @@ def test_runtime_pad_mass_still_falling_is_no_verdict():
 @pytest.mark.parametrize("p_pad, warned", [(0.01, True), (0.0005, False)])
 def test_runtime_pad_mass_is_checked_when_the_unit_test_cannot_run(p_pad, warned):
     from tndebug.probes.base import RunContext, StepInfo
-    from tndebug.trace import Trace
+    from tndebug.capture.trace import Trace
     run = RunContext(subject=tndebug_subject(make_model(ModelConfig.tiny())), criterion=None)
     probe = LabelSmoothingProbe(every(10))
     probe.setup(run)

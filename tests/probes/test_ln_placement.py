@@ -16,7 +16,7 @@ from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.ln_placement import LnPlacement
 from tndebug.subject import Subject, tndebug_subject
-from tndebug.trace import StreamPoint
+from tndebug.capture.trace import StreamPoint
 
 
 def alarms(findings):

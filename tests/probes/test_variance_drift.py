@@ -14,7 +14,7 @@ from tndebug.probes import probe_class
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.variance_drift import VarianceDrift
 from tndebug.subject import Subject
-from tndebug.trace import StreamPoint, Trace
+from tndebug.capture.trace import StreamPoint, Trace
 
 
 def alarms(findings):

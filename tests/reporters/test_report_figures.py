@@ -5,7 +5,7 @@ import torch
 from tndebug.report import Report
 from tndebug.reporters import figures_common, plots
 from tndebug.reporters.recorder import Recorder
-from tndebug.trace import AttentionRecord, StreamPoint, Trace
+from tndebug.capture.trace import AttentionRecord, StreamPoint, Trace
 
 SRC = torch.tensor([[5, 6, 7, 0], [5, 6, 0, 0]])
 TGT = torch.tensor([[1, 5, 6, 7], [1, 5, 6, 0]])

@@ -9,7 +9,7 @@ from tndebug.reporters import figures_common, plots
 from tndebug.reporters.plots_evidence import forbidden_mass, mask_figures
 from tndebug.reporters.recorder import Recorder
 from tndebug.reporters.session import ReportSession
-from tndebug.trace import AttentionRecord, Trace
+from tndebug.capture.trace import AttentionRecord, Trace
 
 SRC = torch.tensor([[5, 6, 7, 0], [5, 6, 0, 0]])           # pad 0
 TGT = torch.tensor([[1, 5, 6, 7], [1, 5, 6, 0]])

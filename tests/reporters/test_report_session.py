@@ -109,7 +109,7 @@ def test_a_failing_figure_does_not_lose_the_report(tmp_path, monkeypatch, capsys
 def test_a_diverged_run_full_of_nan_still_reports(tmp_path, capsys):
     import torch
 
-    from tndebug.trace import AttentionRecord, StreamPoint, Trace
+    from tndebug.capture.trace import AttentionRecord, StreamPoint, Trace
     s = ReportSession(tmp_path, fmt="text", tb_every=1)
     src = torch.tensor([[5, 6, 7, 0], [5, 6, 0, 0]])
     for step in range(3):

@@ -13,7 +13,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
 from tndebug.reporters.tensorboard import TensorBoardSink
-from tndebug.trace import AttentionRecord, StreamPoint, Trace
+from tndebug.capture.trace import AttentionRecord, StreamPoint, Trace
 
 KINDS = ("enc_self", "dec_self", "cross")
 SIZES = {ea.SCALARS: 0, ea.HISTOGRAMS: 0, ea.IMAGES: 0, ea.TENSORS: 0,

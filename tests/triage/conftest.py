@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tndebug.triage.adapters import import_file
+from tndebug.capture.adapters import import_file
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 TINY = dict(N=2, d_model=32, d_ff=64, h=4, dropout=0.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tndebug.triage.adapters import import_file
+from tndebug.capture.adapters import import_file
 
 annotated = import_file(Path(__file__).resolve().parents[1] / "zoo" / "annotated.py")
 

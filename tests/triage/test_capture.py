@@ -12,9 +12,9 @@ from tndebug.config import ModelConfig
 from tndebug.model import make_model
 from tndebug.model.embedding import sinusoid_table
 from tndebug.subject import Subject, tndebug_subject
-from tndebug.trace import ATTN_FIELDS, Trace
-from tndebug.triage.adapters import annotated_forward
-from tndebug.triage.capture import GenericCapture
+from tndebug.capture.trace import ATTN_FIELDS, Trace
+from tndebug.capture.adapters import annotated_forward
+from tndebug.capture import GenericCapture
 
 from conftest import TINY, zoo
 

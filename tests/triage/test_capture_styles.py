@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tndebug.probes.missing_scale import _folded_into_weights, fit_from_sums, fit_sums
-from tndebug.trace import Trace
-from tndebug.triage.capture import GenericCapture, masked_by_addition
+from tndebug.capture.trace import Trace
+from tndebug.capture import GenericCapture, masked_by_addition
 
 D, H, V, PAD = 32, 4, 13, 0
 DK = D // H

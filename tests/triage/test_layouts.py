@@ -9,7 +9,7 @@ from tndebug.data import eval_set, get_task
 from tndebug.errors import UsageError
 from tndebug.model import make_model
 from tndebug.triage import layouts
-from tndebug.triage.adapters import annotated_forward
+from tndebug.capture.adapters import annotated_forward
 from tndebug.triage.run import _config
 
 from conftest import TINY, zoo

@@ -107,7 +107,7 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     from tndebug.outputs import claim_output, triage_default
-    from tndebug.triage.adapters import BUILTIN
+    from tndebug.capture.adapters import BUILTIN
     from tndebug.triage.run import TriageOptions
 
     if args.adapter and ":" not in args.adapter and args.adapter not in BUILTIN:

@@ -5,7 +5,7 @@ docs/bad_input.md (its library section) lists each one with the exact line it ge
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -102,10 +102,8 @@ def user_batch(got: Any, name: str = "batch") -> tuple:
     for label, t in zip(("src", "tgt_in", "tgt_out"), parts):
         if t is None and label == "tgt_out":
             continue
-        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.is_floating_point() \
-                or t.is_complex() or t.dtype == torch.bool:
-            what = (f"a {str(t.dtype).removeprefix('torch.')} tensor of shape {tuple(t.shape)}"
-                    if isinstance(t, torch.Tensor) else f"a {type(t).__name__}")
+        what = _not_ids(t)
+        if what:
             raise UsageError(f"watch: {name}= returned {what} as {label}; it must return "
                              f"{BATCH_SHAPE}")
         if rows is not None and t.shape[0] != rows:
@@ -119,16 +117,23 @@ def user_batch(got: Any, name: str = "batch") -> tuple:
     return src, tgt_in, tgt_out
 
 
+def _not_ids(t) -> str:
+    """What `t` is when it is not a 2-D tensor of integer ids ("" when it is one)."""
+    if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point() \
+            and not t.is_complex() and t.dtype != torch.bool:
+        return ""
+    return (f"a {str(t.dtype).removeprefix('torch.')} tensor of shape {tuple(t.shape)}"
+            if isinstance(t, torch.Tensor) else f"a {type(t).__name__}")
+
+
 def user_data(tensors: dict[str, Any], pad_id: int, src_vocab: int, tgt_vocab: int) -> None:
     """`check(data=)`: 2-D integer tensors with one row count, ids inside the model's vocabulary,
     and the pad id only at the ends of a row (else it is a real token: the pad id is wrong)."""
     from tndebug.triage.userdata import mid_sequence_pads, pad_text
     rows = None
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.is_floating_point() \
-                or t.is_complex() or t.dtype == torch.bool:
-            what = (f"a {str(t.dtype).removeprefix('torch.')} tensor of shape {tuple(t.shape)}"
-                    if isinstance(t, torch.Tensor) else f"a {type(t).__name__}")
+        what = _not_ids(t)
+        if what:
             raise UsageError(f"check: data= {name} is {what}; expected integer ids [N, length] "
                              f"(batch first)")
         if rows is not None and t.shape[0] != rows:

@@ -61,7 +61,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                                           probes=probes, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                                           max_len=max_len, sinks=session.sinks))
     from tndebug.triage import hygiene
-    from tndebug.triage.capture import projection_weights
+    from tndebug.capture import projection_weights
     t0 = time.perf_counter()
     names = _names(probes)
     subject, info = live_subject(model, forward, pad_id=pad_id, bos_id=bos_id,

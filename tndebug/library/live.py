@@ -23,8 +23,8 @@ from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library.args import forward_vocab, ids_in_vocabulary
 from tndebug.subject import Subject
-from tndebug.triage.adapters import Adapter, as_logits, builtin_adapter, first_tensor, guess_adapter
-from tndebug.triage.capture import GenericCapture
+from tndebug.capture.adapters import Adapter, as_logits, builtin_adapter, first_tensor, guess_adapter
+from tndebug.capture import GenericCapture
 
 
 def is_hf_seq2seq(model: nn.Module) -> bool:
@@ -81,7 +81,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     info: dict = {"hf": False}
     first_content = None
     if forward is None and is_hf_seq2seq(model):
-        from tndebug.triage.hf import HFSubject, choose_ids, make_adapter
+        from tndebug.triage.hf import choose_ids, make_adapter
         in_v = model.get_input_embeddings().num_embeddings
         out_emb = model.get_output_embeddings()
         out_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or in_v

@@ -51,7 +51,7 @@ from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext, StepI
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.schedule import never
 from tndebug.report import Report
-from tndebug.triage.adapters import first_tensor
+from tndebug.capture.adapters import first_tensor
 
 MOMENTS = ("setup", "observe", "update", "finish", "on_divergence", "on_resume")
 SEVERITIES = ("info", "warning", "error", "never")

@@ -9,7 +9,7 @@ import math
 import torch
 
 from tndebug.subject import Subject
-from tndebug.trace import AttentionRecord, Trace
+from tndebug.capture.trace import AttentionRecord, Trace
 
 KIND_WORDS = {"enc_self": "encoder (self-attention)", "dec_self": "decoder (self-attention)",
               "cross": "decoder (cross-attention)"}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tndebug.trace import StreamPoint, Trace
+from tndebug.capture.trace import StreamPoint, Trace
 
 # A LayerNorm output x = γ ⊙ z + β with Σ_i z_i = 0 satisfies Σ_i x_i/γ_i = const for every
 # token: the token-centred matrix has a null vector, so its smallest singular value is ~0

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tndebug.trace import AttentionRecord, Trace
+from tndebug.capture.trace import AttentionRecord, Trace
 
 FLAT = 1e-3           # scores varying less than this over the keys (relative): tokens all alike
 JS_MAX_SEQ, JS_MAX_ROWS = 8, 64

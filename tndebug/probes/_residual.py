@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from tndebug.probes import _depth_stats as ds
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 # Both identities are exact up to float32 rounding (relative ~1e-7 on a d=32..512 stream; the
 # norm's eps of 1e-5..1e-6 against a unit variance moves z by ~1e-6 relative): 1e-4 leaves two

@@ -30,7 +30,7 @@ import torch
 from tndebug.findings import Finding
 from tndebug.probes.schedule import Schedule, every
 from tndebug.subject import Subject
-from tndebug.trace import Trace, check_reads
+from tndebug.capture.trace import Trace, check_reads
 
 
 @dataclass

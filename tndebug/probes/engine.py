@@ -21,7 +21,7 @@ import torch
 from tndebug.findings import Finding
 from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 SNAPSHOT_READS = frozenset({"attn.probs", "stream", "grad.stream"})   # what the figures draw

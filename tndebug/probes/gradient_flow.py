@@ -29,7 +29,7 @@ from tndebug.probes._misc_stats import (RunningMedian, first_reason, group_param
                                         layer_group, metric_tag)
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 MIN_TOKENS = 4096     # FAILURE_MODES 7f
 # Healthy tiny/small, pre/post, dropout 0/0.1/0.3: at most 31% of a layer's units never fire at

@@ -35,7 +35,7 @@ from tndebug.probes._head_stats import (FLAT, Proj, flat_scores, fmt_heads, head
                                           same_weight, uniform_js)
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
-from tndebug.trace import AttentionRecord, Trace
+from tndebug.capture.trace import AttentionRecord, Trace
 
 ENT_LOW = 0.05        # normalised entropy of a collapsed head (FAILURE_MODES 4a)
 COLLAPSED_SHARE = 0.5  # share of a layer's heads below ENT_LOW

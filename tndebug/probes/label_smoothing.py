@@ -16,7 +16,7 @@ from tndebug.notes import FAULT_NOTES
 from tndebug.probes._misc_stats import first_reason
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 PAD_ROW_GRAD = 1e-6     # max |grad| on pad-target rows, relative to the largest gradient entry
 PAD_SHARE = 0.1         # q_pad above 10% of q_other (and q_other > Q_MIN): pad gets smoothing mass

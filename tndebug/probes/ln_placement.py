@@ -55,7 +55,7 @@ from tndebug.probes import _depth_stats as ds
 from tndebug.probes._residual import NORM_TOL, residual_carries
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import Schedule
-from tndebug.trace import StreamPoint, Trace
+from tndebug.capture.trace import StreamPoint, Trace
 
 HIGH_LR = 1e-4        # Xiong et al.: post-LN without warmup diverges at lr ≥ 1e-4 (FAILURE_MODES 6)
 RAMP = 1.5            # a warmup raises the lr by more than this factor over its first steps

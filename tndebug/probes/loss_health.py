@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 # Initial CE over ln V.  Healthy tiny/small models (V = 11, Xavier generator over a normalised
 # stream) start at 1.08-1.54 ln V: the logit variance at init is ~2, which adds sigma^2/2 ~ 1 nat,

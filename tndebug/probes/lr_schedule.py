@@ -8,7 +8,7 @@ from __future__ import annotations
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.schedule import every
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 MISMATCH = 1e-6       # relative; a float32 lr tensor or round-off stays far below it
 RESUME_JUMP = 0.1     # FAILURE_MODES 7d: |lr_after / lr_before - 1| > 0.1 -> error

@@ -9,7 +9,7 @@ from tndebug.notes import FAULT_NOTES
 from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation_sums
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import at, every
-from tndebug.trace import AttentionRecord, Trace
+from tndebug.capture.trace import AttentionRecord, Trace
 
 TOL = {False: 1e-3, True: 1e-2}      # |c*sqrt(d_k) - 1|; True: 16-bit compute
 FIT_RESIDUAL = 1e-2                  # above this the scores are not c*QK^T (bias, QK-norm): no verdict

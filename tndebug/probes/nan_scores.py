@@ -11,7 +11,7 @@ from tndebug.probes._attn_stats import fully_masked_rows, masked_entries, probe_
 from tndebug.probes._nan_checks import FIX_LOSS, constant_rows_nonfinite, loss_story
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 FP16_MAX = 65504.0                      # torch.finfo(torch.float16).max
 FP16_TINY = 2.0 ** -24                  # smallest positive float16 (subnormal), 6.0e-08

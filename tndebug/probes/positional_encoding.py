@@ -20,7 +20,7 @@ from tndebug.probes._misc_stats import first_reason, rel_diff, rms
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.subject import Subject
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 PERM_TOL = 1e-4          # FAILURE_MODES 7a; healthy tiny/small encoders give rel 0.3-1.0
 PERM_TOL_LOW_PRECISION = 1e-2   # when the encoder does not compute in float32

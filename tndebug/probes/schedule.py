@@ -37,3 +37,9 @@ def log_spaced(then_every: int = 250) -> Schedule:
 
 def never() -> Schedule:
     return Schedule(lambda s: False, "never")
+
+
+def own_hooks() -> Schedule:
+    """Never due to the engine (no trace is captured for it): the probe sees every optimizer
+    step through hooks of its own (zero-grad, train-mode)."""
+    return Schedule(lambda s: False, "at every optimizer step, through its own optimizer hooks")

@@ -19,7 +19,7 @@ import weakref
 from torch import nn
 
 from tndebug.probes.base import Probe, RunContext
-from tndebug.probes.schedule import Schedule
+from tndebug.probes.schedule import own_hooks
 
 
 def mode_sensitive(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -41,9 +41,7 @@ class TrainModeProbe(Probe):
     reads = ()
     fix = ("Call model.train() after every evaluation (model.eval() switches dropout and "
            "batch-norm to their evaluation behaviour until it is undone)")
-    # never due to the engine (no trace): it sees every step through its own optimizer hook
-    default_schedule = staticmethod(lambda: Schedule(lambda s: False, "at every optimizer step, "
-                                                     "through its own optimizer hook"))
+    default_schedule = staticmethod(own_hooks)
 
     def __init__(self, schedule=None) -> None:
         super().__init__(schedule)

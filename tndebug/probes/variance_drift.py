@@ -35,7 +35,7 @@ from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 # Calibrated on healthy runs: tndebug.harness tiny (300 steps, seeds 0-2) and small (200-300
 # steps, seeds 0-1), pre and post, dropout 0/0.1/0.3; tndebug.train small 400 steps (seeds

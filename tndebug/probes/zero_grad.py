@@ -28,7 +28,7 @@ import weakref
 import torch
 
 from tndebug.probes.base import Probe, RunContext
-from tndebug.probes.schedule import Schedule
+from tndebug.probes.schedule import own_hooks
 
 TRACKED = 3           # parameters watched: one shows the bug; the smallest keep the check cheap
 
@@ -41,9 +41,7 @@ class ZeroGradProbe(Probe):
     reads = ()
     fix = ("Call optimizer.zero_grad(set_to_none=True) once per step, before loss.backward() "
            "(or right after optimizer.step()); gradient accumulation zeroes once per optimizer step")
-    # never due to the engine (no trace): it sees every step through its own optimizer hooks
-    default_schedule = staticmethod(lambda: Schedule(lambda s: False, "at every optimizer step, "
-                                                     "through its own optimizer hooks"))
+    default_schedule = staticmethod(own_hooks)
 
     def __init__(self, schedule=None) -> None:
         super().__init__(schedule)

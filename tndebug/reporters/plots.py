@@ -23,7 +23,7 @@ from tndebug.reporters.plots_attention import attention_image, figure_attention_
 from tndebug.reporters.plots_curves import figure_curves
 from tndebug.reporters.plots_evidence import finding_kinds, mask_figures, site_kinds
 from tndebug.reporters.recorder import Recorder, TraceSnapshot
-from tndebug.trace import KINDS
+from tndebug.capture.trace import KINDS
 
 _HEAD_METRIC = re.compile(r"attn/(enc_self|dec_self|cross)/layer(\d+)/head(\d+)/(\w+)")
 _RESID = re.compile(r"depth/(encoder|decoder)/layer(\d+)/resid_rms")

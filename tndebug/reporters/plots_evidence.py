@@ -22,7 +22,7 @@ from tndebug.probes._attn_stats import KIND_WORDS as _KIND_WORDS
 from tndebug.reporters import figures_common as C
 from tndebug.reporters.figures_common import DPI, KIND_SHORT, KIND_TITLE, Plot, _annotate, _colorbar
 from tndebug.reporters.recorder import Recorder, TraceSnapshot
-from tndebug.trace import KINDS
+from tndebug.capture.trace import KINDS
 
 KIND_WORDS = {words: kind for kind, words in _KIND_WORDS.items()}   # mask-broadcast's kind names
 FORBIDDEN = {"enc_self": "pad keys", "dec_self": "future and pad keys", "cross": "source pad keys"}

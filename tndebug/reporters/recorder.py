@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 _LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)")
 SNAPSHOT_EXAMPLES = 4          # examples of the probe batch kept for attention figures

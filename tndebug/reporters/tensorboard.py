@@ -40,7 +40,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import custom_scalars, hparams
 
 from tndebug.reporters.recorder import on_cadence
-from tndebug.trace import Trace
+from tndebug.capture.trace import Trace
 
 HIST_BINS = 30                   # equal-width buckets between the finite min and max
 HIST_SAMPLE = 16384              # bucket counts from a strided sample of at most this many values

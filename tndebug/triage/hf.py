@@ -207,7 +207,7 @@ def triage_hf(opts, patch=None, sinks=()):
     from tndebug import driver
     from tndebug.triage import hygiene
     from tndebug.triage import run as R
-    from tndebug.triage.capture import GenericCapture
+    from tndebug.capture import GenericCapture
     from tndebug.triage.fresh import SEED, apart_from_weights, seeded
     from tndebug.triage import hf_checks
     from tndebug.triage.hf_data import held_out

@@ -34,9 +34,9 @@ from tndebug.probes import PROBE_NAMES, parse_probe_spec
 from tndebug.probes.base import COVERAGE, ProbeError
 from tndebug.subject import Subject, tndebug_subject
 from tndebug.triage import hygiene, layouts
-from tndebug.triage.adapters import (build_user_model, load_weights, parse_config,
+from tndebug.capture.adapters import (build_user_model, load_weights, parse_config,
                                      resolve_adapter)
-from tndebug.triage.capture import GenericCapture, projection_weights
+from tndebug.capture import GenericCapture, projection_weights
 from tndebug.triage.fresh import SEED, apart_from_weights, seeded
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.userdata import check_vocab as check_data_vocab, load_data
@@ -152,7 +152,7 @@ def refuse_longer(subject: Subject, tensors, what: str) -> None:
     fits = subject.fit(width)
     if fits < width:
         known = (f"max_len {subject.max_len} (its config, or --max-len)" if subject.max_len
-                 else f"the model raised on longer sequences")
+                 else "the model raised on longer sequences")
         raise UsageError(f"{what}: rows are {width} positions long, but the model takes at most "
                          f"{fits} ({known}): pass shorter sequences, or --max-len if the limit "
                          f"is wrong")

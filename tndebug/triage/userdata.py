@@ -50,7 +50,7 @@ def _read(path: Path):
 
 
 def _call(spec: str):
-    from tndebug.triage.adapters import load_callable
+    from tndebug.capture.adapters import load_callable
     fn, _ = load_callable(spec, "--data")
     try:
         return fn()

@@ -1,0 +1,278 @@
+"""A generic capture: fill a `Trace` from any PyTorch model, in the model's own naming.
+
+    capture = GenericCapture(model)
+    with capture.recording(("all",), trace):      # hooks and patches live only inside
+        logits = forward(model, src, tgt, pad_id)
+
+How each part of the trace is found:
+
+* attention: inside the forward of every module whose class name contains "Attention"/"Attn"
+  (and nn.MultiheadAttention), `torch.matmul`/`@`/`bmm`/`einsum`, `masked_fill` and
+  `softmax` are intercepted: the first product before the softmax gives q, k and the raw
+  scores, `masked_fill` gives scores and masked scores, the softmax the probabilities, the
+  product after it v and the per-head outputs z. `F.scaled_dot_product_attention` never
+  materialises the probabilities, so its q, k, v and mask are recorded and the scores and
+  probabilities recomputed here (cheap at probe sizes). nn.MultiheadAttention goes through one
+  of these two paths (its fast path is switched off while recording); if only its returned
+  weights are seen they are recorded with `head_averaged=True`.
+* kind: "cross" when the module's query and key inputs differ (or its name says so);
+  otherwise "dec_self"/"enc_self" from the path, else from the query length.
+* residual stream: outputs of `<enc|dec>*.layers.N` (layer), their Sublayer/Residual children
+  (sublayer) and the stacks (`encoder`, `decoder`, `transformer.encoder`, ...).
+* embeddings: `tok` is the output of the outermost module around an nn.Embedding that is fed
+  the source or target ids (without a positional part inside); `out` is what enters the
+  encoder or decoder stack; the PE part is `out - tok`.
+* FFN hidden: the input of the second Linear of a feed-forward module (`w_2`, `linear2`, ...).
+
+Sequence-first models (nn.Transformer's default) are detected from the ids fed to the
+embedding and every [T, B, d] activation is transposed to [B, T, d].
+
+`scaling(alpha)` multiplies every attention's pre-softmax scores by alpha (the temperature
+sweep) through the same interception.
+"""
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from contextlib import nullcontext
+
+from torch import nn
+import torch
+import torch.nn.functional as F
+
+from tndebug.capture.trace import Trace
+from tndebug.capture.patching import _patched
+from tndebug.capture.recording import _State
+from tndebug.capture.structure import _FFN, _FFN_OUT, _LAYER, _STACK, _is_positional, _owner_layer, _stack_of, is_attention
+
+
+class GenericCapture:
+    """Fills a Trace from any nn.Module; module paths are the model's own.
+
+    Args:
+        model: the user's module.
+        seq_first: True for [T, B, ...] activations; None detects it from the ids the
+            embeddings receive (then from nn.MultiheadAttention.batch_first).
+    """
+
+    def __init__(self, model: nn.Module, *, seq_first: bool | None = None) -> None:
+        self.model = model
+        self.seq_first_hint = seq_first
+        self.paths = {id(m): n for n, m in model.named_modules()}
+        modules = dict(model.named_modules())
+        self.attention = {n for n, m in modules.items() if n and is_attention(m)}
+        self.layers = {n: (_stack_of(n) or "encoder", int(m.group("i")))
+                       for n in modules for m in [_LAYER.search(n)] if m}
+        self.stacks = {n: _stack_of(n) for n in modules if n and _STACK.search(n)
+                       and any(c.startswith(n + ".") for c in self.layers)}
+        self.sublayers = {n for n, m in modules.items()
+                          if re.search(r"sublayer|residual", type(m).__name__, re.I)
+                          and _owner_layer(n, self.layers) is not None}
+        self.positional = {n for n, m in modules.items() if n and _is_positional(n, m)}
+        self.tok_wrappers = self._token_embedding_modules(modules)
+        self.ffn_out = self._ffn_outputs(modules)
+        mhas = [m for m in modules.values() if isinstance(m, nn.MultiheadAttention)]
+        self.mha_seq_first = bool(mhas) and not any(m.batch_first for m in mhas)
+        self.alpha: float | None = None
+        self._active = False
+        # (site, "q"/"k") -> where its projection was last found (position in the pool counted
+        # from the end, chunks, chunk): tried first next time, one check instead of a search
+        self.projection_hints: dict[tuple[str, str], tuple[int, int, int]] = {}
+
+    # -- static structure ------------------------------------------------------------------
+    def _token_embedding_modules(self, modules: dict) -> dict[str, bool]:
+        """Token-embedding wrappers: the outermost module around an nn.Embedding that holds no
+        positional part -> whether its output is the token part alone (False when the PE is
+        added inside the same module, so the two cannot be told apart)."""
+        out = {}
+        for name, m in modules.items():
+            if not isinstance(m, nn.Embedding) or name in self.positional:
+                continue
+            best, parent = name, name.rpartition(".")[0]
+            clean = True
+            while parent:
+                subtree = list(modules[parent].named_modules(prefix=parent))
+                if any(n in self.positional for n, _ in subtree):
+                    if parent in self.positional:    # the PE is added in the same module
+                        best, clean = parent, False
+                    break
+                if (any(is_attention(x) for _, x in subtree)
+                        or sum(isinstance(x, nn.Embedding) for _, x in subtree) > 1
+                        or parent in self.layers or parent in self.stacks):
+                    break
+                best, parent = parent, parent.rpartition(".")[0]
+            out[best] = clean
+        return out
+
+    def _ffn_outputs(self, modules: dict) -> dict[str, str]:
+        """Second-Linear path -> the key its input (the FFN hidden) is stored under.
+
+        From structure, not names: outside attention, a module whose own Linear children include
+        an expansion d -> f and a contraction f -> d (two Linears around an activation, or three
+        in a gated FFN such as T5's wi_0/wi_1/wo) is a feed-forward block; the contraction's
+        input is the hidden. When f == d the two cannot be told apart by shape, and the one
+        registered second is taken (every implementation we know defines w_1 before w_2).
+        The usual names (`w_2`, `linear2`, `fc2`, ...) count too.
+        """
+        out = {}
+        for owner, m in modules.items():
+            if any(owner == a or owner.startswith(a + ".") for a in self.attention):
+                continue
+            linears = [(n, c) for n, c in m.named_children() if isinstance(c, nn.Linear)]
+            for i, (n2, l2) in enumerate(linears):
+                pairs = [l1 for n1, l1 in linears if l1 is not l2
+                         and l1.out_features == l2.in_features and l1.in_features == l2.out_features]
+                contraction = l2.in_features > l2.out_features or (
+                    l2.in_features == l2.out_features and any(l1 is c for _, c in linears[:i]
+                                                              for l1 in pairs))
+                named = n2 in _FFN_OUT and (owner in self.layers or _FFN.search(owner.rpartition(".")[2])
+                                            or _FFN.search(type(m).__name__))
+                if not ((pairs and contraction) or named):
+                    continue
+                name = f"{owner}.{n2}" if owner else n2
+                holds_attention = any(c.startswith(owner + ".") for c in self.attention) if owner else True
+                block = owner and owner not in self.layers and not holds_attention
+                out[name] = owner if block else name
+        return out
+
+    # -- discovery ---------------------------------------------------------------------------
+    def discover(self, run) -> set[str]:
+        """Run `run()` (one forward) and add, as attention modules, the innermost modules in which
+        a softmax follows a product of two activations (q k^T, not x W), or an SDPA call happens,
+        whatever their class is called (`Head`, `Mixer`). A softmax module (`nn.Softmax`)
+        stands for its parent. Returns the modules added."""
+        stack: list[str] = []
+        producted: set[str] = set()              # modules that multiplied two activations
+        found: set[str] = set()
+        modules = dict(self.model.named_modules())
+
+        def innermost() -> str | None:
+            for name in reversed(stack):
+                m = modules[name]
+                if not (isinstance(m, nn.Softmax) or "softmax" in type(m).__name__.lower()):
+                    return name or None
+            return None
+
+        def on_softmax(x, sdpa=False) -> None:
+            name = innermost()
+            if name and (sdpa or (isinstance(x, torch.Tensor) and x.dim() >= 3 and name in producted)):
+                found.add(name)
+
+        def on_product(a, b) -> None:
+            name = innermost()
+            if name and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (a, b)):
+                producted.add(name)
+
+        handles = []
+        for name, m in modules.items():
+            handles.append(m.register_forward_pre_hook(lambda mod, a, name=name: stack.append(name)))
+            handles.append(m.register_forward_hook(lambda mod, a, o: (stack.pop(), None)[1]))
+
+        def softmax(orig):
+            def wrapper(x, *args, **kwargs):
+                on_softmax(x)
+                return orig(x, *args, **kwargs)
+            return wrapper
+
+        def sdpa(orig):
+            def wrapper(*args, **kwargs):
+                on_softmax(None, sdpa=True)
+                return orig(*args, **kwargs)
+            return wrapper
+
+        def product(orig):
+            def wrapper(a, b, *args, **kwargs):
+                on_product(a, b)
+                return orig(a, b, *args, **kwargs)
+            return wrapper
+
+        def einsum(orig):
+            def wrapper(eq, *ops, **kwargs):
+                flat = ops[0] if len(ops) == 1 and isinstance(ops[0], (list, tuple)) else ops
+                if len(flat) == 2:
+                    on_product(*flat)
+                return orig(eq, *ops, **kwargs)
+            return wrapper
+
+        patches = [(F, "softmax", softmax), (torch, "softmax", softmax), (torch.Tensor, "softmax", softmax),
+                   (F, "scaled_dot_product_attention", sdpa), (torch, "matmul", product),
+                   (torch.Tensor, "matmul", product), (torch.Tensor, "__matmul__", product),
+                   (torch, "bmm", product), (torch.Tensor, "bmm", product), (torch, "einsum", einsum)]
+        originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
+        try:
+            for (owner, attr, make), (_, _, orig) in zip(patches, originals):
+                setattr(owner, attr, make(orig))
+            with torch.no_grad():
+                run()
+        finally:
+            for owner, attr, orig in reversed(originals):
+                setattr(owner, attr, orig)
+            for h in handles:
+                h.remove()
+        new = {n for n in found if n not in self.attention
+               and not any(n.startswith(a + ".") for a in self.attention)}
+        self.attention |= new
+        if new:
+            self.ffn_out = self._ffn_outputs(modules)
+        return new
+
+    # -- recording ---------------------------------------------------------------------------
+    @contextmanager
+    def recording(self, reads=("all",), trace: Trace | None = None):
+        trace = trace if trace is not None else Trace()
+        state = _State(self, trace, frozenset(reads))
+        try:
+            with self._installed(state, self._paths_for(state)):
+                yield trace
+        finally:
+            state.finalise()
+            state.release()
+
+    @contextmanager
+    def scaling(self, alpha: float):
+        """Scale every attention's pre-softmax scores by `alpha` (nothing recorded)."""
+        state = _State(self, None, frozenset())
+        state.alpha = alpha
+        with self._installed(state, sorted(self.attention)):
+            yield
+
+    def _paths_for(self, state: "_State") -> list[str]:
+        """The modules whose hooks fill what `state.reads` asks for, in the model's order: a
+        recording of FFN activations hooks the FFNs, not every Linear and LayerNorm (hooks on
+        every module cost a probed step ~2 ms on a 3-layer model)."""
+        reads = state.reads
+        if "all" in reads or state.keep_order:          # every module's output, in order
+            return [n for n, _ in self.model.named_modules()]
+        paths = set(self.tok_wrappers)                  # the layout: the ids they are fed
+        if state.follow_attention:
+            paths |= self.attention
+        if "ffn.hidden" in reads:
+            paths |= set(self.ffn_out)
+        if reads & {"embed", "grad.stream"}:            # what enters each stack, and from where
+            paths |= self.positional | set(self.stacks)
+            paths |= {n for n, (_, i) in self.layers.items() if i == 0}
+        if "grad.stream" in reads:
+            paths |= set(self.layers) | self.sublayers
+        return [n for n, _ in self.model.named_modules() if n in paths]
+
+    @contextmanager
+    def _installed(self, state: "_State", paths: list[str]):
+        """Hooks on `paths`; torch's attention primitives patched when an attention's insides
+        are recorded or scaled; MHA fast path off (it runs a layer as one call, past the hooks
+        inside it); all undone."""
+        handles = []
+        for name in paths:
+            module = self.model.get_submodule(name)
+            handles.append(module.register_forward_pre_hook(state.pre_hook(name), with_kwargs=True))
+            handles.append(module.register_forward_hook(state.post_hook(name), with_kwargs=True))
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        patching = _patched(state) if state.intercept or state.alpha is not None \
+            else nullcontext()
+        try:
+            with patching:
+                yield
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
+            for h in handles:
+                h.remove()

@@ -1,0 +1,219 @@
+"""The torch primitives swapped for recording wrappers while a recording runs (and restored):
+one table, with a TorchFunctionMode for the calls a model bound before the patch.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+from torch.overrides import TorchFunctionMode
+import torch
+import torch.nn.functional as F
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:                       # annotations only: no import circle
+    from tndebug.capture.recording import _State
+
+
+
+# -- patching ------------------------------------------------------------------------------------
+@contextmanager
+def _patched(state: _State):
+    """Swap torch's attention primitives for recording wrappers; always restored."""
+    originals = []
+
+    def patch(owner, name, make):
+        orig = getattr(owner, name)
+        originals.append((owner, name, orig))
+        setattr(owner, name, make(orig))
+
+    def product(orig, kT=True):
+        def wrapper(a, b, *args, **kwargs):
+            if state.current() is None:
+                return orig(a, b, *args, **kwargs)
+            state.busy = True
+            try:
+                out = orig(a, b, *args, **kwargs)
+            finally:
+                state.busy = False
+            state.on_product(a, b, out, kT)
+            return out
+        return wrapper
+
+    def add(orig, inplace=False):
+        def wrapper(a, b, *args, **kwargs):
+            if state.current() is None:
+                return orig(a, b, *args, **kwargs)
+            before = a.clone() if inplace and isinstance(a, torch.Tensor) else a
+            state.busy = True
+            try:
+                out = orig(a, b, *args, **kwargs)
+            finally:
+                state.busy = False
+            if args or kwargs:                   # add(a, b, alpha=...): not a plain sum
+                return out
+            state.on_add(before, b, out)
+            return out
+        return wrapper
+
+    def linear(orig):
+        def wrapper(x, *args, **kwargs):
+            out = orig(x, *args, **kwargs)
+            if state.calls:
+                state.on_linear(x, out, args[0] if args else kwargs.get("weight"))
+            return out
+        return wrapper
+
+    def baddbmm(orig):
+        def wrapper(inp, b1, b2, *args, **kwargs):
+            if state.current() is None:
+                return orig(inp, b1, b2, *args, **kwargs)
+            state.busy = True
+            try:
+                out = orig(inp, b1, b2, *args, **kwargs)
+                raw = torch.bmm(b1, b2)
+            finally:
+                state.busy = False
+            state.on_product(b1, b2, raw)
+            call = state.current()
+            if call is not None and call.masked_scores is None:
+                call.scores, call.masked_scores = raw, out
+            return out
+        return wrapper
+
+    def einsum(orig):
+        def wrapper(eq, *operands, **kwargs):
+            ops = operands[0] if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
+            if state.current() is None or len(ops) != 2:
+                return orig(eq, *operands, **kwargs)
+            state.busy = True
+            try:
+                out = orig(eq, *operands, **kwargs)
+            finally:
+                state.busy = False
+            a, b = ops
+            call = state.current()
+            if call is not None and isinstance(b, torch.Tensor) and b.dim() == 2:
+                if state.trace is not None:                  # "btd,de->bte": a projection
+                    call.linears.append((a.detach(), out.detach(), b))
+            elif call is not None and out.dim() >= 3:
+                if not call.softmaxed and call.raw is None and a.shape[-1] == b.shape[-1]:
+                    call.q, call.k, call.raw = a, b, out            # "...qd,...kd->...qk"
+                elif call.softmaxed and call.z is None:
+                    call.v, call.z = b, out
+            return out
+        return wrapper
+
+    def masked_fill(orig, inplace=False):
+        def wrapper(x, mask, value, *args, **kwargs):
+            if state.current() is None:
+                return orig(x, mask, value, *args, **kwargs)
+            before = x.clone() if inplace else x
+            state.busy = True
+            try:
+                out = orig(x, mask, value, *args, **kwargs)
+            finally:
+                state.busy = False
+            state.on_masked_fill(before, mask, out)
+            return out
+        return wrapper
+
+    def softmax(orig):
+        def wrapper(x, *args, **kwargs):
+            if state.current() is None:
+                return orig(x, *args, **kwargs)
+            x_in = state.softmax_input(x)
+            state.busy = True
+            try:
+                out = orig(x_in, *args, **kwargs)
+            finally:
+                state.busy = False
+            state.on_softmax(x_in, out)
+            return out
+        return wrapper
+
+    def sdpa(orig):
+        def wrapper(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, **kwargs):
+            call = state.current()
+            if call is None:
+                return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, **kwargs)
+            use_scale = scale
+            if state.alpha is not None and not call.scaled:
+                call.scaled = True
+                use_scale = (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])) * state.alpha
+            state.busy = True
+            try:
+                out = orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                           is_causal=is_causal, scale=use_scale, **kwargs)
+            finally:
+                state.busy = False
+            state.on_sdpa(query, key, value, attn_mask, is_causal, use_scale, out)
+            return out
+        return wrapper
+
+    try:
+        for owner in (torch, torch.Tensor):
+            patch(owner, "matmul", product)
+            patch(owner, "bmm", product)
+            patch(owner, "masked_fill", masked_fill)
+            patch(owner, "softmax", softmax)
+        patch(torch.Tensor, "__matmul__", product)
+        patch(torch, "add", add)
+        patch(torch.Tensor, "add", add)
+        patch(torch.Tensor, "__add__", add)
+        patch(torch.Tensor, "__radd__", add)
+        patch(torch.Tensor, "add_", lambda o: add(o, inplace=True))
+        patch(torch.Tensor, "__iadd__", lambda o: add(o, inplace=True))
+        patch(F, "linear", linear)
+        patch(torch.Tensor, "masked_fill_", lambda o: masked_fill(o, inplace=True))
+        patch(torch, "baddbmm", baddbmm)
+        patch(torch, "einsum", einsum)
+        patch(F, "softmax", softmax)
+        patch(F, "scaled_dot_product_attention", sdpa)
+        wrapped = {orig: getattr(owner, name) for owner, name, orig in originals
+                   if (owner, name) in ((torch, "einsum"), (F, "softmax"))}
+        with _rebound(state, wrapped):
+            yield
+    finally:
+        for owner, name, orig in reversed(originals):
+            setattr(owner, name, orig)
+
+
+class _Rebound(TorchFunctionMode):
+    """Calls of torch functions the model bound before the patch (`from torch import einsum`,
+    `functools.partial(F.softmax, dim=-1)`, as x-transformers does): torch hands every call of
+    such a function to an active mode, whatever name it was called by, so they reach the same
+    recording wrappers. A call made through the patched name reaches the mode from inside its
+    wrapper, while `state.busy`, and passes through unrecorded a second time."""
+
+    def __init__(self, state: "_State", wrapped: dict) -> None:
+        super().__init__()
+        self.state, self.wrapped, self.hits = state, wrapped, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        wrapper = self.wrapped.get(func)
+        if wrapper is not None and not self.state.busy and self.state.current() is not None:
+            self.hits += 1
+            return wrapper(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def _rebound(state: "_State", wrapped: dict):
+    """`_Rebound` for this recording, unless an earlier one of this capture saw attention and
+    found every call through the patched names (then it costs nothing: most models)."""
+    cap = state.cap
+    if getattr(cap, "bound_elsewhere", None) is False or not wrapped:
+        yield
+        return
+    mode = _Rebound(state, wrapped)
+    with mode:
+        yield
+    if mode.hits:
+        cap.bound_elsewhere = True
+    elif state.calls_seen:
+        cap.bound_elsewhere = False

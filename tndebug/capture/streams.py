@@ -1,0 +1,82 @@
+"""The residual-stream and embedding half of a recording's state.
+"""
+from __future__ import annotations
+
+
+import torch
+
+from tndebug.capture.trace import StreamPoint
+from tndebug.capture.structure import _position_only
+
+
+class _Streams:
+    """The residual stream and embedding points of a recording (mixed into `_State`: the
+    attention internals are the rest of it)."""
+
+    def _token_embedding(self, name, args, kwargs, x) -> None:
+        ids = args[0] if args else next(iter(kwargs.values()), None)
+        if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
+            return
+        t = self.trace
+        for role, ref in (("src", t.src), ("tgt", t.tgt)):
+            if ref is None or role in self.tok:
+                continue
+            if ids.shape == ref.shape and torch.equal(ids, ref):
+                first = False
+            elif ids.dim() == 2 and ids.shape == ref.T.shape and torch.equal(ids, ref.T):
+                first = True
+            else:
+                continue
+            if self.layout.seq_first is None and ids.shape[0] != ids.shape[1]:
+                self.layout.seq_first = first
+            elif self.layout.seq_first is None:
+                self.layout.seq_first = first and not torch.equal(ids, ref)
+            self.tok[role], self.tok_site[role] = x, name
+            return
+
+    def _stream(self, name, stack, layer, kind, out: torch.Tensor) -> None:
+        if out.dim() != 3 or not out.is_floating_point():
+            return
+        self.streams.append((name, stack, layer, kind, out.detach()))
+        if "grad.stream" in self.reads and out.requires_grad:
+            # The hook lives in the autograd graph, which the user's model may keep (The
+            # Annotated Transformer stores `self.attn`): it must not reach the model, or the
+            # model, graph and hook hold each other out of the collector's sight.
+            trace, layout = self.trace, self.layout
+            out.register_hook(lambda g, name=name: trace.grads.__setitem__(name, layout.bt(g.detach())))
+
+    def _embedding_parts(self, role: str, stack: str) -> None:
+        """tok: the input of the positional module whose output enters the stack, else a clean
+        token-embedding wrapper's output; out: what enters the stack."""
+        t = self.trace
+        out = self.stack_in.get(stack)
+        site = self.tok_site.get(role)
+        tok = None
+        if out is not None:
+            for path, x_in, x_out in self.pos_calls:
+                if x_out.shape == out.shape and (x_out is out or torch.equal(x_out, out)):
+                    tok, site = x_in, site or path
+                    break
+        if tok is None and site is not None and self.cap.tok_wrappers.get(site):
+            tok = self.tok.get(role)
+        if site is None:
+            if out is None:
+                return
+            site = next((n for n, s in self.cap.stacks.items() if s == stack), stack) + ".input"
+        if self.tok_site.get("src") == self.tok_site.get("tgt"):   # one embedding for both sides
+            site = f"{site}:{role}"
+        parts = {}
+        if tok is not None and out is not None and out.shape == tok.shape \
+                and not _position_only(self._bt(out) - self._bt(tok)):
+            tok = None      # out - tok depends on the tokens: `tok` is not the whole token part
+        if tok is not None:
+            parts["tok"] = self._bt(tok)
+        if out is not None and (tok is None or out.shape == tok.shape):
+            parts["out"] = self._bt(out)
+            if tok is not None:
+                parts["pe"] = parts["out"] - parts["tok"]
+            first_dec = next((i for i, sp in enumerate(t.streams) if sp.stack == "decoder"), len(t.streams))
+            t.streams.insert(0 if role == "src" else first_dec,
+                             StreamPoint(site, "embed", None, "embed", parts["out"]))
+        if parts:
+            t.embed[site] = parts
