@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import torch
 import torch.nn.functional as F
 
-from tndebug.findings import Finding, severity_rank
+from tndebug.findings import Finding, select as choose, severity_rank
 from tndebug.probes import make_probes
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
@@ -120,9 +120,55 @@ def checks_statuses(findings: list[Finding], statuses: dict[str, dict]) -> dict[
 
 
 def make_report(run: dict, findings: list[Finding], statuses: dict[str, dict], *,
-                history: dict | None = None, sign: Finding | None = None) -> Report:
+                history: dict | None = None, sign: Finding | None = None,
+                select=None, ignore=None) -> Report:
     """The Report every front-end returns. `sign`: the first sign when the caller knows better
-    than the findings' steps (none does today); else `first_sign(findings)`."""
-    return Report(run=run, findings=findings, probes=statuses,
-                  first_sign=sign if sign is not None else first_sign(findings),
-                  history=history or {})
+    than the findings' steps (none does today); else `first_sign(findings)`. `select` /
+    `ignore`: see `select_codes`."""
+    report = Report(run=run, findings=findings, probes=statuses,
+                    first_sign=sign if sign is not None else first_sign(findings),
+                    history=history or {})
+    return select_codes(report, select, ignore)
+
+
+def codes_option(value, who: str = "--select") -> list[str]:
+    """Finding codes or probe names ("a/b,c" or a list), each known to `tndebug probes
+    --codes`; a UsageError names an unknown one."""
+    from tndebug.commands.probes import all_codes
+    from tndebug.errors import UsageError
+    if value is None:
+        return []
+    items = [v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip()]
+    known = [c for c, _ in all_codes()]
+    for item in items:
+        if not any(c == item or c.startswith(item.rstrip("/") + "/") or c.startswith("<probe>/")
+                   and item.endswith("/" + c.split("/", 1)[1]) for c in known):
+            raise UsageError(f"{who} {item!r}: no such finding code or probe; `tndebug probes "
+                             f"--codes` lists them")
+    return items
+
+
+def select_codes(report: Report, select=None, ignore=None) -> Report:
+    """The report with only the `select`ed finding kinds (codes or probe names; None: all) and
+    without the `ignore`d ones, as ruff's --select / --ignore. A probe whose warnings or errors
+    were all dropped keeps its checks ("pass") and lists the codes dropped (`ignored`);
+    run["codes"] records the selection and how many findings it dropped."""
+    if not select and not ignore:
+        return report
+    kept = choose(report.findings, select, ignore)
+    dropped = [f for f in report.findings if f not in kept]
+    statuses = {k: dict(v) for k, v in report.probes.items()}
+    for name, st in statuses.items():
+        gone = sorted({f.code for f in dropped if f.probe == name})
+        if not gone:
+            continue
+        mine = [f for f in kept if f.probe == name]
+        if st.get("status") in ("fail", "warn"):
+            st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
+                            "warn" if any(f.severity == "warning" for f in mine) else "pass")
+        st["ignored"] = gone
+    run = {**report.run, "codes": {"select": list(select or []), "ignore": list(ignore or []),
+                                   "dropped": len(dropped)}}
+    sign = report.first_sign if report.first_sign in kept else first_sign(kept)
+    return Report(run=run, findings=kept, probes=statuses, first_sign=sign,
+                  history=report.history)

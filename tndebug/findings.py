@@ -30,6 +30,7 @@ class Finding:
     layer: int | None = None
     head: int | None = None
     rank: int | None = None          # the process that saw it, under DDP
+    code: str = ""                   # the kind of finding, stable: "<probe>/<kind>" (tndebug probes --codes)
 
     def __post_init__(self) -> None:
         if self.severity not in _RANK:
@@ -43,7 +44,19 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finding":
-        return cls(**d)
+        return cls(**d)               # a tndebug.report/1 finding has no code: ""
+
+
+def matches(code: str, patterns) -> bool:
+    """`code` ("mask-broadcast/causal-leak") is one of `patterns`: a whole code, or a probe name
+    (every code of that probe), as ruff's --select / --ignore take a rule or its prefix."""
+    return any(code == p or code.startswith(p.rstrip("/") + "/") for p in patterns)
+
+
+def select(findings, select=None, ignore=None) -> list:
+    """The findings `--select` keeps (None: all) and `--ignore` does not drop."""
+    return [f for f in findings if (not select or matches(f.code, select))
+            and not (ignore and matches(f.code, ignore))]
 
 
 def worst(findings) -> str | None:
@@ -92,8 +105,8 @@ def group_findings(findings: list[Finding]) -> list[FindingGroup]:
     """Findings grouped by (probe, severity, message template, fix), in order of the first
     member; a finding like no other is a group of one."""
     keyed: dict[tuple, list[int]] = {}
-    for i, f in enumerate(findings):
-        keyed.setdefault((f.probe, f.severity, message_template(f), f.fix), []).append(i)
+    for i, f in enumerate(findings):           # the code is the kind; a message without one is grouped by its template
+        keyed.setdefault((f.probe, f.severity, f.code or message_template(f), f.fix), []).append(i)
     groups = []
     for (probe, severity, _, fix), idx in keyed.items():
         idx = sorted(idx, key=lambda i: (findings[i].step if findings[i].step is not None else -1, i))

@@ -1,6 +1,6 @@
-"""The report: one value that every reporter formats (`tndebug.report/1`).
+"""The report: one value that every reporter formats (`tndebug.report/2`).
 
-    {"schema": "tndebug.report/1",
+    {"schema": "tndebug.report/2",
      "run": {...},                 # what ran: task, preset, norm, faults, seed, steps, device,
                                    # final_loss, exact_match, token_accuracy, wall_s, status, ...
      "verdict": "clean" | "warnings" | "errors" | "incomplete" | "unchecked",
@@ -25,7 +25,8 @@ from typing import Any
 
 from tndebug.findings import Finding, FindingGroup, group_findings, worst
 
-SCHEMA = "tndebug.report/1"
+SCHEMA = "tndebug.report/2"
+READS = ("tndebug.report/1", SCHEMA)   # /2 adds each finding's `code`; /1 reads with code "" 
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Report:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Report":
-        if d.get("schema") != SCHEMA:
+        if d.get("schema") not in READS:
             raise ValueError(f"not a {SCHEMA} report (schema={d.get('schema')!r})")
         fs = d.get("first_sign")
         return cls(run=d["run"], findings=[Finding.from_dict(f) for f in d["findings"]],

@@ -48,7 +48,7 @@ def test_a_missing_causal_mask_is_found_behind_a_short_position_table():
     switched off, and check() said clean."""
     report = tndebug.check(short_table(causal=False, rows=12), M.fused_forward)
     errors = [f for f in report.findings if f.probe == "mask-broadcast" and f.severity == "error"]
-    assert errors and "future" in errors[0].message, report.findings
+    assert errors and errors[0].code == "mask-broadcast/causal-leak", report.findings
     result = CheckResult(report)
     try:
         result.assert_clean()
@@ -126,7 +126,7 @@ def test_a_model_that_raises_on_a_probe_input_gets_an_error_naming_the_input():
     assert raised, report.findings
     f = raised[0]
     from tndebug.probes.mask_broadcast import INPUTS
-    assert "the model raised RuntimeError on" in f.message and f.evidence["input"] in INPUTS.values()
+    assert f.code == "mask-broadcast/model-raised" and f.evidence["input"] in INPUTS.values()
     assert "without padding" in f.evidence["input"]          # the rows whose every key it masks
     assert "inverted key padding mask" in f.message and "True at the pads" in f.fix
     assert report.verdict == "errors"

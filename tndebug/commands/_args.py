@@ -66,3 +66,12 @@ class HelpFormatter(argparse.HelpFormatter):
                 out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent,
                                          subsequent_indent=indent))
         return "\n\n".join(out)
+
+
+def add_code_options(p) -> None:
+    """--select / --ignore: finding codes or probe names, as ruff takes rules."""
+    p.add_argument("--select", metavar="CODES", default=None,
+                   help="keep only these finding kinds: codes (mask-broadcast/causal-leak) or "
+                        "probe names, comma-separated; `tndebug probes --codes` lists them")
+    p.add_argument("--ignore", metavar="CODES", default=None,
+                   help="drop these finding kinds (codes or probe names, comma-separated)")

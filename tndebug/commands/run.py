@@ -9,7 +9,9 @@ import os
 import signal
 import sys
 
-from tndebug.commands._args import HelpFormatter, nonneg_int, positive_float, positive_int
+from tndebug import driver
+from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, positive_float, \
+    positive_int
 from tndebug.config import NORMS, PRESETS, ModelConfig
 from tndebug.data import TASKS
 from tndebug.errors import SigTerm, UsageError
@@ -102,6 +104,7 @@ def add_parser(sub) -> None:
                         "schedule and RNG state; --fault may add faults (e.g. warmup_restart_on_resume)")
     p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
                    help="exit 1 when a finding is at least this severe (default error)")
+    add_code_options(p)
     p.add_argument("--format", choices=("text", "json", "md"), default="text",
                    help="what goes to stdout at the end: the findings table, the JSON report, or "
                         "the Markdown report (default text)")
@@ -210,6 +213,8 @@ def main(args) -> int:
     from tndebug.train.loop import autocast_factory, resolve_device
 
     check_probes(args.probe)
+    args.select = driver.codes_option(args.select, "--select")     # bad codes: one line, before work
+    args.ignore = driver.codes_option(args.ignore, "--ignore")
     autocast_factory(resolve_device(args.device), args.amp)   # bad --device/--amp: one line, no output yet
     mcfg, tcfg, state, default, resumed = configs(args)
     with _torch_threads(args.threads):
@@ -281,7 +286,7 @@ def _train(mcfg, tcfg, state, out, args, dist, signals=None) -> int:
             print(f"tndebug run: {dist.world} processes ({dist.backend}), global batch "
                   f"{tcfg.batch_size}", file=sys.stderr)
         result = run_training(mcfg, tcfg, probes=args.probe, session=session, resume=state, dist=dist)
-        report = result.report
+        report = driver.select_codes(result.report, args.select, args.ignore)
         missing = [n for n, s in report.probes.items() if s.get("reason", "").startswith("not available")]
         if missing:
             print(f"tndebug: note: {len(missing)} probes not installed, skipped: {', '.join(missing)}",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from tndebug.commands._args import HelpFormatter, nonneg_int, positive_int
+from tndebug import driver
+from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, positive_int
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.probes import PROBE_NAMES
@@ -97,6 +98,7 @@ def add_parser(sub) -> None:
                         "the Markdown report (default text)")
     p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
                    help="exit 1 when a finding is at least this severe (default error)")
+    add_code_options(p)
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="unpickle code in the file (only for files you trust)")
     p.add_argument("--no-figures", action="store_true",
@@ -115,6 +117,8 @@ def main(args) -> int:
                          f"{', '.join(BUILTIN)}); or pass FILE.py:FUNCTION with def "
                          f"forward(model, src, tgt, pad_id) -> logits")
 
+    args.select = driver.codes_option(args.select, "--select")     # before any work
+    args.ignore = driver.codes_option(args.ignore, "--ignore")
     opts = TriageOptions(args.checkpoint, model=args.model, config=args.config,
                          adapter=args.adapter, task=args.task, pad_id=args.pad_id,
                          bos_id=args.bos_id, heads=args.heads, norm=args.norm, probes=args.probe,
@@ -137,13 +141,13 @@ def _triage(opts, out, args, previous: str | None = None) -> int:
     session = ReportSession(out, fmt=args.format, tensorboard=tensorboard_place(out, previous),
                             figures=not args.no_figures, defer=True)
     try:
-        report = triage(opts, sinks=session.sinks)
+        report = driver.select_codes(triage(opts, sinks=session.sinks), args.select, args.ignore)
     except UnsafeCheckpoint as e:
         print(f"tndebug: error: {e}", file=sys.stderr)
         finding = Finding("checkpoint", "error", f"unsafe pickle: {len(e.globals)} globals outside "
                           f"torch's weights-only allowlist; not loaded", where=str(e.path),
                           evidence={"unsafe_globals": e.globals},
-                          fix="re-save as a state_dict or .safetensors, or pass --trust-checkpoint")
+                          fix="re-save as a state_dict or .safetensors, or pass --trust-checkpoint", code="checkpoint/unsafe-pickle")
         report = Report(run={"mode": "triage", "checkpoint": str(e.path), "status": "refused"},
                         findings=[finding], probes={"checkpoint": {"status": "fail"}},
                         first_sign=finding)

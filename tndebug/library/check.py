@@ -33,7 +33,8 @@ N_SEQUENCES = 16            # as triage's held-out batch
 def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_id: int | None = 0,
           bos_id: int | None = None, probes: str | Iterable[str] | None = None,
           src_vocab: int | None = None, tgt_vocab: int | None = None,
-          max_len: int | None = None, out=None, overwrite: bool = False, sinks=()) -> Report:
+          max_len: int | None = None, out=None, overwrite: bool = False, sinks=(),
+          select=None, ignore=None) -> Report:
     """Run triage's probes on `model` as it is now.
 
     Args:
@@ -44,6 +45,8 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
             (split into tgt[:, :-1] and tgt[:, 1:]); None: random ids, a third of the rows padded.
         pad_id, bos_id: padding and decoder-start ids (HF models: from the config).
         probes: names ("a,b" or a list); default: every probe that needs no training run.
+        select, ignore: finding codes or probe names to keep only / to drop, as ruff's
+            --select / --ignore (`tndebug probes --codes` lists them).
         max_len: the longest sequence the model takes (default: its config's
             max_position_embeddings, else found by calling it); the probes' batches fit it.
         out: a directory for report.json, report.md, figures/ and tb/ (docs/triage.md,
@@ -59,7 +62,8 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         with writing(out, overwrite=overwrite, where="check") as session:
             return written(session, check(model, forward, data, pad_id=pad_id, bos_id=bos_id,
                                           probes=probes, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
-                                          max_len=max_len, sinks=session.sinks))
+                                          max_len=max_len, sinks=session.sinks,
+                                          select=select, ignore=ignore))
     from tndebug.triage import hygiene
     from tndebug.capture import projection_weights
     t0 = time.perf_counter()
@@ -84,7 +88,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
     if info.get("adapter_note"):
         findings.append(Finding("mask-broadcast", "info", f"{info['adapter_note']}; the mask tests "
                                 f"judged tndebug's masks, not yours: pass forward= that calls "
-                                f"your own mask code", step=0, evidence={"adapter": info["adapter"]}))
+                                f"your own mask code", step=0, evidence={"adapter": info["adapter"]}, code="mask-broadcast/tndebug-masks"))
     statuses.update(driver.checks_statuses(findings, statuses))
     run = {"mode": "check", "model": type(model).__name__, "adapter": info["adapter"],
            "pad_id": subject.pad_id, "bos_id": subject.bos_id, "src_vocab": subject.src_vocab,
@@ -95,7 +99,8 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
            "probe_inputs": subject.inputs(),
            "probe_seconds": seconds, "wall_s": round(time.perf_counter() - t0, 3),
            "status": "completed"}
-    return driver.make_report(run, findings, statuses)
+    return driver.make_report(run, findings, statuses, select=driver.codes_option(select, "select="),
+                              ignore=driver.codes_option(ignore, "ignore="))
 
 
 def _names(spec) -> list[str]:

@@ -284,7 +284,7 @@ def pad_id_findings(batch, pad_id: int, step: int) -> list[Finding]:
     return [Finding("pad-id", "warning", pad_text(found, pad_id), where="", step=step,
                     evidence=evidence,
                     fix=f"pass the model's pad id: tndebug.watch(..., pad_id=ID), the id your "
-                        f"tokenizer pads with (tokenizer.pad_token_id); {pad_id} is not it")]
+                        f"tokenizer pads with (tokenizer.pad_token_id); {pad_id} is not it", code="pad-id/mid-sequence")]
 
 
 def set_max_len(subject, max_len, who: str) -> None:

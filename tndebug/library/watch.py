@@ -72,7 +72,7 @@ class Watch:
                  fail_on: str = "error", tensorboard: bool = True, quiet: bool = False,
                  src_vocab: int | None = None, tgt_vocab: int | None = None,
                  hook_optimizer: bool = True, dist: Any = None, overwrite: bool = False,
-                 max_len: int | None = None) -> None:
+                 max_len: int | None = None, select=None, ignore=None) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(_inner_optimizer(optimizer), torch.optim.Optimizer):
@@ -102,6 +102,8 @@ class Watch:
         self.fail_on, self._tensorboard, self._quiet = fail_on, tensorboard, quiet
         self._vocab = (src_vocab, tgt_vocab)
         self._max_len = max_len
+        self._codes = (driver.codes_option(select, "watch: select="),
+                       driver.codes_option(ignore, "watch: ignore="))
         self._hook_optimizer = hook_optimizer and self._optimizer is not None
         self._dist = dist
         # -- results
@@ -456,7 +458,7 @@ class Watch:
             fix=("A tndebug bug, not yours: the rest of the report stands; please report it "
                  "with this traceback") if by_tndebug(e) else
                 (f"Your model's code raised on the probe's input (at {raised_in(e)}): the "
-                 f"probe could not check it; the rest of the report stands")))
+                 f"probe could not check it; the rest of the report stands"), code=f"{name}/probe-failed"))
 
     # -- the end -------------------------------------------------------------------------------
     def _finish(self, status: str, error: str | None) -> None:
@@ -474,7 +476,7 @@ class Watch:
             findings.append(Finding("watch", "warning", f"tndebug stopped probing: "
                                     f"{self._own_failure}", evidence={"traceback": self._own_tb},
                                     fix="A tndebug bug: training went on without probes; please "
-                                        "report it with this traceback"))
+                                        "report it with this traceback", code="watch/stopped"))
         statuses = engine.statuses(findings)
         for name, why in self._failed.items():
             statuses[name] = {**statuses.get(name, {}), "status": "no verdict",
@@ -508,7 +510,8 @@ class Watch:
                          "inside the block, or the model was never called in train mode)")
         if notes:
             run["notes"] = notes
-        self.report = driver.make_report(run, findings, statuses, history=hist)
+        self.report = driver.make_report(run, findings, statuses, history=hist,
+                                         select=self._codes[0], ignore=self._codes[1])
         if self._session is not None:
             self.exit_code = self._session.finish(self.report, self.fail_on)
         else:
@@ -557,6 +560,8 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kw
             default (HF keywords, else the first two 2-D integer tensors) does not fit.
         fail_on: "error" | "warning" | "info" | "never": what makes `exit_code` 1.
         tensorboard, quiet: write out/tb; print no summary at the end.
+        select, ignore: finding codes or probe names to keep only / to drop (`tndebug probes
+            --codes`), as ruff's --select / --ignore.
         max_len: the longest sequence your model takes (default: its config's
             max_position_embeddings, else found by calling it); the probes' batches fit it.
     Raises:

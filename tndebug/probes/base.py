@@ -80,6 +80,7 @@ class Probe:
     summary: ClassVar[str] = ""       # one line for `tndebug probes`
     reads: ClassVar[tuple[str, ...]] = ()
     fix: ClassVar[str] = ""           # default fix text, from the notes
+    codes: ClassVar[dict[str, str]] = {}   # kind -> one line: every finding's code (probe/kind)
     default_schedule: ClassVar[Callable[[], Schedule]] = staticmethod(lambda: every(100))
     # True when the probe's verdict rests on training steps (gradients, the loss, the lr): in a
     # training run (mode "train") that observed none of its steps it has no verdict, whatever
@@ -127,10 +128,17 @@ class Probe:
     # -- helpers -------------------------------------------------------------------------
     def report(self, severity: str, message: str, *, where: str = "", step: int | None = None,
                evidence: dict | None = None, fix: str | None = None, layer: int | None = None,
-               head: int | None = None) -> Finding:
+               head: int | None = None, code: str = "") -> Finding:
+        """A finding of kind `code`, reported as "<probe>/<code>". A probe that declares `codes`
+        (every built-in one) must name a declared kind; one that declares none (a user's own
+        probe) may omit it and gets "<probe>/finding"."""
+        if self.codes and code not in self.codes:
+            raise ProbeError(f"{self.name}: finding code {code!r} is not declared in "
+                             f"{type(self).__name__}.codes")
+        code = code or "finding"
         f = Finding(self.name, severity, message, where=where, step=step,
                     evidence=dict(evidence or {}), fix=self.fix if fix is None else fix,
-                    layer=layer, head=head)
+                    layer=layer, head=head, code=f"{self.name}/{code}")
         self.findings.append(f)
         return f
 

@@ -61,6 +61,13 @@ class GradientFlowProbe(Probe):
 
     name = "gradient-flow"
     summary = "per-layer gradient norms (non-finite, spikes, no gradient) and dead ReLU units"
+    codes = {
+        "dead-units": "FFN units that never fire on the probe batch (dead ReLUs)",
+        "nonfinite-grad": "a non-finite gradient in a layer group",
+        "grad-spike": "the total gradient norm spikes against its running median",
+        "grads-exploded": "the total gradient norm stays far above its first value",
+        "no-gradient": "a layer group that receives no gradient",
+    }
     reads = ("ffn.hidden",)
     fix = ("Keep residual + LayerNorm around every sublayer and Xavier init (notes 002, 000); "
            "use warmup and gradient clipping when the lr is high [notes 000, 002]")
@@ -124,7 +131,7 @@ class GradientFlowProbe(Probe):
             self.report("warning", f"{dead:.0%} of the FFN units in {site} never fire on "
                         f"{tokens} tokens {when}", where=site, step=step, fix=_NOTE,
                         evidence={"dead_fraction": dead, "threshold": threshold,
-                                  "units": int(ever_active.numel()), "tokens": tokens})
+                                  "units": int(ever_active.numel()), "tokens": tokens}, code="dead-units")
 
     # -- per step --------------------------------------------------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
@@ -186,7 +193,7 @@ class GradientFlowProbe(Probe):
                 self.report("error", f"non-finite gradient in {bad[0]} at step {step} "
                             f"({len(bad)} of {len(names)} layer groups)", where=bad[0], step=step,
                             evidence={"groups": bad, "norm": norms[names.index(bad[0])],
-                                      "threshold": "finite"})
+                                      "threshold": "finite"}, code="nonfinite-grad")
             return
         total = math.sqrt(sum(n * n for n in norms))
         self.metric(step, "grad/total/norm", total)
@@ -211,7 +218,7 @@ class GradientFlowProbe(Probe):
                         evidence={"norm": total, "running_median": med, "ratio": ratio,
                                   "threshold_ratio": SPIKE, "window": WINDOW,
                                   "earlier_peak": peak,
-                                  "layer_ratios": {g: r for g, r in ratios.items() if r > SPIKE}})
+                                  "layer_ratios": {g: r for g, r in ratios.items() if r > SPIKE}}, code="grad-spike")
 
     def _explosion(self, step: int, total: float, norms: dict[str, float], lr) -> None:
         """Error when the total norm stays above EXPLODE x its first probed value."""
@@ -243,7 +250,7 @@ class GradientFlowProbe(Probe):
                               "threshold_steps_in_a_row": EXPLODE_RUN, "lr": lr_b,
                               "steps": [s for s, *_ in self._over],
                               "layer_growth": {g: r for g, r in sorted(
-                                  growth.items(), key=lambda kv: -kv[1])[:4]}})
+                                  growth.items(), key=lambda kv: -kv[1])[:4]}}, code="grads-exploded")
 
     def _against_history(self, group: str, norm: float):
         """(norm / running median or None, median, earlier peak); then records `norm`."""
@@ -265,4 +272,4 @@ class GradientFlowProbe(Probe):
                 self.report("warning", f"no gradient reaches {group} at any of "
                             f"{self._grad_steps} probed steps", where=group,
                             evidence={"probed_steps": self._grad_steps, "zero_steps": zeros,
-                                      "threshold": "zero at every probed step"})
+                                      "threshold": "zero at every probed step"}, code="no-gradient")

@@ -69,6 +69,14 @@ class HeadCollapse(Probe):
 
     name = "head-collapse"
     summary = "duplicated heads, shared Q/K/V projections, and attention entropy collapse"
+    codes = {
+        "near-symmetric": "scores nearly symmetric (q close to k), advisory",
+        "shared-qk-self-masked": "Q and K shared with self-masking (Reformer-style), by design",
+        "shared-projection": "Q, K (and V) come from one projection",
+        "duplicated-heads": "heads that are copies of each other",
+        "heads-alike": "every head attends alike, advisory",
+        "entropy-collapse": "attention entropy collapsed to one key in most heads",
+    }
     reads = ("attn.probs", "attn.scores", "attn.masked_scores")
     fix = FAULT_NOTES["shared_qkv"][2]
     default_schedule = staticmethod(lambda: every(50))
@@ -165,12 +173,12 @@ class HeadCollapse(Probe):
                                 f"(relative difference {diff:.2g} >= {SAME:g}): Q and K are not one "
                                 f"projection; a symmetric term (a position bias, or inputs that "
                                 f"are nearly alike) dominates the scores", where=site, step=0,
-                        layer=rec.layer, evidence=ev_out, fix="")
+                        layer=rec.layer, evidence=ev_out, fix="", code="near-symmetric")
             return
         if sym is not None and sym.get("self_masked"):
             self.report("info", f"{site}: Q and K are shared, with each token masked from itself "
                                 "(Reformer-style shared-QK; by design)", where=site, step=0,
-                        layer=rec.layer, evidence=ev, fix="")
+                        layer=rec.layer, evidence=ev, fix="", code="shared-qk-self-masked")
             return
         # every role that shares the projection is named: V with Q and K when it is the same
         # module, the same packed slice, or the same tensor
@@ -201,7 +209,7 @@ class HeadCollapse(Probe):
         if severity == "warning":
             what = what.replace(" come", " may come")
         self.report(severity, f"{what} from one projection in {site}: {'; '.join(how)}",
-                    where=site, step=0, layer=rec.layer, evidence=ev_out)
+                    where=site, step=0, layer=rec.layer, evidence=ev_out, code="shared-projection")
 
     def _symmetry(self, rec: AttentionRecord, trace: Trace) -> dict | None:
         S = rec.scores
@@ -288,7 +296,7 @@ class HeadCollapse(Probe):
                     where=site, step=0, layer=rec.layer, head=heads[0],
                     evidence={**ev, "duplicates": {k: [list(p) for p in v] for k, v in groups.items()},
                               "heads": heads},
-                    fix=FAULT_NOTES["identical_head_init"][2])
+                    fix=FAULT_NOTES["identical_head_init"][2], code="duplicated-heads")
 
     def _undecided(self, site: str, reason: str) -> None:
         """A part of `site` that could not be decided: its coverage reason (no verdict when
@@ -343,7 +351,7 @@ class HeadCollapse(Probe):
                                     f"{REDUNDANT_JS} bits): redundant heads",
                             where=site, step=info.step, layer=layer,
                             evidence={"max_pair_js_bits": round(float(pairs.max()), 5),
-                                      "threshold_js_bits": REDUNDANT_JS}, fix="")
+                                      "threshold_js_bits": REDUNDANT_JS}, fix="", code="heads-alike")
 
     def _unstable(self, loss: float) -> bool:
         """Non-finite, above the first probed loss, or half of the progress so far lost again.
@@ -380,4 +388,4 @@ class HeadCollapse(Probe):
                                   "threshold_entropy": ENT_LOW, "threshold_share": COLLAPSED_SHARE,
                                   "threshold_above_start": ABOVE_START, "threshold_lost": LOST, "probes_in_a_row": RUN},
                         fix="Lower the learning rate or add warmup; bound the attention logits "
-                            "(QK-norm, or check the 1/sqrt(d_k) scale). " + FAULT_NOTES["no_warmup_high_lr"][2])
+                            "(QK-norm, or check the 1/sqrt(d_k) scale). " + FAULT_NOTES["no_warmup_high_lr"][2], code="entropy-collapse")

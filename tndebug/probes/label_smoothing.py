@@ -47,6 +47,11 @@ class LabelSmoothingProbe(Probe):
 
     name = "label-smoothing"
     summary = "criterion unit test: smoothing mass on <pad>, loss from pad-target rows"
+    codes = {
+        "pad-rows-gradient": "rows whose target is <pad> still produce loss gradient",
+        "smoothing-on-pad": "the smoothed target puts mass on <pad>",
+        "model-mass-on-pad": "the trained model gives <pad> probability at real targets",
+    }
     reads = ()
     fix = _FIX
     default_schedule = staticmethod(lambda: every(50))
@@ -101,7 +106,7 @@ class LabelSmoothingProbe(Probe):
         if worst > PAD_ROW_GRAD:
             self.report("error", f"rows whose target is <pad> still produce loss gradient "
                         f"(max |grad| {worst:.2g} of the largest entry)", where="criterion", step=0,
-                        evidence={"pad_row_grad_rel": worst, "threshold": PAD_ROW_GRAD})
+                        evidence={"pad_row_grad_rel": worst, "threshold": PAD_ROW_GRAD}, code="pad-rows-gradient")
 
     def _pad_column(self, g0, g1, target, V: int, pad: int, k: int) -> None:
         p1 = torch.softmax(torch.eye(V, dtype=torch.float64)[k], -1)          # [V], same every row
@@ -122,7 +127,7 @@ class LabelSmoothingProbe(Probe):
         if q_other > Q_MIN and q_pad > PAD_SHARE * q_other:
             self.report("warning", f"label smoothing puts mass on <pad>: q_pad = {q_pad:.3g} vs "
                         f"{q_other:.3g} on other classes (g_pad == g_other at uniform logits)",
-                        where="criterion", step=0, evidence=evidence)
+                        where="criterion", step=0, evidence=evidence, code="smoothing-on-pad")
 
     # -- runtime: what the model learned to give <pad> ----------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
@@ -156,4 +161,4 @@ class LabelSmoothingProbe(Probe):
                         f"targets after {last[-1][0]} steps: it was trained to predict pad",
                         where="criterion", step=last[-1][0],
                         evidence={"pad_mass": mass, "threshold": PAD_MASS,
-                                  "steps": [s for s, _ in last]})
+                                  "steps": [s for s, _ in last]}, code="model-mass-on-pad")

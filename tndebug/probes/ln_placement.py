@@ -82,6 +82,13 @@ class LnPlacement(Probe):
 
     name = "ln-placement"
     summary = "LayerNorm placement from activations; pre-LN without final norm, post-LN without warmup"
+    codes = {
+        "placement": "the norm placement found (pre-LN, post-LN), advisory",
+        "no-final-norm": "a pre-LN stack without a final LayerNorm",
+        "residual-normalised": "the residual carries the normalised input (x = norm(x); x = x + f(x))",
+        "no-warmup-shows": "post-LN without warmup at a high lr, and its symptom shows",
+        "no-warmup-hazard": "post-LN without warmup at a high lr, no symptom (advisory)",
+    }
     reads = ("stream", "grad.stream")
     fix = FAULT_NOTES["pre_ln_no_final_norm"][2]
 
@@ -180,7 +187,7 @@ class LnPlacement(Probe):
                  "pre": "pre-LN: no block output is a LayerNorm output",
                  "mixed": "mixed: some block outputs are LayerNorm outputs, some not",
                  "unknown": "unknown: the block outputs could not be tested"}[label]
-        self.report("info", f"norm placement {words}", step=step, evidence=ev, fix="")
+        self.report("info", f"norm placement {words}", step=step, evidence=ev, fix="", code="placement")
         if label == "pre":
             self._final_norm(trace, step, run)
         if label in ("pre", "mixed"):
@@ -225,7 +232,7 @@ class LnPlacement(Probe):
                          f"(null ratio {sig.null_ratio:.3g}, per-token std CV {sig.std_cv:.3f})",
                 where=where, step=step,
                 evidence={"placement": "pre", **sig.as_evidence(),
-                          "threshold_null_ratio": ds.NULL_RATIO, "threshold_direct": ds.DIRECT_TOL})
+                          "threshold_null_ratio": ds.NULL_RATIO, "threshold_direct": ds.DIRECT_TOL}, code="no-final-norm")
 
     def _residual_input(self, run: RunContext, step: int) -> None:
         """Pre-LN sublayers whose residual carries norm(x) instead of x (`_residual`)."""
@@ -253,7 +260,7 @@ class LnPlacement(Probe):
                           "rel_to_normalised_input": first["rel_norm"],
                           "threshold": NORM_TOL, "attention": first["attention"]},
                 fix="Keep the residual on the unnormalised stream: x = x + f(norm(x)); do not "
-                    "assign norm(x) back to x before adding the sublayer's output")
+                    "assign norm(x) back to x before adding the sublayer's output", code="residual-normalised")
 
     # -- warmup ----------------------------------------------------------------------------
     def _lr_history(self) -> list[tuple[int, float]]:
@@ -345,7 +352,7 @@ class LnPlacement(Probe):
         if symptom is not None:
             ev["symptom"] = {k: v for k, v in symptom.items() if k != "text"}
             self.report("warning", f"{hazard['message']}, and it shows: {symptom['text']}",
-                        step=symptom["step"], evidence=ev, fix=fix)
+                        step=symptom["step"], evidence=ev, fix=fix, code="no-warmup-shows")
             return
         trend = ""
         if len(self.loss_steps) >= 2 and self.loss_steps[0][0] == 0:
@@ -354,4 +361,4 @@ class LnPlacement(Probe):
         seen = (f"no symptom in this run ({trend}: no divergence, spike or stall)" if trend else
                 "no symptom could be looked for (the loss was not observed)")
         self.report("info", f"{hazard['message']}; {seen}: a hazard if you raise the lr or the "
-                    f"depth (by design here)", step=hazard["step"], evidence=ev, fix=fix)
+                    f"depth (by design here)", step=hazard["step"], evidence=ev, fix=fix, code="no-warmup-hazard")

@@ -63,6 +63,16 @@ class LossHealthProbe(Probe):
 
     name = "loss-health"
     summary = "initial loss vs ln V, plateau at the uniform level, exploding or non-finite loss"
+    codes = {
+        "nonfinite-loss": "the loss (or cross-entropy) is NaN/Inf",
+        "negative-loss": "a negative training loss (a loss fed the wrong inputs)",
+        "init-high-explained": "an initial loss far above ln V, explained (advisory)",
+        "init-high": "an initial loss far above ln V",
+        "init-low": "an initial loss far below ln V",
+        "loss-spike": "a loss spike",
+        "loss-exploded": "the loss exploded and stayed high",
+        "stuck-uniform": "the loss stays at the uniform level",
+    }
     reads = ()
     fix = ("Check the loss at init (~ln V), the optimizer and lr, and the target shift; a plateau "
            "near ln V points to missing PE or pads in attention, NaN to lr/warmup [notes 000, 002]")
@@ -118,7 +128,7 @@ class LossHealthProbe(Probe):
             if value is not None and not math.isfinite(value) and self._bad_step is None:
                 self._bad_step = step
                 self.report("error", f"{what} is {value} at step {step}", step=step,
-                            evidence={"loss": loss, "ce": ce, "step": step, "threshold": "finite"})
+                            evidence={"loss": loss, "ce": ce, "step": step, "threshold": "finite"}, code="nonfinite-loss")
         if loss is not None and math.isfinite(loss) and loss < NEGATIVE_LOSS \
                 and not self._negative_reported:
             self._negative_reported = True
@@ -127,7 +137,7 @@ class LossHealthProbe(Probe):
                         f"logits where it expects log-probabilities", where="criterion", step=step,
                         evidence={"loss": loss, "ce_from_logits": ce, "step": step,
                                   "threshold": NEGATIVE_LOSS},
-                        fix=_RAW_LOGITS_FIX)
+                        fix=_RAW_LOGITS_FIX, code="negative-loss")
         if ce is None or self._bad_step is not None:
             return
         self._ln_v = ln_v = math.log(stats["vocab"])
@@ -151,19 +161,19 @@ class LossHealthProbe(Probe):
             self.report("info", f"initial loss {ce:.2f} is far above ln V = {ln_v:.2f}, because the "
                         f"model predicts its own input token at {self_pred:.0%} of positions "
                         f"(tied embeddings with a Pre-LN stream do this at init)", step=0,
-                        evidence=evidence, fix="")
+                        evidence=evidence, fix="", code="init-high-explained")
         elif ce > high:
             self.report("warning", f"initial loss {ce:.2f} is far above ln V = {ln_v:.2f}: the "
                         f"logits are too large at init", step=0, evidence=evidence,
                         fix="Initialise the output projection small (Xavier over a normalised "
-                            "stream); the loss at step 0 should be close to ln V")
+                            "stream); the loss at step 0 should be close to ln V", code="init-high")
         elif ce < INIT_LOW * ln_v:
             self.report("warning", f"initial loss {ce:.2f} is below {INIT_LOW} ln V = "
                         f"{INIT_LOW * ln_v:.2f} before any training: are the targets visible "
                         f"to the model (unshifted targets, no causal mask)?", step=0,
                         evidence=evidence,
                         fix="Feed tgt[:, :-1] and score tgt[:, 1:], with the causal mask on "
-                            "(notes 001, 003)")
+                            "(notes 001, 003)", code="init-low")
 
     # -- an exploding loss -----------------------------------------------------------------
     def _explosion_limit(self, ln_v: float) -> float:
@@ -186,7 +196,7 @@ class LossHealthProbe(Probe):
                         f"({c0 / limit * EXPLODE_X:.3g}x its start), back to {ce:.3g} by step {step}",
                         step=s0, evidence={"ce": c0, "ce_after": ce, "step_after": step,
                                            "threshold": limit, **self._lr_evidence(s0)},
-                        fix=self._explosion_fix(s0))
+                        fix=self._explosion_fix(s0), code="loss-spike")
         self._above = []
 
     def _lr_evidence(self, step: int) -> dict:
@@ -237,7 +247,7 @@ class LossHealthProbe(Probe):
                       "threshold_rule": f"CE > {EXPLODE_X:g} x max(CE at step 0, ln V) at "
                                         f"{EXPLODE_K} probed steps in a row, or at the last",
                       "steps_above": [s for s, _ in self._above], "ce_last": c1, **ev},
-            fix=self._explosion_fix(s0))
+            fix=self._explosion_fix(s0), code="loss-exploded")
 
     def _plateau(self, step: int) -> None:
         self._plateau_judged = True
@@ -250,7 +260,7 @@ class LossHealthProbe(Probe):
                         f"cross-entropy {mean:.3f} > {PLATEAU_SHARE} ln V = {limit:.3f}",
                         step=step, evidence={"ce": mean, "ln_V": self._ln_v, "threshold": limit,
                                              "steps": step,
-                                             "last_steps": [s for s, _ in self._ce[-PLATEAU_LAST:]]})
+                                             "last_steps": [s for s, _ in self._ce[-PLATEAU_LAST:]]}, code="stuck-uniform")
 
     def finish(self, run: RunContext) -> None:
         if not self._ce and self._bad_step is None:

@@ -27,6 +27,11 @@ class LrScheduleProbe(Probe):
 
     name = "lr-schedule"
     summary = "observed lr follows the declared schedule; warmup and optimizer state survive resume"
+    codes = {
+        "lr-mismatch": "the optimizer's lr differs from the declared schedule",
+        "no-optimizer-state": "optimizer state missing on resume",
+        "warmup-restart": "the warmup restarted on resume",
+    }
     reads = ()
     fix = _FIX
     default_schedule = staticmethod(lambda: every(1))   # host numbers only: no device sync
@@ -70,7 +75,7 @@ class LrScheduleProbe(Probe):
                             evidence={"lr_observed": lr, "lr_declared": declared,
                                       "rel_diff": rel, "threshold": MISMATCH},
                             fix="Step the scheduler once per optimizer step, from the global step "
-                                "(Noam: step_num counted from 1) [note 000]")
+                                "(Noam: step_num counted from 1) [note 000]", code="lr-mismatch")
         self._last_lr = lr
 
     # -- resume ----------------------------------------------------------------------------------
@@ -86,7 +91,7 @@ class LrScheduleProbe(Probe):
         self.report("error", f"optimizer state missing on resume at step {step}: {why}; Adam "
                     f"restarts from zero moments", where="optimizer.state", step=step,
                     evidence={"resume_step": step, "reason": why,
-                              "threshold": "optimizer state present after step 0"})
+                              "threshold": "optimizer state present after step 0"}, code="no-optimizer-state")
 
     def _judge_resume(self, lr_after: float, step: int) -> None:
         info, self._resume = self._resume, None
@@ -110,4 +115,4 @@ class LrScheduleProbe(Probe):
                         f"{lr_after:.4g} (x{ratio:.3g}) at step {step}", where="lr_schedule",
                         step=step, evidence={"lr_before": lr_before, "lr_after": lr_after,
                                              "ratio": ratio, "expected_ratio": expected,
-                                             "threshold": RESUME_JUMP, "resume_step": info.step})
+                                             "threshold": RESUME_JUMP, "resume_step": info.step}, code="warmup-restart")

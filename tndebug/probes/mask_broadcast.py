@@ -65,6 +65,7 @@ class Module:
     stats: dict = field(default_factory=dict)
     problem: str = ""      # from the probabilities (exact)
     fix: str = ""
+    code: str = ""         # the finding's code (mask-broadcast/<code>)
     fit: float | None = None   # affine-fit residual of the head split
 
 
@@ -219,31 +220,34 @@ def probs_check(m: Module, p: torch.Tensor, src, tgt, pad) -> str:
     if sum_err > SUM_TOL:
         if col_err <= SUM_TOL:
             m.problem, m.fix = f"softmax over the query axis: columns sum to 1, rows to {span}", NOTE["softmax_wrong_dim"]
+            m.code = "softmax-axis"
         elif other is not None:
             m.problem = f"softmax over the {other} axis: it sums to 1 there, the rows to {span}"
-            m.fix = NOTE["softmax_wrong_dim"]
+            m.fix, m.code = NOTE["softmax_wrong_dim"], "softmax-axis"
         elif st["forbidden_mass_max"] <= MASS_TOL:
             m.problem = f"rows sum to {span}, not 1: masked after softmax (masked keys stay in the denominator)"
-            m.fix = NOTE["mask_after_softmax"]
+            m.fix, m.code = NOTE["mask_after_softmax"], "mask-after-softmax"
         else:
             m.problem, m.fix = f"attention rows sum to {span}, not 1", NOTE["mask_after_softmax"]
+            m.code = "row-sums"
     elif st["forbidden_mass_max"] > MASS_TOL:
         mass = st["forbidden_mass_max"]
         if st["blind_rows"] >= 0.99:
             m.problem = "mask inverted: real queries attend only to the keys that should be masked"
-            m.fix = NOTE["mask_inverted"]
+            m.fix, m.code = NOTE["mask_inverted"], "mask-inverted"
         elif m.kind == "dec_self" and st.get("past_mass_mean", 1.0) <= MASS_TOL:
             m.problem, m.fix = "causal mask transposed: queries see the future and not the past", NOTE["causal_transposed"]
+            m.code = "causal-transposed"
         elif m.kind == "dec_self":
             m.problem = f"real queries put up to {mass:.3f} of their attention on future keys (no causal mask)"
-            m.fix = NOTE["no_causal_mask"]
+            m.fix, m.code = NOTE["no_causal_mask"], "causal-leak"
         elif m.kind == "cross":
             m.problem = f"real queries put up to {mass:.3f} of their attention on source pad keys (no memory mask)"
-            m.fix = NOTE["no_memory_mask"]
+            m.fix, m.code = NOTE["no_memory_mask"], "memory-leak"
         else:
             m.problem = (f"real queries put up to {mass:.3f} of their attention on pad keys "
                          f"(padding mask on the query axis, or missing)")
-            m.fix = NOTE["pad_mask_query_axis"]
+            m.fix, m.code = NOTE["pad_mask_query_axis"], "pad-leak"
     return ""
 
 
@@ -271,6 +275,23 @@ class MaskBroadcast(Probe):
 
     name = "mask-broadcast"
     summary = "exact step-0 tests of causal and padding masks; names the attention that leaks"
+    codes = {
+        "not-repeatable": "eval outputs differ between identical calls (randomness on in eval)",
+        "model-raised": "the model raised on a probe input it should take",
+        "batch-mixing": "an example's outputs depend on its batch companions",
+        "src-pad-leak": "appending source pads changes the logits (encoder not separable)",
+        "softmax-axis": "the softmax taken over another axis than the keys",
+        "mask-after-softmax": "masked after the softmax: rows do not sum to 1",
+        "row-sums": "attention rows that do not sum to 1",
+        "mask-inverted": "the mask is inverted: real queries see only masked keys",
+        "causal-transposed": "the causal mask is transposed (triu for tril)",
+        "causal-leak": "the decoder sees the future (no causal mask)",
+        "memory-leak": "cross-attention sees source pads (no memory mask)",
+        "pad-leak": "real queries attend to pad keys (padding mask missing or on the query axis)",
+        "tgt-pad-leak": "target pads change the logits at real positions",
+        "head-split": "heads split or merged without the transpose",
+        "positions-mixed": "a behaviour test fails while every mask holds: positions mix outside the softmax",
+    }
     reads = ("attn.q", "attn.k", "attn.scores", "attn.masked_scores", "attn.probs", "stream")
     fix = FAULT_NOTES["pad_mask_query_axis"][2]
     default_schedule = staticmethod(never)
@@ -310,7 +331,7 @@ class MaskBroadcast(Probe):
                                                f"max|change| > {REL_TOL:g}*(1+max|logit|)"},
                     fix="Use nn.Dropout modules (model.eval() switches them off) or "
                         "F.dropout(x, p, training=self.training); never a bare F.dropout(x, p) "
-                        "or a Dropout made inside forward")
+                        "or a Dropout made inside forward", code="not-repeatable")
         self.skip("the model's eval outputs are not repeatable, so no comparison can decide",
                   where="")
         return False
@@ -328,7 +349,7 @@ class MaskBroadcast(Probe):
                     "Run your model on such a batch yourself: right-padded rows of different "
                     "lengths, one example alone, more pad columns than the longest row needs. A "
                     "model that takes training batches should take these; if it may not, pass "
-                    "max_len / --max-len or your own data so that the tests fit it.")
+                    "max_len / --max-len or your own data so that the tests fit it.", code="model-raised")
         self.skip(f"the model raised on {e.what}", where="")
 
     def _modules(self, s: Subject) -> list[Module]:
@@ -381,7 +402,7 @@ class MaskBroadcast(Probe):
                 for m in mods:
                     m.problem = (f"q is not a per-position function of the input (fit residual "
                                  f"{m.fit:.2f}): heads split with view/reshape and no transpose")
-                    m.fix = NOTE["view_without_transpose"]
+                    m.fix, m.code = NOTE["view_without_transpose"], "head-split"
             if not mods and not tests[kind]:
                 continue
             seen = [m for m in modules if m.kind == kind]
@@ -396,12 +417,12 @@ class MaskBroadcast(Probe):
                             "by x.size(0) (the batch) where x.size(1) (the positions) was meant, a "
                             "BatchNorm, a reshape or a transpose that moves the batch axis, a "
                             "mask of shape [B, B]. Each example's logits must not depend on the "
-                            "others in its batch.")
+                            "others in its batch.", code="batch-mixing")
         if "src_pad_length" in failed and "enc_pad_length" not in checks and not self.findings:
             c = checks["src_pad_length"]
             self.report("error", f"logits at real positions change by {c.delta:.3g} when pad columns "
                         f"are appended to the source", where="encoder or decoder (cross-attention)",
-                        step=0, evidence={"src_pad_length": vars(c)})
+                        step=0, evidence={"src_pad_length": vars(c)}, code="src-pad-leak")
 
     def _report_kind(self, kind: str, mods: list[Module], tests: list[str], checks,
                      masks_ok: bool = False) -> None:
@@ -419,7 +440,7 @@ class MaskBroadcast(Probe):
             first = mods[0]
             tail = f" (+{len(mods) - 1} more {KIND_WORDS[kind]} modules)" if len(mods) > 1 else ""
             self.report("error", f"{first.site}: {first.problem}{tail}", where=first.site, step=0,
-                        evidence=ev, fix=first.fix)
+                        evidence=ev, fix=first.fix, code=first.code)
             return
         t = tests[0]
         c = checks[t]
@@ -436,11 +457,15 @@ class MaskBroadcast(Probe):
                                    "appended, the encoder output does not (cross-attention sees pads)",
                                    NOTE["no_memory_mask"])}[t]
         text, fix = what[0].format(d=f"{c.delta:.3g}"), what[1]
+        code = {"causality": "causal-leak", "tgt_pad_length": "tgt-pad-leak",
+                "tgt_pad_content": "tgt-pad-leak", "enc_pad_length": "pad-leak",
+                "enc_batch": "batch-mixing", "src_pad_length": "memory-leak"}[t]
         if masks_ok:
+            code = "positions-mixed"
             text = (text.split(" (")[0] + f", yet the attention probabilities of every "
                     f"{KIND_WORDS[kind]} module respect the masks: positions are mixed outside "
                     f"the softmax")
             fix = OUTSIDE_FIX
             ev["probabilities_respect_masks"] = True
         self.report("error", f"{KIND_WORDS[kind]}: " + text, where=KIND_WORDS[kind], step=0,
-                    evidence=ev, fix=fix)
+                    evidence=ev, fix=fix, code=code)

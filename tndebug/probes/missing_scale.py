@@ -119,6 +119,13 @@ class MissingScale(Probe):
 
     name = "missing-scale"
     summary = "fitted QK^T scale vs 1/sqrt(d_k), with softmax saturation"
+    codes = {
+        "absent": "no 1/sqrt(d_k) on the scores",
+        "by-d-model": "the scores divided by sqrt(d_model) instead of sqrt(d_k)",
+        "wrong-constant": "another constant scale than 1/sqrt(d_k)",
+        "folded-into-weights": "no 1/sqrt(d_k), folded into W_Q at initialisation (T5), by design",
+        "shared-qk-unverifiable": "no 1/sqrt(d_k), q = k: the weights cannot show a fold",
+    }
     reads = ("attn.q", "attn.k", "attn.scores", "attn.masked_scores", "attn.probs")
     fix = FAULT_NOTES["no_scale"][2]
     default_schedule = staticmethod(lambda: at(1, 10, 100) | every(500, start=500))
@@ -243,8 +250,11 @@ class MissingScale(Probe):
                        f"before the mask and the softmax: here d_k = {d_model} / {h} heads = {d_k}, "
                        f"so divide by {math.sqrt(d_k):.4g} (or pass scale=None to "
                        f"F.scaled_dot_product_attention).")
+            code = {"info": "folded-into-weights", "warning": "shared-qk-unverifiable"}.get(
+                severity, {"no 1/sqrt(d_k)": "absent", "1/sqrt(d_model)": "by-d-model"}.get(
+                    label, "wrong-constant"))
             self.report(severity, msg, where=site, step=step, layer=meta["layer"], fix=fix,
-                        evidence=evidence)
+                        evidence=evidence, code=code)
 
 
 def by_design_fix(d_k: int) -> str:

@@ -134,6 +134,15 @@ class NanScores(Probe):
 
     name = "nan-scores"
     summary = "first NaN/Inf in execution order; fully-masked rows; fp16-unsafe mask fill and LayerNorm eps"
+    codes = {
+        "norm-fp16": "a norm whose eps rounds to 0, or that gives NaN, in float16",
+        "eps-zero": "a norm that gives NaN/Inf on a constant row in the model's dtype (eps = 0)",
+        "fill-overflow-fp16": "a mask fill beyond the float16 range",
+        "all-pad-source": "a source of pads only gives NaN/Inf (rows with every key masked)",
+        "nonfinite-forward": "the first NaN/Inf of a forward pass, by module and op",
+        "nonfinite-loss": "a NaN/Inf loss: the loss code, or the update diverged",
+        "nonfinite-grad": "NaN/Inf in backward while the forward is finite",
+    }
     reads = ("attn.out", "stream", "logits", "grad.stream")
     fix = FIX_NAN
     # Sparse: a sweep of every tensor (and the taps it turns on) cost ~12% of a small CPU step
@@ -216,7 +225,7 @@ class NanScores(Probe):
                               "fp16_constant_row_nonfinite": behaviour,
                               "compute_dtype": str(self._run.compute_dtype),
                               "threshold": f"eps must not round to 0 in float16 (< {FP16_TINY / 2:.1e})"},
-                    fix=FAULT_NOTES["tiny_ln_eps"][2])
+                    fix=FAULT_NOTES["tiny_ln_eps"][2], code="norm-fp16")
 
     def _report_own_dtype(self, own: list[str], eps_of: dict, dtype: torch.dtype) -> None:
         """Norms that give NaN/Inf on a constant row in the model's own dtype: the hazard bites
@@ -232,7 +241,7 @@ class NanScores(Probe):
                               "constant_row_nonfinite": own,
                               "threshold": "a norm must stay finite on a constant row in its own dtype"},
                     fix="use eps=1e-5 (1e-6 for RMSNorm) inside the square root: the norm then "
-                        "returns its bias on a constant row")
+                        "returns its bias on a constant row", code="eps-zero")
 
     def _check_fill(self, trace: Trace) -> None:
         by_fill: dict[float, list[str]] = {}
@@ -249,11 +258,11 @@ class NanScores(Probe):
                   "threshold": "|fill| <= 65504, or finfo(dtype).min / -inf"}
             if dtype == torch.float16:
                 self.report("error", f"{sites[0]}: mask fill {fill:g} overflows float16 (max 65504){tail}",
-                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2])
+                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2], code="fill-overflow-fp16")
             else:             # an fp16 portability advisory (docs/severity.md)
                 self.report("info", f"{sites[0]}: mask fill {fill:g} would overflow float16 "
                             f"(max 65504){tail} ({_portability(dtype)})",
-                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2])
+                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2], code="fill-overflow-fp16")
 
     def _check_all_pad(self, src: torch.Tensor, tgt: torch.Tensor) -> None:
         """A source made only of pads: its rows have no key at all in every source attention."""
@@ -273,7 +282,7 @@ class NanScores(Probe):
         # unless the data has empty sequences; a NaN on real inputs is reported as an error
         self.report("info", msg, where=where, step=0,
                     evidence={**(found or {}), "threshold": "any non-finite output"},
-                    fix=FAULT_NOTES["neg_inf_fill_all_masked"][2])
+                    fix=FAULT_NOTES["neg_inf_fill_all_masked"][2], code="all-pad-source")
 
     def _report_nonfinite(self, found: dict, step: int, context: str) -> None:
         self._forward_done = True
@@ -287,7 +296,7 @@ class NanScores(Probe):
             fix = FAULT_NOTES["neg_inf_fill_all_masked"][2]
         self.report("error", msg, where=found["where"], step=step,
                     evidence={**found, "context": context, "threshold": "any NaN/Inf (-inf allowed in masked scores)"},
-                    fix=fix)
+                    fix=fix, code="nonfinite-forward")
 
     # -- every step --------------------------------------------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict:
@@ -325,14 +334,14 @@ class NanScores(Probe):
                 self._forward_done = True
                 msg, ev = loss_story(self._run, info, self._replay_logits)
                 self.report("error", msg, where="loss", step=info.step,
-                            evidence={**ev, "activations": "finite"}, fix=FIX_LOSS)
+                            evidence={**ev, "activations": "finite"}, fix=FIX_LOSS, code="nonfinite-loss")
             return
         gbad = [n for n, b in zip(stats["gnames"], stats["gbad"].tolist()) if b > 0] if "gbad" in stats else []
         if gbad and not bad and not self._grad_done and not self._forward_done:
             self._grad_done = True
             self.report("error", f"{gbad[0]}: gradient is NaN/Inf in backward while the forward "
                         f"is finite ({len(gbad)} stream points)", where=gbad[0], step=info.step,
-                        evidence={"grads_nonfinite": gbad, "threshold": "any non-finite gradient"})
+                        evidence={"grads_nonfinite": gbad, "threshold": "any non-finite gradient"}, code="nonfinite-grad")
 
     def on_divergence(self, run: RunContext, info: StepInfo) -> None:
         if self._forward_done:
@@ -344,7 +353,7 @@ class NanScores(Probe):
         else:
             self._forward_done = True
             msg, ev = loss_story(self._run, info, self._replay_logits)
-            self.report("error", msg, where="loss", step=info.step, evidence=ev, fix=FIX_LOSS)
+            self.report("error", msg, where="loss", step=info.step, evidence=ev, fix=FIX_LOSS, code="nonfinite-loss")
 
     def _replay(self, info: StepInfo) -> dict | None:
         """Re-run the step's batch with every tap (eval, no grad) to name the op."""

@@ -68,6 +68,12 @@ class PositionalEncodingProbe(Probe):
 
     name = "positional-encoding"
     summary = "PE added (encoder permutation test), embedding/PE scale ratio, PE rows past max_len"
+    codes = {
+        "order-ignored": "the encoder ignores token order (no positional encoding used)",
+        "no-pe-one-side": "one side adds no positional encoding while the other does",
+        "pe-rows-reused": "positions past the table reuse its rows",
+        "emb-scale": "the token embedding scale off the paper's (no sqrt(d_model)): info when harmless",
+    }
     reads = ("embed",)
     fix = _fix("no_pos_encoding")
     default_schedule = staticmethod(lambda: every(100))
@@ -150,7 +156,7 @@ class PositionalEncodingProbe(Probe):
                         f"{no_pe}", where=where, step=0,
                         evidence={"rel_diff": rel, "threshold": tol, "compared": what,
                                   "control_rel_diff": rel_ctrl, "vs_control": PERM_VS_CONTROL,
-                                  "sites_without_pe": list(self._no_pe_sites)})
+                                  "sites_without_pe": list(self._no_pe_sites)}, code="order-ignored")
 
     @staticmethod
     def _attention_blind(subject: Subject, src: torch.Tensor, tgt: torch.Tensor) -> str:
@@ -243,7 +249,7 @@ class PositionalEncodingProbe(Probe):
                 self.report("warning", f"{site} adds no positional encoding (out == tok) while "
                             f"{', '.join(with_pe)} does", where=site, step=0,
                             evidence={"rms_pe_over_rms_tok": 0.0, "threshold": ZERO_PE,
-                                      "sites_with_pe": with_pe})
+                                      "sites_with_pe": with_pe}, code="no-pe-one-side")
 
     # -- 3. positions past the table -------------------------------------------------------------
     def _overflow_test(self, subject: Subject) -> None:
@@ -284,7 +290,7 @@ class PositionalEncodingProbe(Probe):
                         evidence={"first_duplicate_position": j, "same_row_as": i,
                                   "duplicate_positions": len(dup_cols), "probe_length": length,
                                   "threshold_rel_distance": DUP_TOL,
-                                  "refused_length": refused[0] if refused else None})
+                                  "refused_length": refused[0] if refused else None}, code="pe-rows-reused")
 
     # -- runtime: rho as embeddings grow ---------------------------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
@@ -335,7 +341,7 @@ class PositionalEncodingProbe(Probe):
                   "loss_trend": [(s, round(v, 4)) for s, v in losses[-4:]]}
             text = item["what"] if severity == "warning" else item["deviation"]
             self.report(severity, f"{text}; {why}", where=item["site"], step=0,
-                        evidence=ev, fix=_fix("no_emb_scale"))
+                        evidence=ev, fix=_fix("no_emb_scale"), code="emb-scale")
 
 
 def _fitted_scale(subject: Subject, tok: torch.Tensor, tokens: torch.Tensor | None) -> float | None:

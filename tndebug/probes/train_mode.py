@@ -38,6 +38,10 @@ class TrainModeProbe(Probe):
 
     name = "train-mode"
     summary = "optimizer steps taken in eval mode (model.train() forgotten after an evaluation)"
+    codes = {
+        "eval-mode-steps": "optimizer steps taken with dropout/batch-norm in eval mode",
+        "eval-mode-root": "steps taken with model.training False (no module it changes), advisory",
+    }
     reads = ()
     fix = ("Call model.train() after every evaluation (model.eval() switches dropout and "
            "batch-norm to their evaluation behaviour until it is undone)")
@@ -93,12 +97,12 @@ class TrainModeProbe(Probe):
                         f"({', '.join(off[:3])}{', ...' if len(off) > 3 else ''})",
                         where=off[0], step=first,
                         evidence={**ev, "eval_steps": n, "first_eval_step": first,
-                                  "last_eval_step": self.eval_steps[-1], "modules_off": off[:8]})
+                                  "last_eval_step": self.eval_steps[-1], "modules_off": off[:8]}, code="eval-mode-steps")
         elif self._root_eval:
             self.report("info", f"{len(self._root_eval)} of {self.steps} optimizer steps were "
                         f"taken with the model in eval mode; it has no dropout or batch-norm "
                         f"module, so nothing we can see changes (by design here)",
-                        step=self._root_eval[0], evidence={**ev, "eval_steps": len(self._root_eval)})
+                        step=self._root_eval[0], evidence={**ev, "eval_steps": len(self._root_eval)}, code="eval-mode-root")
 
 
 def _stepping(ref) -> None:

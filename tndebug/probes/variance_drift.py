@@ -66,6 +66,10 @@ class VarianceDrift(Probe):
 
     name = "variance-drift"
     summary = "residual-stream rank collapse (missing residual) and RMS growth along depth"
+    codes = {
+        "rank-collapse": "tokens nearly identical along depth (rank collapse)",
+        "stream-growth": "the residual stream RMS grows beyond the healthy envelope",
+    }
     reads = ("stream",)
     fix = FAULT_NOTES["no_residual"][2]
     default_schedule = staticmethod(lambda: log_spaced(100))
@@ -217,7 +221,7 @@ class VarianceDrift(Probe):
                       "logits_r": None if math.isnan(lr_) else round(lr_, 5), "mode": self.mode,
                       "cause": cause, "threshold_r_error": R_ERROR, "threshold_r_warning": R_WARN,
                       "threshold_kept": DROP, "threshold_r_floor": R_FLOOR,
-                      "threshold_retention": RETAIN, "placement": self.placement})
+                      "threshold_retention": RETAIN, "placement": self.placement}, code="rank-collapse")
 
     def _stronger(self, where: str, severity: str) -> bool:
         """One rank finding per module, the stronger: False when `where` already has one at
@@ -250,7 +254,7 @@ class VarianceDrift(Probe):
                           "healthy_envelope": GROWTH_ENVELOPE[self.placement],
                           "threshold": limit},
                 fix="Check the residual adds and the LayerNorm placement; with pre-LN keep a final "
-                    "LayerNorm and warmup. " + FAULT_NOTES["no_warmup_high_lr"][2])
+                    "LayerNorm and warmup. " + FAULT_NOTES["no_warmup_high_lr"][2], code="stream-growth")
 
     def _detect_placement(self, trace: Trace) -> None:
         try:

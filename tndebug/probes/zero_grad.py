@@ -38,6 +38,9 @@ class ZeroGradProbe(Probe):
 
     name = "zero-grad"
     summary = "gradients carried across optimizer steps (optimizer.zero_grad() forgotten)"
+    codes = {
+        "grads-accumulate": "gradients carried across optimizer steps (zero_grad forgotten)",
+    }
     reads = ()
     fix = ("Call optimizer.zero_grad(set_to_none=True) once per step, before loss.backward() "
            "(or right after optimizer.step()); gradient accumulation zeroes once per optimizer step")
@@ -107,7 +110,7 @@ class ZeroGradProbe(Probe):
                     evidence={"parameter": name, "grad_norm_carried": float(now.detach().norm()),
                               "same_tensor": True, "version_unchanged": True,
                               "steps_seen": self.steps, "test": "the .grad object and its "
-                              "in-place version are those left by the previous optimizer step"})
+                              "in-place version are those left by the previous optimizer step"}, code="grads-accumulate")
 
     def finish(self, run: RunContext) -> None:
         for h in self._handles:

@@ -226,6 +226,11 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
     missing = incomplete_text(report)
     if missing:
         parts.append(Text(f"NOT CHECKED: {missing}", style="bold"))
+    codes = report.run.get("codes") or {}
+    if codes.get("dropped"):
+        how = "; ".join(f"--{k} {','.join(v)}" for k, v in codes.items() if k != "dropped" and v)
+        parts.append(Text(f"{codes['dropped']} finding{'s' * (codes['dropped'] != 1)} left out "
+                          f"({how})"))
     stopped = status_text(report)
     sign = first_sign_text(report)
     if stopped or sign:

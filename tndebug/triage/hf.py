@@ -298,7 +298,7 @@ def triage_hf(opts, patch=None, sinks=()):
                   "tokenised with the tokenizer in DIR) or --data FILE.pt; random ids cannot say "
                   "whether the checkpoint was trained with the scale its code applies")
         sweep, sweep_ev = [Finding("missing-scale", "info", f"temperature sweep skipped: {reason}",
-                                   step=0, evidence={"verdict": "skipped"})], {"verdict": "skipped",
+                                   step=0, evidence={"verdict": "skipped"}, code="missing-scale/sweep-skipped")], {"verdict": "skipped",
                                                                                "reason": reason}
     findings += sweep
     lap("hygiene")

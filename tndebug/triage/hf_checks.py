@@ -57,7 +57,7 @@ def tied_head(model: nn.Module, sd: dict[str, torch.Tensor]) -> list[Finding]:
                     evidence={"head": head_key, "embedding": emb_key, "head_norm": h.norm().item(),
                               "embedding_norm": e.norm().item(), "max_abs_difference": diff,
                               "tied_group": group, "triaged": "untied, as transformers loads it",
-                              "threshold": "torch.equal(head, embedding) when config.json ties them"})]
+                              "threshold": "torch.equal(head, embedding) when config.json ties them"}, code="checkpoint/tied-head-differs")]
 
 
 ID_FIELDS = (("pad_token_id", "pad_token_id"), ("eos_token_id", "eos_token_id"))
@@ -87,7 +87,7 @@ def ids_vs_tokenizer(folder: Path, config) -> list[Finding]:
                     f"shift_tokens_right, generate() and the embeddings' padding_idx read "
                     f"config.json; the tokenizer writes its own ids)",
                 evidence={"config": sorted(mine), "tokenizer": sorted(theirs), "source": "tokenizer",
-                          "threshold": "the config's id must be the tokenizer's"}))
+                          "threshold": "the config's id must be the tokenizer's"}, code="checkpoint/id-vs-tokenizer"))
     start = _ids(getattr(config, "decoder_start_token_id", None))
     specials = set(getattr(tok, "all_special_ids", []) or [])
     if start and specials and not start & specials:
@@ -100,7 +100,7 @@ def ids_vs_tokenizer(folder: Path, config) -> list[Finding]:
             fix="set \"decoder_start_token_id\" to the id the model was trained to start from "
                 "(BART: eos 2; T5, Marian, Pegasus: pad)",
             evidence={"config": sorted(start), "tokenizer_special_ids": sorted(specials),
-                      "source": "tokenizer", "threshold": "a special id of the tokenizer"}))
+                      "source": "tokenizer", "threshold": "a special id of the tokenizer"}, code="checkpoint/start-id-ordinary"))
     return out
 
 
@@ -128,7 +128,7 @@ def ids_vs_data(src: torch.Tensor, tgt: torch.Tensor, config, source: str) -> li
             fix=f"the data and the model disagree: set \"{cfg_field}\": {data_id} in config.json if "
                 f"that is the id training used, else make the data use {_show(mine)}",
             evidence={"config": sorted(mine), "data": data_id, "source": source,
-                      "threshold": f"the one id that {what[cfg_field]} (>= 2 rows)"}))
+                      "threshold": f"the one id that {what[cfg_field]} (>= 2 rows)"}, code="checkpoint/id-vs-data"))
     return out
 
 
@@ -189,7 +189,7 @@ def weight_files_differ(folder: Path, used: list[Path], read) -> tuple[list[Find
             f"runs another model",
         evidence={"triaged": sorted(names), "other": other.name, "differing_tensors": len(differ),
                   "tensors": len(keys), "examples": differ[:5],
-                  "max_abs_difference": max(diffs) if diffs else None})], None
+                  "max_abs_difference": max(diffs) if diffs else None}, code="checkpoint/weight-files-differ")], None
 
 
 def _show(ids: set[int]) -> str:

@@ -45,13 +45,19 @@ HF_FIXES = {
 }
 
 
+# mask-broadcast's kinds whose HF fix is the causal one, or the padding one; the others (a softmax
+# axis, a head split, positions mixed outside the softmax, ...) keep their own fix
+MASK_CAUSAL = {"causal-leak", "causal-transposed"}
+MASK_PADDING = {"pad-leak", "memory-leak", "tgt-pad-leak", "src-pad-leak", "mask-inverted",
+                "mask-after-softmax", "row-sums"}
+
+
 def hf_fix(f: Finding) -> Finding:
     """The finding with a fix written for transformers code (the generic one in evidence)."""
     key = f.probe
-    if f.probe == "mask-broadcast":
-        text = f"{f.where} {f.message}".lower()
-        key += ":causal" if ("future" in text or "causal" in text or
-                             ("decoder" in text and "self" in text and "cross" not in text)) else ":padding"
+    if f.probe == "mask-broadcast":          # by the finding's kind, never its wording
+        kind = f.code.partition("/")[2]
+        key += (":causal" if kind in MASK_CAUSAL else ":padding" if kind in MASK_PADDING else ":other")
     if key not in HF_FIXES or f.severity == "info" or "best_alpha" in f.evidence:
         return f
     return replace(f, fix=HF_FIXES[key], evidence={**f.evidence, "generic_fix": f.fix})

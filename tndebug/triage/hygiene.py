@@ -36,8 +36,9 @@ FIX_SCALE = ("the checkpoint was trained by code without the 1/sqrt(d_k) scale (
              "fine-tune; do not load it into correctly scaled code")
 
 
-def _f(probe, severity, message, where="", evidence=None, fix="") -> Finding:
-    return Finding(probe, severity, message, where=where, step=0, evidence=evidence or {}, fix=fix)
+def _f(probe, severity, message, where="", evidence=None, fix="", *, code: str) -> Finding:
+    return Finding(probe, severity, message, where=where, step=0, evidence=evidence or {}, fix=fix,
+                   code=code)
 
 
 # -- the file ------------------------------------------------------------------------------------
@@ -53,7 +54,7 @@ def non_finite(sd: dict[str, torch.Tensor]) -> list[Finding]:
                           f"{key} holds {bad} non-finite values ({nan} NaN, {bad - nan} inf) of {t.numel()}",
                           where=key, evidence={"non_finite": bad, "nan": nan, "numel": t.numel()},
                           fix="the run diverged before this save: resume from an earlier checkpoint "
-                              "and find the first NaN with `tndebug run` (nan-scores)"))
+                              "and find the first NaN with `tndebug run` (nan-scores)", code="checkpoint/nonfinite-weights"))
     return out
 
 
@@ -72,7 +73,7 @@ def resume_state(ckpt: Checkpoint) -> list[Finding]:
                f"warmup (the lr jumps) and Adam from empty moments (only matters if you resume "
                f"training from this file)",
                evidence={"container": ckpt.container, "top_level_keys": ckpt.top_keys[:12],
-                         "step_key": ckpt.step_key or None}, fix=FIX_RESUME)]
+                         "step_key": ckpt.step_key or None}, fix=FIX_RESUME, code="lr-schedule/no-resume-state")]
 
 
 def config_vs_weights(config: dict, inferred: dict, key: str) -> list[Finding]:
@@ -86,7 +87,7 @@ def config_vs_weights(config: dict, inferred: dict, key: str) -> list[Finding]:
                           where=f"{key}.{name}" if key else name,
                           evidence={"config": config[name], "weights": inferred[name]},
                           fix="the config saved with the weights is stale: save the config of the "
-                              "model that was trained (triage used the shapes)"))
+                              "model that was trained (triage used the shapes)", code="checkpoint/config-mismatch"))
     return out
 
 
@@ -105,7 +106,7 @@ def stored_pe(pe: torch.Tensor | None, key: str, d_model: int) -> list[Finding]:
                f"(max |diff| {err:.2g}): the model was trained with a different PE than the "
                f"paper's", where=key.rpartition(".")[0] or key,
                evidence={"max_abs_diff": err, "all_zero": zero},
-               fix="check how the PE table is built (sin on even, cos on odd features)")]
+               fix="check how the PE table is built (sin on even, cos on odd features)", code="positional-encoding/stored-pe")]
 
 
 def embedding_scale(lut: torch.Tensor, scale: float, where: str, rho_low: float = 0.05,
@@ -121,7 +122,7 @@ def embedding_scale(lut: torch.Tensor, scale: float, where: str, rho_low: float 
                where=where, evidence={"rho": rho, "scale": scale, "threshold_low": rho_low,
                                       "threshold_high": rho_high},
                fix="multiply the embeddings by sqrt(d_model) and initialise them N(0, 1/d_model) "
-                   "(or Xavier), so that token and position parts are comparable")]
+                   "(or Xavier), so that token and position parts are comparable", code="positional-encoding/emb-ratio")]
 
 
 # -- weights ------------------------------------------------------------------------------------
@@ -141,7 +142,7 @@ def duplicate_heads(sites: Iterable[tuple[str, torch.Tensor, torch.Tensor, torch
                           f"(torch.equal): on one input (self-attention) every head's scores are "
                           f"symmetric", where=where,
                           evidence={"shared": "qkv" if same_v else "qk"},
-                          fix="give Q, K and V their own projections (nn.Linear each)"))
+                          fix="give Q, K and V their own projections (nn.Linear each)", code="head-collapse/shared-projection"))
             continue
         if h < 2 or wq.shape[0] % h:
             continue
@@ -158,7 +159,7 @@ def duplicate_heads(sites: Iterable[tuple[str, torch.Tensor, torch.Tensor, torch
                           f"(heads {i} and {j}: cosine {worst:.4f})", where=where,
                           evidence={"max_cosine": worst, "heads": [i, j], "duplicated": n_dup,
                                     "threshold": DUP_COS},
-                          fix="initialise each head independently (no deepcopy of one head)"))
+                          fix="initialise each head independently (no deepcopy of one head)", code="head-collapse/duplicated-heads"))
     return out
 
 
@@ -263,7 +264,7 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
                        f"lowest at alpha={best:.3g} ({finite[best]:.3f} vs {losses[1.0]:.3f} at "
                        f"alpha=1); the code runs the scale it was trained with, so this says the "
                        f"held-out data or the attention temperature differ from training, not "
-                       f"that a scale is missing", where=where, evidence=evidence)], evidence
+                       f"that a scale is missing", where=where, evidence=evidence, code="missing-scale/sweep-not-applicable")], evidence
         return [], evidence
     if not solved:
         evidence["verdict"] = "inconclusive"
@@ -273,7 +274,7 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
         return [_f("missing-scale", "info",
                    f"temperature sweep inconclusive: the checkpoint does not solve the held-out "
                    f"data ({data}; best loss {finite[best]:.2f} >= {SOLVED} ln V = "
-                   f"{SOLVED * ln_v:.2f}): {hint}", where=where, evidence=evidence)], evidence
+                   f"{SOLVED * ln_v:.2f}): {hint}", where=where, evidence=evidence, code="missing-scale/sweep-inconclusive")], evidence
     if not outside:
         evidence["verdict"] = "matched"
         return [], evidence
@@ -286,7 +287,7 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
                f"the checkpoint was trained {what}: held-out loss is lowest with the scores "
                f"scaled by alpha={best:.3g} ({finite[best]:.3f} vs {losses[1.0]:.3f} at alpha=1, "
                f"lower on {test['share_better']:.0%} of {test['n']} sequences; "
-               f"healthy: alpha in [0.71, 1.41])", where=where, evidence=evidence, fix=FIX_SCALE)], evidence
+               f"healthy: alpha in [0.71, 1.41])", where=where, evidence=evidence, fix=FIX_SCALE, code="missing-scale/sweep-mismatch")], evidence
 
 
 @contextmanager

@@ -232,7 +232,7 @@ def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task, probe_nam
         findings.append(Finding("checkpoint", "info",
                                 "inferred " + ", ".join(f"{k}={v}" for k, v in chosen.items())
                                 + f" from held-out loss on {source} (tried {tried['n']} variants)",
-                                evidence=tried, step=0))
+                                evidence=tried, step=0, code="checkpoint/inferred-config"))
     subject = tndebug_subject(model)
     subject.pad_id, subject.bos_id = opts.pad_id, opts.bos_id
     weights = [(f"{stack}.layers.{i}.{name}", a.w_q.weight.detach(), a.w_k.weight.detach(),
@@ -348,7 +348,7 @@ def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
         findings.append(Finding("mask-broadcast", "info", f"{adapter.note}; the mask tests judged "
                                 f"tndebug's masks, not yours: pass --adapter FILE.py:forward that "
                                 f"calls your own mask code", where="", step=0,
-                                evidence={"adapter": adapter.name}))
+                                evidence={"adapter": adapter.name}, code="mask-broadcast/tndebug-masks"))
     run["fresh_init"] = f"{opts.model} called again with the same kwargs, seed {SEED}, no weights loaded"
     return _Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model),
                    _fresh_prober(opts, kwargs, batch, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
