@@ -155,7 +155,9 @@ _ALL = [
         "no", None, None, _swap((A, X.MergeNoPermute)), config={"heads": 1}),
     Bug("attn_dropout_in_eval", "https://github.com/meta-pytorch/torchtune/pull/1803",
         "SDPA dropout_p passed unconditionally: attention dropout also in eval mode",
-        "yes (eval outputs random)", "train-mode", "warning", _swap((A, X.DropoutAlways))),
+        # named by mask-broadcast's first exact test (two identical eval calls must agree),
+        # which every comparison rests on; train-mode reads module flags and cannot see it
+        "yes (eval outputs random)", "mask-broadcast", "error", _swap((A, X.DropoutAlways))),
     # -- positions and embeddings -------------------------------------------------------------
     Bug("pe_single_row", "https://github.com/DiffPoseTalk/DiffPoseTalk/issues/20",
         "x + pe[:, x.shape[1], :]: one PE row (position T's) added to every position",

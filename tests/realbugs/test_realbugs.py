@@ -58,3 +58,19 @@ def test_training_loop_bug_is_named_and_its_benign_twin_is_not():
     assert ("train-mode", "warning") in serious(run_watch(build(bug, 0), steps=8, **bug.loop))
     twin = BUGS["no_train_after_eval_no_dropout"]          # no dropout: the mode changes nothing
     assert serious(run_watch(build(twin, 0), steps=8, **twin.loop)) == []
+
+
+@pytest.mark.parametrize("name", ["softmax_dim0", "scale_after_softmax"])
+def test_a_broken_softmax_is_not_also_called_a_normalised_residual(name):
+    """The capture places these attention sites at the residual wrapper, whose output minus
+    itself is 0: ln-placement's residual identity must not read that as norm(x) (it did: a
+    collateral error on both bugs)."""
+    report = tndebug.check(build(BUGS[name], 0), forward, pad_id=0, bos_id=1)
+    assert not [f for f in report.findings if f.code == "ln-placement/residual-normalised"], \
+        report.findings
+    assert (BUGS[name].expected_probe, "error") in serious(report)
+
+
+def test_the_normalised_residual_itself_is_still_named():
+    report = tndebug.check(build(BUGS["residual_of_normed_input"], 0), forward, pad_id=0, bos_id=1)
+    assert [f for f in report.findings if f.code == "ln-placement/residual-normalised"]

@@ -27,6 +27,10 @@ from tndebug.capture.trace import Trace
 CARRY_TOL = 1e-4
 NORM_TOL = 1e-4
 _KINDS = {"encoder": ("enc_self",), "decoder": ("dec_self", "cross")}
+# y - attn_out this small against y is no residual term at all: the attention record's output is
+# the sublayer's output itself (seen on bugs that make the capture place the site at the
+# residual wrapper, bench/realbugs.py's softmax_dim0 / scale_after_softmax: |d| = 0 exactly)
+DEGENERATE = 1e-6
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -67,6 +71,11 @@ def residual_carries(trace: Trace) -> list[dict]:
                 d = (cur.x.detach().double() - r.out.detach().double())[keep]    # [N, D]
                 if not torch.isfinite(d).all() or not torch.isfinite(x).all():
                     continue
+                y = cur.x.detach().double()[keep]
+                if float(d.norm()) <= DEGENERATE * float(y.norm()):
+                    continue              # the record's "out" is the sublayer's own output (an
+                    #                       attention site found at the residual wrapper): d = 0
+                    #                       fits every identity, so nothing can be judged
                 rel_in = _rel(d, x)
                 rel_norm = min(_norm_fit(d, x, True), _norm_fit(d, x, False))
                 carries = ("input" if rel_in < CARRY_TOL else
