@@ -52,6 +52,13 @@ JOBS: tuple[Job, ...] = (
         (("bench/triage_speed.py", "--reps", "1", "--cases", "tndebug", "--threads", "1",
           "--out", "{out}/triage_speed.json"),),
         (R + "triage_speed.json",), 4.0),
+    Job("triage_figures", "what triage's figures cost: the base checkpoint's whole command with "
+        "and without --no-figures (issue 23)",
+        (("bench/triage_speed.py", "--reps", "3", "--cases", "tndebug", "--threads", "1", "--cli",
+          "--no-figures", "--out", R + "triage_figures.json"),),
+        (("bench/triage_speed.py", "--reps", "1", "--cases", "tndebug", "--threads", "1", "--cli",
+          "--no-figures", "--out", "{out}/triage_figures.json"),),
+        (R + "triage_figures.json",), 2.5),
     Job("hf_triage", "`tndebug triage DIR` of a Marian-size Hugging Face directory, the whole CLI",
         (("bench/hf_triage.py",),),
         (("bench/hf_triage.py", "--reps", "1", "--out", "{out}/hf_triage.json"),),
