@@ -54,8 +54,8 @@ JOBS: tuple[Job, ...] = (
         (R + "triage_speed.json",), 4.0),
     Job("triage_figures", "what triage's figures cost: the base checkpoint's whole command with "
         "and without --no-figures (issue 23)",
-        (("bench/triage_speed.py", "--reps", "3", "--cases", "tndebug", "--threads", "1", "--cli",
-          "--no-figures", "--out", R + "triage_figures.json"),),
+        (("bench/triage_speed.py", "--reps", "1", "--cases", "tndebug", "--threads", "1", "--cli",
+          "--cli-reps", "4", "--no-figures", "--out", R + "triage_figures.json"),),
         (("bench/triage_speed.py", "--reps", "1", "--cases", "tndebug", "--threads", "1", "--cli",
           "--no-figures", "--out", "{out}/triage_figures.json"),),
         (R + "triage_figures.json",), 2.5),
