@@ -43,10 +43,9 @@ from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library import args as A
-from tndebug.library.live import set_max_len
-from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.library.live import declared_schedule, default_batch, live_subject, pad_id_findings, \
-    unwrap
+    set_max_len, unwrap
+from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.schedule import never

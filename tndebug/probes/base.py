@@ -147,6 +147,18 @@ class Probe:
         return any(f.where == where and (severity is None or f.severity == severity)
                    for f in self.findings)
 
+    def sees_optimizer_steps(self, run: RunContext) -> bool:
+        """For a probe that hooks the optimizer itself (`schedule.own_hooks`): True when there
+        are steps to see; else it says why (not applicable in triage, no verdict without an
+        optimizer) and returns False."""
+        if run.mode != "train":
+            self.cover("", "not applicable", "no training steps (triage)")
+            return False
+        if run.optimizer is None:
+            self.skip("no optimizer given: its steps cannot be seen")
+            return False
+        return True
+
     def metric(self, step: int, tag: str, value: float) -> None:
         """A scalar for the reporters, tag `family/stack/layerN/headM/metric`."""
         self.metrics.append((step, tag, float(value)))

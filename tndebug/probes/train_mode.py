@@ -57,11 +57,7 @@ class TrainModeProbe(Probe):
         self._root_eval: list[int] = []            # steps with model.training False (no such module)
 
     def setup(self, run: RunContext) -> None:
-        if run.mode != "train":
-            self.cover("", "not applicable", "no training steps (triage)")
-            return
-        if run.optimizer is None:
-            self.skip("no optimizer given: its steps cannot be seen")
+        if not self.sees_optimizer_steps(run):
             return
         self._model = run.subject.model
         self._sensitive = mode_sensitive(self._model)

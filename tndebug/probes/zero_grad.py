@@ -58,11 +58,7 @@ class ZeroGradProbe(Probe):
         self._carried: set[int] = set()            # steps whose backward found the last step's grad
 
     def setup(self, run: RunContext) -> None:
-        if run.mode != "train":
-            self.cover("", "not applicable", "no training steps (triage)")
-            return
-        if run.optimizer is None:
-            self.skip("no optimizer given: its steps cannot be seen")
+        if not self.sees_optimizer_steps(run):
             return
         named = [(n, p) for n, p in run.subject.model.named_parameters() if p.requires_grad]
         if not named:
