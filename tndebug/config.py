@@ -11,6 +11,7 @@ from tndebug.faults import FAULTS, check_faults
 
 PRESETS = ("tiny", "small", "base")
 NORMS = ("pre", "post")
+ARCHS = ("seq2seq", "decoder")   # encoder-decoder (the paper), or one causal stack (GPT-style)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class ModelConfig:
     ln_eps: float = 1e-5
     pad_id: int = 0
     tie_embeddings: bool = False  # share target embedding and generator weights (paper §3.4)
+    arch: str = "seq2seq"        # "decoder": one causal stack over prompt + continuation
     faults: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -34,11 +36,20 @@ class ModelConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.norm not in NORMS:
             raise ValueError(f"norm={self.norm!r}; expected one of {NORMS}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch={self.arch!r}; expected one of {ARCHS}")
+        if self.arch == "decoder" and self.src_vocab != self.tgt_vocab:
+            raise ValueError("arch='decoder' reads prompt and continuation with one vocabulary: "
+                             "src_vocab must equal tgt_vocab")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must lie in [0, 1)")
         if self.tie_embeddings and self.src_vocab != self.tgt_vocab:
             raise ValueError("tie_embeddings needs src_vocab == tgt_vocab")
         check_faults(self.faults)
+        other = [f for f in self.faults if FAULTS[f].arch not in ("", self.arch)]
+        if other:
+            raise ValueError(f"fault {other[0]!r} exists only in a {FAULTS[other[0]].arch} model, "
+                             f"not arch={self.arch!r}")
 
     @property
     def d_k(self) -> int:

@@ -96,6 +96,30 @@ class Task:
         return Batch(src, tgt_in, tgt_out)
 
 
+def as_lm(batch: Batch) -> Batch:
+    """The same examples for a decoder-only model: one sequence BOS + source + EOS + target +
+    EOS per row, right-padded; `tgt_in` is it without its last column, `tgt_out` the next token
+    at each position with the prompt's positions set to PAD, so the loss (which ignores PAD)
+    falls on the continuation only. `src` is empty ([B, 0]).
+
+        src     5 6 EOS            tgt_out  5 6 EOS
+        tgt_in  BOS 5 6 EOS 5 6          -> tgt_out  . . . 5 6 EOS   (. = PAD)
+    """
+    B = batch.src.shape[0]
+    n_src = (batch.src != PAD).sum(1)                        # content + EOS   [B]
+    n_tgt = (batch.tgt_out != PAD).sum(1)                    # content + EOS   [B]
+    width = 1 + batch.src.shape[1] + batch.tgt_out.shape[1]
+    seq = torch.full((B, width), PAD, dtype=torch.long, device=batch.src.device)
+    labels = torch.full_like(seq, PAD)
+    for b in range(B):
+        s, t = int(n_src[b]), int(n_tgt[b])
+        seq[b, 0] = BOS
+        seq[b, 1:1 + s] = batch.src[b, :s]
+        seq[b, 1 + s:1 + s + t] = batch.tgt_out[b, :t]
+        labels[b, s:s + t] = batch.tgt_out[b, :t]            # position s (the source EOS) predicts t1
+    return Batch(seq[:, :0], seq[:, :-1], labels[:, :-1])
+
+
 def content_lengths(seqs: torch.Tensor) -> torch.Tensor:
     """Content tokens per row (not pad, BOS or EOS).  [B, L] -> [B]"""
     return (seqs >= FIRST_CONTENT).sum(dim=1)

@@ -16,6 +16,8 @@ class Fault:
     summary: str        # what the buggy code does, in one line
     norms: tuple[str, ...] = ("pre", "post")   # placements where the fault applies
     needs: str = ""      # a condition for the fault to show (e.g. "fp16", "resume")
+    arch: str = ""       # "decoder": only a decoder-only model has it; "seq2seq": only an
+    #                      encoder-decoder; "": both
 
 
 _F = Fault
@@ -29,7 +31,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     _F("causal_transposed", "mask-broadcast", "mask", "causal mask built with triu instead of tril: each position sees the future"),
     _F("mask_after_softmax", "mask-broadcast", "attention",
        "masked positions zeroed after softmax: pads stay in the denominator, rows do not sum to 1"),
-    _F("no_memory_mask", "mask-broadcast", "mask", "cross-attention called without the source padding mask"),
+    _F("no_memory_mask", "mask-broadcast", "mask", "cross-attention called without the source padding mask",
+       arch="seq2seq"),
     _F("softmax_wrong_dim", "mask-broadcast", "attention", "softmax over the query axis (dim=-2) instead of the keys"),
     _F("view_without_transpose", "mask-broadcast", "attention",
        "heads split with .view(B, h, T, d_k) and no transpose: positions and features mix"),
@@ -57,6 +60,10 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
        "constant lr 5x the run's own Noam peak from step 0, no warmup (--lr-factor scales it)",
        norms=("post",)),
     _F("dead_relu_init", "gradient-flow", "block", "FFN first bias initialised to -3: most ReLUs never fire"),
+    _F("positions_ignore_left_pad", "lm-decoding", "embedding",
+       "decoder-only: positions counted from column 0, not from the row's first real token, so "
+       "a left-padded row (batched generation) gets other positions and other logits",
+       arch="decoder"),
     _F("no_dropout", "", "config", "dropout 0 everywhere (the notes claim heads then collapse; measured, not assumed)"),
 )}
 

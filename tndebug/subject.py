@@ -19,6 +19,9 @@ from tndebug.capture.trace import Trace
 MIN_PROBE_LEN = 4
 
 ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
+# A decoder-only model's call: forward(model, ids [B, T], pad_id) -> logits [B, T, V]
+LMForwardFn = Callable[[nn.Module, torch.Tensor, int], torch.Tensor]
+KINDS = ("seq2seq", "decoder")
 
 
 class Subject:
@@ -26,15 +29,27 @@ class Subject:
 
     Args:
         model: the module (for parameters, named_modules, train/eval).
-        forward: `forward(model, src, tgt, pad_id) -> logits [B, T, V]`.
-        encode: optional `encode(model, src, pad_id) -> memory [B, S, d]`.
+        forward: `forward(model, src, tgt, pad_id) -> logits [B, T, V]`; for `kind="decoder"`
+            `forward(model, ids, pad_id) -> logits [B, T, V]`.
+        encode: optional `encode(model, src, pad_id) -> memory [B, S, d]` (seq2seq only).
         capture: an object with `recording(reads, trace)` (TapCapture or a generic capture).
+        kind: "seq2seq" (an encoder and a decoder) or "decoder" (one causal stack, GPT-style).
+
+    A decoder-only model is driven through the same calls: `tgt` (BOS-led, right-padded) is its
+    sequence, `src` is empty ([B, 0]) and ignored, so every test of the decoder (causality,
+    target padding, the trace of its attention) runs unchanged; the tests of a source side say
+    they do not apply (`has_source`).
     """
 
-    def __init__(self, model: nn.Module, forward: ForwardFn, *, pad_id: int = 0, bos_id: int = 1,
-                 src_vocab: int, tgt_vocab: int, encode=None, capture=None,
-                 max_len: int | None = None) -> None:
+    def __init__(self, model: nn.Module, forward: ForwardFn | LMForwardFn, *, pad_id: int = 0,
+                 bos_id: int = 1, src_vocab: int, tgt_vocab: int, encode=None, capture=None,
+                 max_len: int | None = None, kind: str = "seq2seq") -> None:
+        if kind not in KINDS:
+            raise ValueError(f"Subject kind {kind!r}; expected one of {KINDS}")
+        if kind == "decoder" and encode is not None:
+            raise ValueError("a decoder-only Subject has no encoder: pass no encode")
         self.model = model
+        self.kind = kind
         self._forward = forward
         self._encode = encode
         self.capture = capture
@@ -103,7 +118,14 @@ class Subject:
         except Exception:  # noqa: BLE001 - the model refusing a length is what is measured
             return False
 
+    @property
+    def has_source(self) -> bool:
+        """False for a decoder-only model: there is no source sequence to pad or perturb."""
+        return self.kind == "seq2seq"
+
     def logits(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        if self.kind == "decoder":
+            return self._forward(self.model, tgt, self.pad_id)
         return self._forward(self.model, src, tgt, self.pad_id)
 
     def encode(self, src: torch.Tensor) -> torch.Tensor | None:
@@ -136,14 +158,16 @@ class Subject:
         Returns (src [B, S], tgt [B, T]); every row keeps at least 2 real tokens.
         """
         g = generator or torch.Generator().manual_seed(1234)
-        src_len, tgt_len = self.fit(src_len), self.fit(tgt_len)
+        if not self.has_source:
+            src_len = 0
+        src_len, tgt_len = self.fit(src_len) if src_len else 0, self.fit(tgt_len)
         lo = self.first_content
         src = torch.randint(lo, self.src_vocab, (batch, src_len), generator=g)
         tgt = torch.randint(lo, self.tgt_vocab, (batch, tgt_len), generator=g)
         tgt[:, 0] = self.bos_id
         for b in range(batch):
             if torch.rand((), generator=g).item() < pad_share:
-                s = int(torch.randint(2, src_len, (), generator=g))
+                s = int(torch.randint(2, src_len, (), generator=g)) if src_len > 2 else src_len
                 t = int(torch.randint(2, tgt_len, (), generator=g))
                 src[b, s:] = self.pad_id
                 tgt[b, t:] = self.pad_id
@@ -151,8 +175,12 @@ class Subject:
 
 
 def tndebug_subject(model) -> Subject:
-    """Wrap tndebug's own Transformer."""
+    """Wrap tndebug's own Transformer (or its decoder-only model)."""
     cfg = model.cfg
+    if cfg.arch == "decoder":
+        return Subject(model, lambda m, ids, pad: m(ids), pad_id=cfg.pad_id, bos_id=1,
+                       src_vocab=cfg.src_vocab, tgt_vocab=cfg.tgt_vocab,
+                       capture=TapCapture(model), max_len=cfg.max_len, kind="decoder")
     return Subject(
         model, lambda m, src, tgt, pad: m(src, tgt), pad_id=cfg.pad_id, bos_id=1,
         src_vocab=cfg.src_vocab, tgt_vocab=cfg.tgt_vocab,

@@ -129,8 +129,32 @@ def test_every_model_fault_has_a_test_here():
 @pytest.mark.parametrize("fault", MODEL_FAULTS)
 def test_every_model_fault_builds_and_runs(fault):
     norm = "pre" if "pre" in FAULTS[fault].norms else "post"
-    logits = build(fault, norm=norm)(*batch())
+    if FAULTS[fault].arch == "decoder":
+        logits = build(fault, norm=norm, arch="decoder")(batch()[1])
+    else:
+        logits = build(fault, norm=norm)(*batch())
     assert logits.shape == (B, T, 11)
+
+
+def test_a_fault_of_one_architecture_is_refused_on_the_other():
+    with pytest.raises(ValueError, match="only in a decoder model"):
+        ModelConfig.tiny().with_faults("positions_ignore_left_pad")
+    with pytest.raises(ValueError, match="only in a seq2seq model"):
+        ModelConfig.tiny(arch="decoder").with_faults("no_memory_mask")
+
+
+# -- decoder-only --------------------------------------------------------------------------------
+@torch.no_grad()
+def left_pad_change(model) -> float:
+    """How much the logits of real tokens move when two pads are put before every row."""
+    _, ids = batch()
+    lp = torch.cat([torch.zeros(B, 2, dtype=ids.dtype), ids], dim=1)         # [B, T + 2]
+    return (model(ids) - model(lp)[:, 2:]).abs().max().item()
+
+
+def test_positions_ignore_left_pad():
+    assert left_pad_change(build(arch="decoder")) < 1e-5
+    assert left_pad_change(build("positions_ignore_left_pad", arch="decoder")) > LEAK
 
 
 # -- masks -----------------------------------------------------------------------------------

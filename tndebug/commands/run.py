@@ -12,7 +12,7 @@ import sys
 from tndebug import driver
 from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, positive_float, \
     positive_int
-from tndebug.config import NORMS, PRESETS, ModelConfig
+from tndebug.config import ARCHS, NORMS, PRESETS, ModelConfig
 from tndebug.data import TASKS
 from tndebug.errors import SigTerm, UsageError
 from tndebug.faults import FAULTS
@@ -52,6 +52,9 @@ def add_parser(sub) -> None:
                    + " (default copy)")
     p.add_argument("--preset", choices=PRESETS, default=None,
                    help="model size: tiny (tests), small (CPU default), base (the paper's) (default small)")
+    p.add_argument("--arch", choices=ARCHS, default=None,
+                   help="seq2seq: the paper's encoder-decoder; decoder: one causal stack (GPT-style) "
+                        "reading prompt + continuation, loss on the continuation (default seq2seq)")
     p.add_argument("--norm", choices=NORMS, default=None,
                    help="LayerNorm placement: pre (x + f(norm(x)), final norm) or post (the paper's "
                         "norm(x + f(x))) (default pre)")
@@ -128,8 +131,9 @@ def check_probes(spec: str) -> str:
     return spec
 
 
-def default_out(task: str, preset: str, norm: str, faults) -> str:
-    return f"runs/{task}-{preset}-{norm}" + (f"-{'+'.join(faults)}" if faults else "")
+def default_out(task: str, preset: str, norm: str, faults, arch: str = "seq2seq") -> str:
+    kind = "-decoder" if arch == "decoder" else ""
+    return f"runs/{task}-{preset}-{norm}{kind}" + (f"-{'+'.join(faults)}" if faults else "")
 
 
 def configs(args):
@@ -141,10 +145,14 @@ def configs(args):
              if getattr(args, k) is not None}
     if args.resume is None:
         task, preset, norm = args.task or "copy", args.preset or "small", args.norm or "pre"
-        mcfg = model_config(task, preset, norm, faults)
+        arch = args.arch or "seq2seq"
+        try:
+            mcfg = model_config(task, preset, norm, faults, arch=arch)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         tcfg = TrainConfig(task=task, steps=_D.steps if args.steps is None else args.steps,
                            seed=args.seed or 0, device=args.device, amp=args.amp, **given)
-        return mcfg, tcfg, None, default_out(task, preset, norm, faults), None
+        return mcfg, tcfg, None, default_out(task, preset, norm, faults, arch), None
 
     from tndebug.train.checkpoint import load_checkpoint, resolve
     path = resolve(args.resume)
@@ -154,7 +162,8 @@ def configs(args):
         tcfg = TrainConfig.from_dict(state["train_config"])
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{path}: unreadable configuration in checkpoint: {e}") from None
-    have = {"task": tcfg.task, "preset": preset_name(mcfg), "norm": mcfg.norm, "seed": tcfg.seed}
+    have = {"task": tcfg.task, "preset": preset_name(mcfg), "norm": mcfg.norm, "seed": tcfg.seed,
+            "arch": mcfg.arch}
     for flag, value in have.items():
         asked = getattr(args, flag)
         if asked is not None and asked != value:

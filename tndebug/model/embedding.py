@@ -53,12 +53,17 @@ class Embeddings(nn.Module):
             f"sequence length {T} exceeds the positional-encoding table (max_len={max_len}); "
             f"raise ModelConfig.max_len")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, shift: torch.Tensor | None = None) -> torch.Tensor:
+        """`shift` [B]: each row's positions start `shift` later in the sequence (the left pads a
+        decoder-only row carries), so row b's token t gets PE[t - shift[b]] (0 for the pads)."""
         tok = tap(self.hook_tok, self.lut(x) * self.scale)               # [B, T, d_model]
+        pe = self.positions(x.shape[1]).unsqueeze(0).to(tok.dtype)       # [1, T, d_model]
+        if shift is not None and bool(shift.any()):
+            idx = (torch.arange(x.shape[1], device=x.device)[None] - shift[:, None]).clamp(min=0)
+            pe = self.positions(x.shape[1])[idx].to(tok.dtype)            # [B, T, d_model]
         if self.add_pe:
-            pe = tap(self.hook_pe, self.positions(x.shape[1]).unsqueeze(0).to(tok.dtype))  # [1, T, d_model]
-            out = tok + pe
+            out = tok + tap(self.hook_pe, pe)
         else:
-            tap(self.hook_pe, self.positions(x.shape[1]).unsqueeze(0).to(tok.dtype))  # computed, never added
+            tap(self.hook_pe, pe)                                         # computed, never added
             out = tok
         return self.dropout(tap(self.hook_out, out))

@@ -115,9 +115,14 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def make_model(cfg: ModelConfig | None = None, **kw) -> Transformer:
-    """Build a Transformer from a config (default: the `small` preset)."""
-    return Transformer(cfg or ModelConfig.small(**kw))
+def make_model(cfg: ModelConfig | None = None, **kw) -> nn.Module:
+    """Build a Transformer from a config (default: the `small` preset); `arch="decoder"` gives
+    the decoder-only model (tndebug.model.gpt)."""
+    cfg = cfg or ModelConfig.small(**kw)
+    if cfg.arch == "decoder":
+        from tndebug.model.gpt import DecoderOnly
+        return DecoderOnly(cfg)
+    return Transformer(cfg)
 
 
 __all__ = ["Transformer", "Generator", "make_model", "count_parameters"]

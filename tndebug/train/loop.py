@@ -21,7 +21,7 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug import driver
-from tndebug.data import data_generator, eval_set, get_task
+from tndebug.data import as_lm, data_generator, eval_set, get_task
 from tndebug.errors import UsageError
 from tndebug.model import make_model
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
@@ -204,6 +204,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
     probe_list, unavailable = build_probes(probes)
     engine = ProbeEngine(probe_list, run, sinks=getattr(session, "sinks", ()), reducer=dist.reducer)
     train_model = dist.wrap(model)           # probes stay on `model` (ddp.module)
+    lm = model_cfg.arch == "decoder"         # one sequence per row (data.as_lm), model(ids)
     losses = distributed.LossLog(dist)       # the loss stays on the device until read
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -238,12 +239,14 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                 for group in opt.param_groups:
                     group["lr"] = lr
                 batch = task.batch(g, train_cfg.batch_size, train_cfg.pad_share)
+                if lm:
+                    batch = as_lm(batch)
                 tokens += batch.ntokens                    # counted on the host, before the copy
                 part = dist.shard(batch)                   # this rank's rows of the global batch
                 src, tgt_in, tgt_out = distributed.to_device(part, device)
                 engine.begin_step(step, src, tgt_in)
                 with autocast():
-                    logits = train_model(src, tgt_in)                            # [B, T, V]
+                    logits = train_model(tgt_in) if lm else train_model(src, tgt_in)   # [B, T, V]
                 loss = criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
                 if dist.active:                            # DDP's mean gradient = the global batch's
                     loss = loss * dist.loss_weight(batch, part)
