@@ -46,6 +46,18 @@ from tndebug.capture.recording import _State
 from tndebug.capture.structure import _FFN, _FFN_OUT, _LAYER, _STACK, _is_positional, _owner_layer, _stack_of, is_attention
 
 
+_BLOCK = re.compile(r"(?:^|\.)(?:layers|layer|blocks|block|h)\.(?P<i>\d+)$")
+
+
+def _blocks(modules: dict) -> dict[str, tuple[str, int]]:
+    """The numbered blocks of a one-stack model -> ("decoder", index): children of a
+    ModuleList named layers/blocks/h that are not inside another such block."""
+    found = {n: int(m.group("i")) for n in modules for m in [_BLOCK.search(n)] if m}
+    outer = {n: i for n, i in found.items()
+             if not any(n.startswith(o + ".") for o in found if o != n)}
+    return {n: ("decoder", i) for n, i in outer.items()}
+
+
 class GenericCapture:
     """Fills a Trace from any nn.Module; module paths are the model's own.
 
@@ -53,16 +65,23 @@ class GenericCapture:
         model: the user's module.
         seq_first: True for [T, B, ...] activations; None detects it from the ids the
             embeddings receive (then from nn.MultiheadAttention.batch_first).
+        kind: the Subject's kind. For "decoder" (one causal stack) the layers are the numbered
+            blocks whatever their path says (`transformer.h.3`, `model.layers.3`, `blocks.3`),
+            all in the stack "decoder".
     """
 
-    def __init__(self, model: nn.Module, *, seq_first: bool | None = None) -> None:
+    def __init__(self, model: nn.Module, *, seq_first: bool | None = None,
+                 kind: str = "seq2seq") -> None:
         self.model = model
         self.seq_first_hint = seq_first
         self.paths = {id(m): n for n, m in model.named_modules()}
         modules = dict(model.named_modules())
         self.attention = {n for n, m in modules.items() if n and is_attention(m)}
+        self.kind = kind
         self.layers = {n: (_stack_of(n) or "encoder", int(m.group("i")))
                        for n in modules for m in [_LAYER.search(n)] if m}
+        if kind == "decoder":
+            self.layers = _blocks(modules)
         self.stacks = {n: _stack_of(n) for n in modules if n and _STACK.search(n)
                        and any(c.startswith(n + ".") for c in self.layers)}
         self.sublayers = {n for n, m in modules.items()

@@ -148,10 +148,12 @@ def behaviour(s: Subject) -> dict[str, Check]:
             compare(ref, logits("tgt_pad_length", src, longer)[:, :T], real_t & rows[:, None]))
         out["tgt_pad_content"] = out["tgt_pad_content"].merge(
             compare(ref, base, real_t))
-        longer, rows = _longer(s, src, EXTRA_PADS, g, s.src_vocab)
-        out["src_pad_length"] = out["src_pad_length"].merge(
-            compare(ref, logits("src_pad_length", longer, tgt), real_t & rows[:, None]))
-        enc = encode("base", src)
+        enc = None
+        if s.has_source:
+            longer, rows = _longer(s, src, EXTRA_PADS, g, s.src_vocab)
+            out["src_pad_length"] = out["src_pad_length"].merge(
+                compare(ref, logits("src_pad_length", longer, tgt), real_t & rows[:, None]))
+            enc = encode("base", src)
         has_encode = has_encode and enc is not None
         if enc is not None:
             enc_longer = encode("src_pad_length", longer)[:, :src.shape[1]]
@@ -166,6 +168,8 @@ def behaviour(s: Subject) -> dict[str, Check]:
                     compare(enc[one], encode("batch", src[one]), real_s[one]))
     if not has_encode:
         out.pop("enc_pad_length"), out.pop("enc_batch")
+    if not s.has_source:                     # decoder-only: no source side to pad
+        out.pop("src_pad_length")
     return out
 
 

@@ -90,7 +90,11 @@ class PositionalEncodingProbe(Probe):
             self._skip("no embedding taps: scale and overflow tests skipped")
         else:
             self._scale_test(subject)
-        self._permutation_test(subject)
+        if subject.has_source:
+            self._permutation_test(subject)
+        else:   # a causal stack knows order from its mask even without a PE (no invariance to test)
+            self.cover("", "not applicable", "decoder-only: no source to permute; a causal stack "
+                       "tells positions apart without a PE, so order is not an invariance there")
         if subject.capture is not None:
             self._overflow_test(subject)
         if self._order == "ignores order":     # the harm is shown now: the positions are lost
