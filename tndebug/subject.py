@@ -34,6 +34,11 @@ class Subject:
         encode: optional `encode(model, src, pad_id) -> memory [B, S, d]` (seq2seq only).
         capture: an object with `recording(reads, trace)` (TapCapture or a generic capture).
         kind: "seq2seq" (an encoder and a decoder) or "decoder" (one causal stack, GPT-style).
+        incremental: optional, decoder-only: `incremental(model, ids, pad_id, split) -> logits
+            [B, T - split, V]`, the logits of positions split.. of `ids` [B, T] computed the way
+            the model generates: the prefix ids[:, :split] once, filling its KV cache, then one
+            token at a time through that cache. Offered where the model has a cache (Hugging
+            Face `past_key_values`, a user's adapter); None: no cache to test.
 
     A decoder-only model is driven through the same calls: `tgt` (BOS-led, right-padded) is its
     sequence, `src` is empty ([B, 0]) and ignored, so every test of the decoder (causality,
@@ -43,13 +48,14 @@ class Subject:
 
     def __init__(self, model: nn.Module, forward: ForwardFn | LMForwardFn, *, pad_id: int = 0,
                  bos_id: int = 1, src_vocab: int, tgt_vocab: int, encode=None, capture=None,
-                 max_len: int | None = None, kind: str = "seq2seq") -> None:
+                 max_len: int | None = None, kind: str = "seq2seq", incremental=None) -> None:
         if kind not in KINDS:
             raise ValueError(f"Subject kind {kind!r}; expected one of {KINDS}")
         if kind == "decoder" and encode is not None:
             raise ValueError("a decoder-only Subject has no encoder: pass no encode")
         self.model = model
         self.kind = kind
+        self._incremental = incremental
         self._forward = forward
         self._encode = encode
         self.capture = capture
@@ -127,6 +133,17 @@ class Subject:
         if self.kind == "decoder":
             return self._forward(self.model, tgt, self.pad_id)
         return self._forward(self.model, src, tgt, self.pad_id)
+
+    @property
+    def has_cache(self) -> bool:
+        return self._incremental is not None
+
+    def incremental(self, ids: torch.Tensor, split: int) -> torch.Tensor | None:
+        """Logits of positions split.. decoded through the model's KV cache  # [B, T - split, V]
+        (None when the subject offers no cache)."""
+        if self._incremental is None:
+            return None
+        return self._incremental(self.model, ids, self.pad_id, split)
 
     def encode(self, src: torch.Tensor) -> torch.Tensor | None:
         return None if self._encode is None else self._encode(self.model, src, self.pad_id)
