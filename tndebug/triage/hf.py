@@ -3,8 +3,9 @@
     report = triage_hf(TriageOptions("./my-model/", attn="sdpa"))
 
 1. config.json -> AutoConfig (local files only, HF_HUB_OFFLINE=1: never a network call); an
-   unknown model_type or a decoder-only model is a one-line UsageError;
-2. the model from `AutoModelForSeq2SeqLM.from_config`, the weights read with safetensors (or
+   unknown model_type or an encoder-only model is a one-line UsageError;
+2. the model from `AutoModelForSeq2SeqLM.from_config` (a decoder-only model, GPT2, Llama, ...:
+   `AutoModelForCausalLM`, called as hf_decoder.py says), the weights read with safetensors (or
    torch.load(weights_only=True) for .bin), sharded or not, and loaded tie-aware: a missing key
    is accepted only when it shares storage with a loaded one after `tie_weights()`;
 3. the built-in adapter calls it as a user of transformers does (`input_ids`, `attention_mask`
@@ -32,6 +33,7 @@ from tndebug.data import Batch
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
+from tndebug.triage.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
 from tndebug.triage.hf_weights import (WEIGHTS, _line, load_tied, read_weights,  # noqa: F401
                                        sliced_output, weight_files)
 
@@ -65,6 +67,7 @@ def _transformers():
 
 # -- config and model --------------------------------------------------------------------------
 def load_config(folder: Path):
+    """(transformers, the config, "seq2seq" | "decoder")."""
     tf = _transformers()
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -88,26 +91,30 @@ def load_config(folder: Path):
         raise UsageError(f"{cfg_path}: model_type {model_type!r} is unknown to transformers "
                          f"{tf.__version__} (a newer transformers, or a model with custom code, "
                          f"which tndebug does not run)")
-    if model_type not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-        kind = _shape(model_type, raw, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
-        raise UsageError(f"{folder} holds {kind} model ({model_type}, "
+    shape = ("an encoder-decoder" if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES else
+             _shape(model_type, raw, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES))
+    if shape not in ("an encoder-decoder", "a decoder-only"):
+        raise UsageError(f"{folder} holds {shape} model ({model_type}, "
                          f"{', '.join(raw.get('architectures') or []) or 'no architectures'}): "
-                         f"tndebug triages encoder-decoders today (AutoModelForSeq2SeqLM)")
+                         f"{'encoder-only models are' if shape == 'an encoder-only' else 'it is'} not "
+                         f"yet triaged; tndebug triages encoder-decoders (AutoModelForSeq2SeqLM) and "
+                         f"decoder-only models (AutoModelForCausalLM)")
     try:
         config = tf.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers raises many types
         raise UsageError(f"{cfg_path} could not be read by transformers: {_line(e)}") from None
-    return tf, config
+    return tf, config, "decoder" if shape == "a decoder-only" else "seq2seq"
 
 
-def build_model(tf, config, attn: str | None) -> nn.Module:
+def build_model(tf, config, attn: str | None, kind: str = "seq2seq") -> nn.Module:
     """The model in float32 whatever config.dtype says: 16-bit weights are upcast exactly on
     load, so every tolerance is fp32's while the values are the file's (issue 19; the saved
     dtype still decides the fp16 hazards, as run.compute_dtype)."""
     kw = {"attn_implementation": attn} if attn else {}
     kw["dtype"] = torch.float32
+    auto = tf.AutoModelForCausalLM if kind == "decoder" else tf.AutoModelForSeq2SeqLM
     try:
-        return tf.AutoModelForSeq2SeqLM.from_config(config, **kw)
+        return auto.from_config(config, **kw)
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"cannot build {config.model_type} from config.json"
                          f"{f' with --attn {attn}' if attn else ''}: {_line(e)}") from None
@@ -226,11 +233,15 @@ def triage_hf(opts, patch=None, sinks=()):
                          f"do not apply (the model is built from its config.json)")
     attn = getattr(opts, "attn", None)
     probe_names = R._probe_names(opts.probes)
-    tf, config = load_config(folder)
+    tf, config, kind = load_config(folder)
+    decoder = kind == "decoder"
+    if decoder and (opts.data or getattr(opts, "text", None)):
+        raise UsageError(f"{folder} holds a decoder-only model: --data and --text are not yet "
+                         f"read for decoder-only models (the probes run on random ids)")
     files = weight_files(folder)
     sd = read_weights(files)
     lap("load")
-    model = build_model(tf, config, attn)
+    model = build_model(tf, config, attn, kind)
     checks = hf_checks.tied_head(model, sd)            # before loading: unties as transformers does
     tied = load_tied(model, sd, folder)
     more, files_note = hf_checks.weight_files_differ(folder, files, read_weights)
@@ -239,52 +250,63 @@ def triage_hf(opts, patch=None, sinks=()):
     src_v = model.get_input_embeddings().num_embeddings
     out_emb = model.get_output_embeddings()
     tgt_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or src_v
-    ids = choose_ids(config, min(src_v, tgt_v))
-    forward, encode = make_adapter(ids["start"], ids["marker"])
-    if patch is not None:
-        forward, encode = patch(model, (forward, encode)) or (forward, encode)
-    lo, hi = ids["content"]
     keep = PROBE_VOCAB if tgt_v > PROBE_VOCAB and set(probe_names) <= set(R.TRIAGE_PROBES) else None
+    ids = choose_lm_ids(config, min(src_v, tgt_v), keep) if decoder else choose_ids(config, min(src_v, tgt_v))
+    lo, hi = ids["content"]
     if keep:
         hi = min(hi, keep)
 
-    def make_subject(model, forward, encode):
+    def adapter(model):
+        """(forward, encode) of an encoder-decoder, (forward, incremental) of a decoder-only
+        model; `patch` may replace them."""
+        pair = make_lm_adapter() if decoder else make_adapter(ids["start"], ids["marker"])
+        return (patch(model, pair) or pair) if patch is not None else pair
+
+    def call(fwd, model, src, tgt):
+        """The probes' call: a decoder-only model is fed `tgt` alone (Subject kind "decoder")."""
+        return fwd(model, tgt, ids["pad"]) if decoder else fwd(model, src, tgt, ids["pad"])
+
+    def make_subject(model, forward, second):
+        role = {"kind": kind, "incremental": second} if decoder else {"encode": second}
         subject = HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
-                            tgt_vocab=hi, encode=encode, capture=GenericCapture(model),
+                            tgt_vocab=hi, capture=GenericCapture(model, kind=kind),
                             max_len=getattr(opts, "max_len", None)
-                            or getattr(config, "max_position_embeddings", None), first_content=lo)
+                            or getattr(config, "max_position_embeddings", None), first_content=lo,
+                            **role)
         if hasattr(subject.capture, "discover"):   # attention sites by behaviour, whatever the class
-            subject.capture.discover(lambda: forward(model, batch.src[:2], batch.tgt_in[:2], ids["pad"]))
+            subject.capture.discover(lambda: call(forward, model, batch.src[:2], batch.tgt_in[:2]))
         return subject
 
     def probe_fresh(names):
-        """The probes `names` on AutoModelForSeq2SeqLM.from_config(config), seeded: the code at
+        """The probes `names` on AutoModel*.from_config(config), seeded: the code at
         initialisation, no weights loaded (issue 19)."""
-        fresh = seeded(lambda: build_model(tf, config, attn)).eval()
-        fwd, enc = make_adapter(ids["start"], ids["marker"])
-        if patch is not None:
-            fwd, enc = patch(fresh, (fwd, enc)) or (fwd, enc)
-        sub = make_subject(fresh, fwd, enc)
-        with sliced_output(fresh, keep, lambda: fwd(fresh, batch.src[:1, :3], batch.tgt_in[:1, :3], ids["pad"])):
+        fresh = seeded(lambda: build_model(tf, config, attn, kind)).eval()
+        fwd, second = adapter(fresh)
+        sub = make_subject(fresh, fwd, second)
+        with sliced_output(fresh, keep, lambda: call(fwd, fresh, batch.src[:1, :3], batch.tgt_in[:1, :3])):
             return driver.probe_once(sub, names, batch, compute_dtype=dtype)
+
+    forward, second = adapter(model)
 
     data, source, data_checks = held_out(opts, folder, ids, ids["marker"], config)
     if data is not None:
         check_vocab(data, src_v, tgt_v, source)
     batch = random_batch(HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"],
-                                   src_vocab=hi, tgt_vocab=hi, first_content=lo))   # the probes' pass
-    subject = make_subject(model, forward, encode)
+                                   src_vocab=hi, tgt_vocab=hi, first_content=lo,
+                                   kind=kind))                                 # the probes' pass
+    subject = make_subject(model, forward, second)
     if data is not None:
         R.refuse_longer(subject, (data.src, data.tgt_in), source)
     dtype = R.weights_dtype(sd)           # the saved dtype: decides fp16 hazards (compute: fp32)
     lap("model")
 
     findings = hygiene.non_finite(sd) + checks + data_checks + resume_state(folder)
-    with sliced_output(model, keep, lambda: forward(model, batch.src[:1, :3], batch.tgt_in[:1, :3],
-                                                     ids["pad"])) as keep:
+    with sliced_output(model, keep, lambda: call(forward, model, batch.src[:1, :3],
+                                                  batch.tgt_in[:1, :3])) as keep:
         probed = driver.probe_once(subject, probe_names, batch, compute_dtype=dtype, sinks=sinks)
     statuses, probe_seconds = probed.statuses, probed.seconds
-    how = f"AutoModelForSeq2SeqLM.from_config(config), seed {SEED}, attn {attn or 'from config'}"
+    auto = "AutoModelForCausalLM" if decoder else "AutoModelForSeq2SeqLM"
+    how = f"{auto}.from_config(config), seed {SEED}, attn {attn or 'from config'}"
     checked, statuses = apart_from_weights(probed, probe_fresh, probe_names, sd, how)
     findings += checked
     lap("probes")
@@ -294,9 +316,11 @@ def triage_hf(opts, patch=None, sinks=()):
             lambda s, t: subject.logits(s, t), subject.capture.scaling, data, ids["pad"], tgt_v,
             data="--data")
     else:
-        reason = ("needs in-distribution data: pass --text FILE (source<TAB>target per line, "
-                  "tokenised with the tokenizer in DIR) or --data FILE.pt; random ids cannot say "
-                  "whether the checkpoint was trained with the scale its code applies")
+        reason = ("needs in-distribution data: " + (
+            "--data and --text are not yet read for decoder-only models" if decoder else
+            "pass --text FILE (source<TAB>target per line, tokenised with the tokenizer in DIR) "
+            "or --data FILE.pt") + "; random ids cannot say whether the checkpoint was trained "
+            "with the scale its code applies")
         sweep, sweep_ev = [Finding("missing-scale", "info", f"temperature sweep skipped: {reason}",
                                    step=0, evidence={"verdict": "skipped"}, code="missing-scale/sweep-skipped")], {"verdict": "skipped",
                                                                                "reason": reason}
@@ -324,10 +348,12 @@ def triage_hf(opts, patch=None, sinks=()):
            "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in sd.values()
                                     if v.is_floating_point()}),
            "pad_id": ids["pad"], "bos_id": ids["start"], "special_ids": ids["specials"],
-           "ids_note": (f"pad {ids['pad']} (pad_token_id) and decoder start {ids['start']} "
-                        f"({ids['start_from']}) come from config.json; --pad-id/--bos-id are not "
-                        f"used" + (f"; probes mark column 0 with id {ids['marker']}, which the "
-                                   f"adapter feeds as {ids['start']}" if ids["marker"] != ids["start"] else "")),
+           "ids_note": lm_ids_note(ids) if decoder else (
+               f"pad {ids['pad']} (pad_token_id) and decoder start {ids['start']} "
+               f"({ids['start_from']}) come from config.json; --pad-id/--bos-id are not "
+               f"used" + (f"; probes mark column 0 with id {ids['marker']}, which the "
+                          f"adapter feeds as {ids['start']}" if ids["marker"] != ids["start"] else "")),
+           "arch": kind, **({"calls": LM_CALLS} if decoder else {}),
            "attention_modules": sorted(subject.capture.attention), "probes_run": probe_names,
            "probe_inputs": subject.inputs(),
            "temperature_sweep": sweep_ev, "timings_s": timings, "probe_seconds": probe_seconds,

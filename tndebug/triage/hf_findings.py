@@ -68,7 +68,10 @@ def hf_where(f: Finding, model: nn.Module) -> Finding:
     positional-encoding its position table (`model.encoder.embed_positions`) where it has one."""
     if f.where not in ("encoder", "decoder"):
         return f
-    stack = model.get_encoder() if f.where == "encoder" else model.get_decoder()
+    try:
+        stack = model.get_encoder() if f.where == "encoder" else model.get_decoder()
+    except (AttributeError, NotImplementedError):     # a decoder-only model may have neither
+        return f
     path = next((n for n, m in model.named_modules() if m is stack), None)
     if not path:
         return f
