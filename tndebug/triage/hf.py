@@ -35,7 +35,7 @@ from tndebug.findings import Finding
 from tndebug.subject import Subject
 from tndebug.triage.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
 from tndebug.triage.hf_weights import (WEIGHTS, _line, load_tied, read_weights,  # noqa: F401
-                                       sliced_output, weight_files)
+                                       renamed, sliced_output, weight_files)
 
 INSTALL = "pip install 'tndebug[hf]'"
 OWN_CHECKPOINTS = ("checkpoint.pt", "model.pt")     # tndebug's (and plain torch) files win
@@ -242,6 +242,7 @@ def triage_hf(opts, patch=None, sinks=()):
     sd = read_weights(files)
     lap("load")
     model = build_model(tf, config, attn, kind)
+    sd = renamed(model, sd)                            # saved names -> the model's (GPTNeoX)
     checks = hf_checks.tied_head(model, sd)            # before loading: unties as transformers does
     tied = load_tied(model, sd, folder)
     more, files_note = hf_checks.weight_files_differ(folder, files, read_weights)

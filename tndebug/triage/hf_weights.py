@@ -127,3 +127,25 @@ def sliced_output(model: nn.Module, keep: int | None, check=None):
 def _line(e: Exception) -> str:
     s = str(e).strip()
     return s.splitlines()[0][:200] if s else type(e).__name__
+
+
+def renamed(model: nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`sd` with the key renames transformers applies on load (its conversion mapping:
+    GPTNeoX saves `embed_out.weight` for the model's `lm_head.weight`). A key is renamed only
+    when it is not one of the model's own and its new name is; without the mapping (older
+    transformers) nothing changes."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+        rules = [(src, t.target_patterns[0]) for t in get_model_conversion_mapping(model)
+                 if type(t) is WeightRenaming and len(t.target_patterns) == 1
+                 for src in t.source_patterns]
+    except Exception:  # noqa: BLE001 - no mapping in this transformers: keys as saved
+        return sd
+    own = model.state_dict()
+    out = {}
+    for k, v in sd.items():
+        new = next((n for src, dst in rules for n in [re.sub(src, dst, k)] if n != k and n in own),
+                   k) if k not in own else k
+        out[new] = v
+    return out
