@@ -16,7 +16,8 @@ from tndebug.config import ARCHS, NORMS, PRESETS, ModelConfig
 from tndebug.data import TASKS
 from tndebug.errors import SigTerm, UsageError
 from tndebug.faults import FAULTS
-from tndebug.train.config import AMPS, DEVICES, TrainConfig, model_config, preset_name
+from tndebug.train.config import AMPS, DECODER_DROPOUT, DECODER_RUN, DEVICES, TrainConfig, model_config, \
+    preset_name
 
 _D = TrainConfig()
 THREADS = 1      # --threads: see its help and bench/results/default_run.md
@@ -65,15 +66,18 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=nonneg_int, default=None,
                    help="seed for the model, dropout and data (default 0)")
     p.add_argument("--steps", type=nonneg_int, default=None,
-                   help=f"optimizer steps; with --resume, steps *more* (default {_D.steps})")
+                   help=f"optimizer steps; with --resume, steps *more* (default {_D.steps}; "
+                        f"--arch decoder {DECODER_RUN['steps']})")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"sequences per step (default {_D.batch_size})")
     p.add_argument("--warmup", type=positive_int, default=None,
-                   help=f"Noam warmup steps, >= 1 (default {_D.warmup})")
+                   help=f"Noam warmup steps, >= 1 (default {_D.warmup}; --arch decoder "
+                        f"{DECODER_RUN['warmup']})")
     p.add_argument("--lr-factor", type=positive_float, default=None,
                    help=f"Noam factor, a finite number > 0: lr = factor * d_model^-0.5 * "
                         f"min(s^-0.5, s*warmup^-1.5); with --fault no_warmup_high_lr it scales "
-                        f"that fault's constant lr the same way (default {_D.lr_factor})")
+                        f"that fault's constant lr the same way (default {_D.lr_factor}; "
+                        f"--arch decoder {DECODER_RUN['lr_factor']}, dropout 0)")
     p.add_argument("--save-every", type=nonneg_int, default=None, metavar="N",
                    help=f"also write checkpoint.pt every N steps (atomically), so a killed run "
                         f"loses at most N steps; 0: only at the end. A save of the small preset "
@@ -146,11 +150,15 @@ def configs(args):
     if args.resume is None:
         task, preset, norm = args.task or "copy", args.preset or "small", args.norm or "pre"
         arch = args.arch or "seq2seq"
+        lm = arch == "decoder"
         try:
-            mcfg = model_config(task, preset, norm, faults, arch=arch)
+            mcfg = model_config(task, preset, norm, faults, arch=arch,
+                                **({"dropout": DECODER_DROPOUT} if lm else {}))
         except ValueError as e:
             raise UsageError(str(e)) from None
-        tcfg = TrainConfig(task=task, steps=_D.steps if args.steps is None else args.steps,
+        defaults = {**vars(_D), **(DECODER_RUN if lm else {})}
+        given = {**{k: defaults[k] for k in ("warmup", "lr_factor")}, **given}
+        tcfg = TrainConfig(task=task, steps=defaults["steps"] if args.steps is None else args.steps,
                            seed=args.seed or 0, device=args.device, amp=args.amp, **given)
         return mcfg, tcfg, None, default_out(task, preset, norm, faults, arch), None
 
@@ -288,6 +296,7 @@ def _train(mcfg, tcfg, state, out, args, dist, signals=None) -> int:
     resume_step = int(state["global_step"]) if state else None    # TensorBoard purges from it
     with ReportSession(out, fmt=args.format, resume_step=resume_step) as session:   # closes TB
         what = (f"{tcfg.task}, {preset_name(mcfg)} preset, {mcfg.norm}-LN"
+                + (", decoder-only" if mcfg.arch == "decoder" else "")
                 + (f", faults {'+'.join(mcfg.faults)}" if mcfg.faults else "")
                 + (f", resuming at step {int(state['global_step'])}" if state else ""))
         print(f"tndebug run: {what}; {tcfg.steps} steps -> {out}", file=sys.stderr)

@@ -10,7 +10,7 @@ from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, c
     incomplete_text, status_text, unchecked_text, where_text
 from tndebug.reporters.plots import Plot
 
-RUN_KEYS_FIRST = ("status", "task", "preset", "norm", "faults", "probes", "seed", "steps",
+RUN_KEYS_FIRST = ("status", "task", "preset", "arch", "norm", "faults", "probes", "seed", "steps",
                   "device", "final_loss", "exact_match", "token_accuracy", "wall_s")
 STATUS_MARK = {"pass": "pass", "warn": "**WARN**", "fail": "**FAIL**", "no verdict": "*no verdict*",
                "skipped": "skipped"}
