@@ -206,3 +206,18 @@ def test_cli_exit_code_is_clean(dirs, tmp_path, capsys):
     assert main(["triage", str(dirs["qwen2"]), "--attn", "sdpa", "--no-figures",
                  "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "report.json").is_file()
+
+
+@pytest.mark.parametrize("bug", (None, "ignores_cache"))
+def test_lm_decoding_probe_on_the_cache(dirs, bug):
+    """Once the lm-decoding probe lands: silent on a healthy Llama, kv-cache on a broken cache."""
+    from tndebug.probes import PROBE_NAMES
+    if "lm-decoding" not in PROBE_NAMES:
+        pytest.skip("the lm-decoding probe is not in this tree yet")
+
+    def patch(model, adapter):
+        if bug:
+            _broken_cache(model, bug)
+    report = triage_hf(TriageOptions(str(dirs["llama"]), probes="lm-decoding"), patch=patch)
+    codes = {f.code for f in report.findings if f.probe == "lm-decoding" and f.severity != "info"}
+    assert codes == ({"lm-decoding/kv-cache"} if bug else set()), codes
