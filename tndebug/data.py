@@ -120,6 +120,18 @@ def as_lm(batch: Batch) -> Batch:
     return Batch(seq[:, :0], seq[:, :-1], labels[:, :-1])
 
 
+def misshift(batch: Batch, shift: int) -> Batch:
+    """An `as_lm` batch whose labels are the tokens `shift` positions on (1 = `as_lm`'s own):
+    0 puts each position's own input token as its label (labels not shifted), 2 the label of
+    the next position (shifted twice). For the training faults lm_labels_unshifted/_twice."""
+    if shift == 0:
+        return batch._replace(tgt_out=batch.tgt_in.where(batch.tgt_out != PAD, PAD))
+    if shift == 2:
+        pad = torch.full_like(batch.tgt_out[:, :1], PAD)
+        return batch._replace(tgt_out=torch.cat([batch.tgt_out[:, 1:], pad], dim=1))
+    raise ValueError(f"shift={shift}: 0 or 2 (1 is as_lm itself)")
+
+
 def content_lengths(seqs: torch.Tensor) -> torch.Tensor:
     """Content tokens per row (not pad, BOS or EOS).  [B, L] -> [B]"""
     return (seqs >= FIRST_CONTENT).sum(dim=1)

@@ -64,6 +64,12 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
        "decoder-only: positions counted from column 0, not from the row's first real token, so "
        "a left-padded row (batched generation) gets other positions and other logits",
        arch="decoder"),
+    _F("lm_labels_unshifted", "label-shift", "training",
+       "decoder-only: loss(logits, ids) with labels not shifted: the model learns to repeat its input",
+       arch="decoder"),
+    _F("lm_labels_shifted_twice", "label-shift", "training",
+       "decoder-only: labels shifted in the data and again in the loss: it learns the token after next",
+       arch="decoder"),
     _F("no_dropout", "", "config", "dropout 0 everywhere (the notes claim heads then collapse; measured, not assumed)"),
 )}
 

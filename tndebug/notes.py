@@ -280,6 +280,11 @@ PROBE_CAUSES: dict[str, str] = {
         "steps run with the modules' evaluation behaviour (no random masking, batch-norm on "
         "frozen running statistics) (not in the notes)."
     ),
+    "label-shift": (
+        "The loss compares logits[:, t] with the token at t (labels not shifted: the model "
+        "copies its input) or at t + 2 (shifted in the data and again in the loss) instead of "
+        "t + 1 (not in the notes)."
+    ),
 }
 
 NOTE_CLAIMS: list[dict] = [

@@ -20,6 +20,7 @@ _MODULES = {
     "label-smoothing": "label_smoothing",
     "zero-grad": "zero_grad",
     "train-mode": "train_mode",
+    "label-shift": "label_shift",
 }
 PROBE_NAMES = tuple(_MODULES)
 

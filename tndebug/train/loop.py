@@ -21,7 +21,7 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug import driver
-from tndebug.data import as_lm, data_generator, eval_set, get_task
+from tndebug.data import as_lm, data_generator, eval_set, get_task, misshift
 from tndebug.errors import UsageError
 from tndebug.model import make_model
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
@@ -241,6 +241,10 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                 batch = task.batch(g, train_cfg.batch_size, train_cfg.pad_share)
                 if lm:
                     batch = as_lm(batch)
+                    if model_cfg.has("lm_labels_unshifted"):        # fault: loss(logits, ids)
+                        batch = misshift(batch, 0)
+                    elif model_cfg.has("lm_labels_shifted_twice"):  # fault: shifted in data and loss
+                        batch = misshift(batch, 2)
                 tokens += batch.ntokens                    # counted on the host, before the copy
                 part = dist.shard(batch)                   # this rank's rows of the global batch
                 src, tgt_in, tgt_out = distributed.to_device(part, device)

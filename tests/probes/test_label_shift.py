@@ -1,0 +1,89 @@
+"""label-shift: from how a decoder-only model learns, labels not shifted or shifted twice are
+named at the end of training; a healthy run passes; before the loss halves, or on an
+encoder-decoder or in triage, the probe says why it has no verdict."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tndebug.config import ModelConfig
+from tndebug.model import make_model
+from tndebug.probes.base import RunContext, StepInfo
+from tndebug.probes.label_shift import LabelShiftProbe
+from tndebug.subject import tndebug_subject
+from tndebug.train.config import TrainConfig, model_config
+from tndebug.train.loop import run_training
+
+
+def train(*faults, steps=250):
+    torch.manual_seed(0)
+    mc = model_config("copy", "tiny", "pre", faults, arch="decoder", dropout=0.0)
+    tc = TrainConfig(task="copy", steps=steps, warmup=100, lr_factor=1.5)
+    return run_training(mc, tc, probes="label-shift", evaluate_at_end=False).report
+
+
+def codes(report):
+    return [f.code for f in report.findings]
+
+
+@pytest.mark.parametrize("fault,code", [("lm_labels_unshifted", "label-shift/unshifted"),
+                                        ("lm_labels_shifted_twice", "label-shift/shifted-twice")])
+def test_a_misshifted_loss_is_named_from_what_the_model_learnt(fault, code):
+    report = train(fault)
+    assert codes(report) == [code]
+    (f,) = report.findings
+    assert f.severity == "error" and f.evidence["loss_last"] <= 0.5 * f.evidence["loss_first"]
+    rate = f.evidence["self_rate" if fault.endswith("unshifted") else "after_next_rate"]
+    assert rate >= 0.9 and rate >= 2 * f.evidence["next_rate"]
+
+
+def test_a_healthy_decoder_passes_once_it_has_learnt():
+    report = train()
+    assert codes(report) == []
+    assert report.probes["label-shift"]["status"] == "pass"
+
+
+def _probe(kind="decoder", mode="train"):
+    model = make_model(ModelConfig.tiny(arch=kind, dropout=0.0))
+    probe = LabelShiftProbe()
+    probe.mode = mode
+    run = RunContext(subject=tndebug_subject(model), mode=mode)
+    probe.setup(run)
+    return probe, run
+
+
+def _step(probe, step, loss, ids, pred):
+    logits = torch.nn.functional.one_hot(pred, 11).float()
+    probe.observed_steps += 1
+    probe.update({k: v for k, v in probe.observe(None, StepInfo(
+        step, loss=torch.tensor(loss), logits=logits, tgt_in=ids)).items()}, StepInfo(step))
+
+
+def test_a_model_that_has_not_learnt_has_no_verdict_even_when_it_repeats_its_input():
+    probe, run = _probe()
+    ids = torch.randint(3, 11, (4, 9), generator=torch.Generator().manual_seed(0))
+    _step(probe, 0, 2.5, ids, ids)          # a tied embedding at init: the input token on top
+    _step(probe, 50, 2.0, ids, ids)
+    probe.finish(run)
+    assert probe.findings == [] and probe.status() == "no verdict"
+    assert "has not halved" in probe.reason()
+
+
+def test_the_rates_count_real_positions_only():
+    probe, run = _probe()
+    ids = torch.tensor([[1, 5, 6, 7, 0, 0]])
+    pred = torch.tensor([[5, 6, 7, 3, 9, 9]])             # the next token at every real position
+    _step(probe, 0, 2.0, ids, pred)
+    _step(probe, 50, 0.5, ids, pred)
+    probe.finish(run)
+    assert probe.status() == "pass" and probe.findings == []
+    assert probe._rows[-1]["next"] == 1.0 and probe._rows[-1]["self"] == 0.0
+
+
+@pytest.mark.parametrize("kind,mode,why", [("seq2seq", "train", "encoder-decoder"),
+                                           ("decoder", "triage", "no training steps")])
+def test_not_applicable_says_why(kind, mode, why):
+    probe, run = _probe(kind, mode)
+    probe.observed_steps = 5 if mode == "train" else 0      # the engine counts its scheduled steps
+    probe.finish(run)
+    assert probe.status() == "skipped" and why in probe.reason()

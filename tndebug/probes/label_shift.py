@@ -1,0 +1,130 @@
+"""label-shift: are a decoder-only model's labels its input shifted by one token?
+
+A language model is trained to predict, at position t, the token at t + 1. Two one-line bugs
+in the loss break that and train without an error:
+
+* labels not shifted (`loss(logits, ids)`): the model learns to repeat its own input, which the
+  residual stream makes trivial, so the loss falls to ~0 and generation repeats the prompt;
+* labels shifted twice (the data loader shifts, then the loss shifts again): the model learns
+  to predict the token after next.
+
+From behaviour during training: on each probed step, the share of the batch's real positions
+(those with a label, where the loop reports its labels: `StepInfo.tgt_out`) at which the model's top prediction is the token at the same position (`self`), the next one
+(`next`) or the one after (`after_next`). The judgement is made at the end, once the loss has
+at least halved since the first probed step: a model that has learnt something shows which
+labels it learnt from. Before that the rates say nothing (a tied embedding predicts the input
+token at initialisation: self rate 1.0 on tndebug's decoder-only with tie_embeddings, small
+preset, seeds 0-2, before any step).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.schedule import every
+
+# A model that learnt from shifted labels repeats its input rarely: a token equals the one before
+# it at ~1/V of random positions, and natural text repeats a token at a few percent of positions.
+# From unshifted labels it repeats it at nearly every position (tndebug's decoder-only, copy,
+# fault lm_labels_unshifted: self rate >= 0.99 from step 100). SELF_RATE sits far from both.
+SELF_RATE = 0.9
+# Shifted twice: the model predicts t + 2 at most positions it can (copy: >= 0.8 by step 200),
+# while a healthy model's t + 2 rate is the rate at which t + 1 and t + 2 carry the same token.
+AFTER_NEXT_RATE = 0.5
+DOMINANCE = 2.0          # the wrong offset must beat the right one by this factor
+LEARNT = 0.5             # the loss at the last probed step at most this share of the first
+
+
+class LabelShiftProbe(Probe):
+    """Failure: the loss compares logits with labels shifted by 0 or 2 positions, not 1.
+    Symptom: the loss falls (to ~0 when unshifted), yet generation repeats or skips tokens.
+    Fix: logits[:, :-1] against ids[:, 1:] (or labels = ids and a loss that shifts, once).
+    """
+
+    name = "label-shift"
+    summary = "decoder-only: which position the trained model predicts (own input, next, after next)"
+    codes = {
+        "unshifted": "labels not shifted: the model learnt to repeat its own input token",
+        "shifted-twice": "labels shifted twice: the model learnt to predict the token after next",
+    }
+    reads = ()
+    needs_steps = True
+    fix = ("compare logits[:, t] with the token at t + 1: loss(logits[:, :-1], ids[:, 1:]), or "
+           "shift once, in the data or in the loss, not in both")
+    default_schedule = staticmethod(lambda: every(50))
+
+    def __init__(self, schedule=None) -> None:
+        super().__init__(schedule)
+        self._rows: list[dict] = []            # per probed step: loss and the three rates
+        self._applies = False
+
+    def setup(self, run: RunContext) -> None:
+        self._pad = run.subject.pad_id
+        if run.subject.kind != "decoder":
+            self.cover("", "not applicable", "encoder-decoder: its decoder input and labels are "
+                       "separate tensors; this test is calibrated on decoder-only models")
+            return
+        if run.mode != "train":
+            self.cover("", "not applicable", "no training steps (triage): the labels used show "
+                       "only in how the model learns")
+            return
+        self._applies = True
+
+    def observe(self, trace, info: StepInfo) -> dict[str, torch.Tensor]:
+        if not self._applies or info.logits is None or info.tgt_in is None or info.loss is None:
+            return {}
+        ids, pred = info.tgt_in, info.logits.argmax(-1)                       # [B, T], [B, T]
+        if pred.shape != ids.shape:
+            return {}
+        real = ids != self._pad
+        if info.tgt_out is not None and info.tgt_out.shape == ids.shape:
+            real = real & (info.tgt_out != self._pad)     # where the loss is taken, when known
+        out = {"loss": info.loss.detach().float(), "n_self": real.sum()}
+        out["self"] = ((pred == ids) & real).sum()
+        for k, name in ((1, "next"), (2, "after_next")):
+            both = real[:, :-k] & (ids[:, k:] != self._pad)
+            out[name] = ((pred[:, :-k] == ids[:, k:]) & both).sum()
+            out[f"n_{name}"] = both.sum()
+        return out
+
+    def update(self, stats, info: StepInfo) -> None:
+        if not stats:
+            return
+        row = {"step": info.step, "loss": float(stats["loss"])}
+        for name in ("self", "next", "after_next"):
+            n = int(stats[f"n_{name}"])
+            row[name] = int(stats[name]) / n if n else math.nan
+            if n:
+                self.metric(info.step, f"label-shift/{name}_rate", row[name])
+        self._rows.append(row)
+
+    def finish(self, run: RunContext) -> None:
+        if not self._applies:
+            return
+        rows = [r for r in self._rows if math.isfinite(r["loss"])]
+        if len(rows) < 2:
+            self.skip(f"{len(rows)} probed step(s) with a finite loss; the rates are judged once "
+                      f"the model has learnt (2 or more probed steps)")
+            return
+        first, last = rows[0], rows[-1]
+        if not last["loss"] <= LEARNT * first["loss"]:
+            self.skip(f"the loss has not halved since step {first['step']} ({first['loss']:.3g} "
+                      f"-> {last['loss']:.3g} at step {last['step']}): which labels the model "
+                      f"learns from shows once it learns")
+            return
+        self.cover("", "checked")
+        ev = {"step": last["step"], "self_rate": last["self"], "next_rate": last["next"],
+              "after_next_rate": last["after_next"], "loss_first": first["loss"],
+              "loss_last": last["loss"]}
+        nxt = last["next"] if math.isfinite(last["next"]) else 0.0
+        if last["self"] >= SELF_RATE and last["self"] >= DOMINANCE * nxt:
+            self.report("error", f"the model predicts its own input token at {last['self']:.0%} "
+                        f"of positions (the next token at {nxt:.0%}): it was trained on labels "
+                        f"that are not shifted", step=last["step"], evidence=ev, code="unshifted")
+        elif last["after_next"] >= AFTER_NEXT_RATE and last["after_next"] >= DOMINANCE * nxt:
+            self.report("error", f"the model predicts the token after next at "
+                        f"{last['after_next']:.0%} of positions (the next token at {nxt:.0%}): "
+                        f"its labels are shifted twice", step=last["step"], evidence=ev,
+                        code="shifted-twice")
