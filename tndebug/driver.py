@@ -107,13 +107,16 @@ def checks_statuses(findings: list[Finding], statuses: dict[str, dict]) -> dict[
     """Statuses for the checks that are not probes (triage's `checkpoint` hygiene, duplicate
     heads read from the weights, ...), and upgrades of a probe's status by such a check's
     finding: name -> entry, only for the names whose entry changes. `checkpoint` is always
-    listed: the file was examined."""
+    listed: the file was examined. Only a warning or an error raises a probe's own status: an
+    info finding (a note that a sweep was skipped) is no check, and "no verdict" stays."""
     out = {}
     for name in {f.probe for f in findings} | {"checkpoint"}:
         mine = [f for f in findings if f.probe == name]
         st = ("fail" if any(f.severity == "error" for f in mine) else
               "warn" if any(f.severity == "warning" for f in mine) else "pass")
         prev = statuses.get(name, {}).get("status")
+        if st == "pass" and prev is not None:
+            continue            # an info note checks nothing: a probe's no verdict stays
         if prev is None or STATUS_ORDER.index(st) > STATUS_ORDER.index(prev):
             out[name] = {**statuses.get(name, {}), "status": st}
     return out
