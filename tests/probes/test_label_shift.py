@@ -81,7 +81,7 @@ def test_the_rates_count_real_positions_only():
 
 
 @pytest.mark.parametrize("kind,mode,why", [("seq2seq", "train", "encoder-decoder"),
-                                           ("decoder", "triage", "no training steps")])
+                                           ("decoder", "triage", "no training steps here")])
 def test_not_applicable_says_why(kind, mode, why):
     probe, run = _probe(kind, mode)
     probe.observed_steps = 5 if mode == "train" else 0      # the engine counts its scheduled steps

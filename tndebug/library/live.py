@@ -80,7 +80,22 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     model = unwrap(model)
     info: dict = {"hf": False}
     first_content = None
-    if forward is None and is_hf_seq2seq(model):
+    kind, incremental, lm_forward = "seq2seq", None, None
+    if forward is None and is_hf_causal(model):
+        from tndebug.triage.hf_decoder import choose_lm_ids, make_lm_adapter
+        in_v = model.get_input_embeddings().num_embeddings
+        ids = choose_lm_ids(model.config, in_v)
+        lm_forward, incremental = make_lm_adapter()
+        kind, adapter = "decoder", Adapter("huggingface", _ignoring_src(lm_forward))
+        pad_id, bos_id = ids["pad"], ids["start"]
+        lo, hi = ids["content"]
+        first_content = lo
+        src_vocab, tgt_vocab = src_vocab or hi, tgt_vocab or hi
+        info.update(hf=True, hf_ids=ids)
+    elif forward is None and _is_tndebug_decoder(model):
+        lm_forward = lambda m, ids, pad: m(ids)                               # noqa: E731
+        kind, adapter = "decoder", Adapter("tndebug", _ignoring_src(lm_forward))
+    elif forward is None and is_hf_seq2seq(model):
         from tndebug.triage.hf import choose_ids, make_adapter
         in_v = model.get_input_embeddings().num_embeddings
         out_emb = model.get_output_embeddings()
@@ -106,7 +121,11 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
             raise UsageError(f"forward: expected a callable forward(model, src, tgt, pad_id) -> "
                              f"logits, got {type(forward).__name__}")
         name = getattr(forward, "__name__", "forward")
-        adapter = Adapter(f"forward={name}", _checked(forward, name))
+        if takes_ids_only(forward):                 # forward(model, ids, pad_id): decoder-only
+            lm_forward = _checked_lm(forward, name)
+            kind, adapter = "decoder", Adapter(f"forward={name}", _ignoring_src(lm_forward))
+        else:
+            adapter = Adapter(f"forward={name}", _checked(forward, name))
     pad_id = 0 if pad_id is None else _token_id(pad_id, "pad_id")
     bos_id = (1 if pad_id != 1 else 2) if bos_id is None else _token_id(bos_id, "bos_id")
     lo = first_content if first_content is not None else max(pad_id, bos_id) + 1
@@ -124,7 +143,9 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     src = torch.randint(lo, n_ids, (2, 7), generator=g).to(device)
     tgt = torch.randint(lo, n_ids, (2, 6), generator=g).to(device)
     tgt[:, 0] = bos_id
-    capture = GenericCapture(model)
+    if kind == "decoder":
+        src = src[:, :0]                          # one sequence: tgt
+    capture = GenericCapture(model, kind=kind)
     try:
         logits_module = _call_once(model, adapter, src, tgt, pad_id)
     except UsageError:
@@ -159,8 +180,14 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
             f"Transformers; to watch only the training pass "
             f"probes='loss-health,lr-schedule,gradient-flow'")
     kw = dict(pad_id=pad_id, bos_id=bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
-              encode=adapter.encode, capture=capture,
-              max_len=getattr(getattr(model, "config", None), "max_position_embeddings", None))
+              capture=capture,
+              max_len=getattr(getattr(model, "config", None), "max_position_embeddings", None)
+              or getattr(getattr(model, "cfg", None), "max_len", None))
+    if kind == "decoder":
+        kw.update(kind="decoder", incremental=incremental)
+        adapter = Adapter(adapter.name, lm_forward, None, adapter.note)   # the Subject's call
+    else:
+        kw["encode"] = adapter.encode
     if first_content is not None:
         from tndebug.triage.hf import HFSubject
         subject = HFSubject(model, adapter.forward, first_content=first_content, **kw)
@@ -172,6 +199,50 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     if adapter.note:
         info["adapter_note"] = adapter.note
     return subject, info
+
+
+def is_hf_causal(model: nn.Module) -> bool:
+    """A Hugging Face model that generates with one stack (GPT2, Llama, ...): it can generate
+    and is no encoder-decoder."""
+    cfg = getattr(model, "config", None)
+    can = getattr(model, "can_generate", None)
+    return (cfg is not None and not getattr(cfg, "is_encoder_decoder", False) and callable(can)
+            and bool(can()) and hasattr(model, "get_input_embeddings"))
+
+
+def _is_tndebug_decoder(model: nn.Module) -> bool:
+    from tndebug.model import DecoderOnly
+    return isinstance(model, DecoderOnly)
+
+
+def takes_ids_only(fn: Callable) -> bool:
+    """True for `forward(model, ids, pad_id)` (three positional parameters, a decoder-only
+    model's call), False for `forward(model, src, tgt, pad_id)` or a signature not readable."""
+    import inspect
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.default is p.empty]
+    return len(positional) == 3
+
+
+def _ignoring_src(lm_forward: Callable) -> Callable:
+    """A decoder-only call in the 4-argument shape tndebug's own first calls use."""
+    def forward(model, src, tgt, pad_id):
+        return lm_forward(model, tgt, pad_id)
+    forward.__wrapped__ = lm_forward
+    return forward
+
+
+def _checked_lm(fn: Callable, name: str) -> Callable:
+    def forward(model, ids, pad_id):
+        return as_logits(fn(model, ids, pad_id), ids, f"forward={name}")
+    forward.__wrapped__ = fn
+    return forward
 
 
 def _checked(fn: Callable, name: str) -> Callable:
@@ -204,7 +275,8 @@ def _call_once(model: nn.Module, adapter: Adapter, src, tgt, pad_id: int) -> dic
     except Exception as e:  # noqa: BLE001 - the user's forward may raise anything
         text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise UsageError(f"{adapter.name} raised {type(e).__name__}: {text} (it is called as "
-                         f"forward(model, src [B, S], tgt [B, T], pad_id), batch first)") from None
+                         f"forward(model, src [B, S], tgt [B, T], pad_id), or decoder-only forward(model, "
+                         f"ids [B, T], pad_id), batch first)") from None
     finally:
         model.train(was)
         for h in handles:
@@ -215,8 +287,13 @@ def _call_once(model: nn.Module, adapter: Adapter, src, tgt, pad_id: int) -> dic
 
 
 # -- the batch of the user's own call --------------------------------------------------------------
-def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None = None):
+def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None = None,
+                  kind: str = "seq2seq"):
     """(src, tgt_in, tgt_out) from the arguments the user's loop passed to the model, or None.
+
+    * a decoder-only model (`kind="decoder"`): its ids, `input_ids` or the first 2-D integer
+      tensor, are tgt_in and src is empty; Hugging Face `labels` (the ids, -100 -> pad, which
+      the model shifts itself) shifted left are the target, else None.
 
     * Hugging Face style: `input_ids`, then `decoder_input_ids`, else `labels` shifted right
       (what the model itself does); `labels` (-100 -> pad) is the target.
@@ -225,6 +302,16 @@ def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None =
       caller to take as `shift_left(tgt_in)` where it needs one.
     """
     ids = kwargs.get("input_ids")
+    if kind == "decoder":
+        if not isinstance(ids, torch.Tensor):
+            ids = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)
+                        and a.dim() == 2 and not a.is_floating_point() and a.dtype != torch.bool), None)
+        if ids is None:
+            return None
+        labels = kwargs.get("labels")
+        tgt_out = (shift_left(labels.masked_fill(labels < 0, pad_id), pad_id)
+                   if isinstance(labels, torch.Tensor) and labels.shape == ids.shape else None)
+        return ids[:, :0], ids, tgt_out
     if isinstance(ids, torch.Tensor):
         labels = kwargs.get("labels")
         tgt_out = None

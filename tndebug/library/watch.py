@@ -247,7 +247,7 @@ class Watch:
             return None
         self._forward_seen = self._step
         got = (self._user_batch(args, kwargs) if self._batch_fn is not None
-               else default_batch(args, kwargs, self._pad_id, self._start_id))
+               else default_batch(args, kwargs, self._pad_id, self._start_id, self._subject.kind))
         if got is not None and len(got) == 2:
             got = (got[0], got[1], None)
         if self._data_findings is None:                   # the first batch seen: its pads

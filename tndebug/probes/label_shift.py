@@ -67,7 +67,7 @@ class LabelShiftProbe(Probe):
                        "separate tensors; this test is calibrated on decoder-only models")
             return
         if run.mode != "train":
-            self.cover("", "not applicable", "no training steps (triage): the labels used show "
+            self.cover("", "not applicable", "no training steps here: the labels used show "
                        "only in how the model learns")
             return
         self._applies = True
