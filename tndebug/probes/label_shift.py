@@ -28,9 +28,9 @@ from tndebug.probes.schedule import every
 # A model that learnt from shifted labels repeats its input rarely: a token equals the one before
 # it at ~1/V of random positions, and natural text repeats a token at a few percent of positions.
 # From unshifted labels it repeats it at nearly every position (tndebug's decoder-only, copy,
-# fault lm_labels_unshifted: self rate >= 0.99 from step 100). SELF_RATE sits far from both.
+# fault lm_labels_unshifted: self rate 1.0 at step 250, healthy 0.08). SELF_RATE sits far from both.
 SELF_RATE = 0.9
-# Shifted twice: the model predicts t + 2 at most positions it can (copy: >= 0.8 by step 200),
+# Shifted twice: the model predicts t + 2 at most positions it can (copy: 0.91 at step 250),
 # while a healthy model's t + 2 rate is the rate at which t + 1 and t + 2 carry the same token.
 AFTER_NEXT_RATE = 0.5
 DOMINANCE = 2.0          # the wrong offset must beat the right one by this factor
