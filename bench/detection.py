@@ -48,7 +48,7 @@ from _provenance import Provenance  # noqa: E402
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_OUT = RESULTS / "detection.jsonl"
 BENIGN = ("dropout0", "dropout0.3", "tied", "resume")
-KEY_FIELDS = ("split", "kind", "fault", "variant", "task", "norm", "seed", "steps")
+KEY_FIELDS = ("split", "kind", "fault", "variant", "task", "norm", "seed", "steps", "arch")
 
 
 def job_key(job: dict) -> str:
@@ -64,15 +64,18 @@ def make_plan(args) -> list[dict]:
 
     def fault_jobs(split, seed):
         for name in faults:
+            arch = {"arch": "decoder"} if FAULTS[name].arch == "decoder" else {}
             for norm in FAULTS[name].norms:
                 yield dict(common, split=split, kind="fault", fault=name, variant="",
-                           task=args.fault_task, norm=norm, seed=seed)
+                           task=args.fault_task, norm=norm, seed=seed, **arch)
 
     def healthy_jobs(split, seed):
         for task in args.healthy_tasks:
             for norm in args.norms:
-                yield dict(common, split=split, kind="healthy", fault="", variant="",
-                           task=task, norm=norm, seed=seed)
+                for arch in args.archs:
+                    yield dict(common, split=split, kind="healthy", fault="", variant="",
+                               task=task, norm=norm, seed=seed,
+                               **({"arch": arch} if arch != "seq2seq" else {}))
 
     def benign_jobs(split, seed):
         for variant in args.benign:
@@ -129,10 +132,15 @@ def run_job(job: dict) -> dict:
         elif job["variant"] == "tied":
             kw["tie_embeddings"] = True
         faults = (job["fault"],) if job["fault"] else ()
+        decoder = job.get("arch") == "decoder"
+        if decoder:     # `tndebug run --arch decoder`'s own defaults
+            from tndebug.train.config import DECODER_DROPOUT, DECODER_RUN
+            kw = {"dropout": DECODER_DROPOUT, **kw, "arch": "decoder"}
         mcfg = model_config(job["task"], job["preset"], job["norm"], faults, **kw)
         two_legs = job["variant"] == "resume" or (job["fault"] and FAULTS[job["fault"]].needs == "resume")
         tcfg = TrainConfig(task=job["task"], steps=job["steps"], seed=job["seed"], device="cpu",
-                           eval_size=job["eval_size"])
+                           eval_size=job["eval_size"],
+                           **({k: DECODER_RUN[k] for k in ("warmup", "lr_factor")} if decoder else {}))
         findings, statuses, leg1 = [], {}, None
         if two_legs:
             n1 = job["resume_at"]
@@ -209,6 +217,8 @@ def parse_args(argv=None):
     ap.add_argument("--fault-task", default="copy", help="task of the fault and benign runs")
     ap.add_argument("--healthy-tasks", nargs="+", default=["copy", "reverse"])
     ap.add_argument("--norms", nargs="+", default=["pre", "post"])
+    ap.add_argument("--archs", nargs="+", default=["seq2seq", "decoder"], choices=("seq2seq", "decoder"),
+                    help="architectures of the healthy runs (a fault runs on the one it exists in)")
     ap.add_argument("--faults", nargs="*", default=None, help="default: every fault")
     ap.add_argument("--benign", nargs="*", default=list(BENIGN), choices=BENIGN)
     ap.add_argument("--eval-fault-seeds", type=int, nargs="*", default=[10, 11, 12])
