@@ -12,10 +12,20 @@ A user's adapter may also return a tuple (its first tensor is taken: `(logits, a
 object with `.logits` (a Hugging Face output), or flattened logits [B*T, V]; anything else is a
 UsageError naming the shape.
 
+A decoder-only (GPT-style) model's adapter has three parameters:
+
+    def forward(model, ids, pad_id) -> logits            # ids [B, T] (BOS-led, right-padded)
+                                                         # -> [B, T, V]
+and, optionally, `incremental(model, ids, pad_id, split) -> logits [B, T - split, V]` through
+the model's KV cache (Subject). The number of parameters decides which kind of model it is.
+
 Built in: `annotated` (The Annotated Transformer's call: `model(src, tgt, src_mask, tgt_mask)`
 then `model.generator`, masks built by the model module's own `Batch.make_std_mask` /
-`subsequent_mask` where it defines them, else by tndebug, which `Adapter.note` then says) and
-`tndebug` (`model(src, tgt)`). Anything else: `--adapter FILE.py:FUNCTION`.
+`subsequent_mask` where it defines them, else by tndebug, which `Adapter.note` then says),
+`tndebug` (`model(src, tgt)`) and `gpt` (decoder-only: `model(idx)` returning logits or
+`(logits, loss)`; nanoGPT's `forward(idx, targets=None)`, which returns only the last
+position's logits without targets, is called `model(idx, idx)`, which `Adapter.note` says).
+Anything else: `--adapter FILE.py:FUNCTION`.
 """
 from __future__ import annotations
 
@@ -31,8 +41,9 @@ import torch
 from torch import nn
 
 from tndebug.errors import UsageError
+from tndebug.capture.structure import is_attention
 
-BUILTIN = ("annotated", "tndebug")
+BUILTIN = ("annotated", "tndebug", "gpt")
 
 
 # -- built-in adapters --------------------------------------------------------------------------
@@ -93,12 +104,53 @@ def tndebug_encode(model, src, pad_id):
     return model.encode(src)
 
 
+GPT_TARGETS_NOTE = ("model(idx) returned only the last position's logits ([B, 1, V], as "
+                    "nanoGPT's forward(idx, targets=None) does), so the gpt adapter calls "
+                    "model(idx, idx): every position's logits; the loss it returns is not used")
+
+
+def gpt_adapter(model: nn.Module) -> "Adapter":
+    """The built-in `gpt` adapter, decided by one call on 3 positions (eval, no grad): `model(idx)`
+    when that returns logits [1, 3, V] (or a tuple whose first tensor they are); `model(idx, idx)`
+    when `model(idx)` gives [1, 1, V] and this gives [1, 3, V] (nanoGPT returns the last
+    position alone unless it is given targets); anything else is a UsageError saying what came
+    back."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    idx = torch.ones(1, 3, dtype=torch.long, device=device)
+
+    def shape_of(*args):
+        try:
+            with torch.no_grad():
+                out = first_tensor(model(*args))
+        except Exception as e:  # noqa: BLE001 - the user's model may raise anything
+            return f"raised {type(e).__name__}: {_line(e)}"
+        return tuple(out.shape) if out is not None else "no tensor"
+
+    plain = shape_of(idx)
+    if isinstance(plain, tuple) and len(plain) == 3 and plain[:2] == (1, 3):
+        return Adapter("gpt", lambda m, ids, pad_id: as_logits(m(ids), ids, "gpt"), kind="decoder")
+    if isinstance(plain, tuple) and len(plain) == 3 and plain[:2] == (1, 1):
+        with_targets = shape_of(idx, idx)
+        if isinstance(with_targets, tuple) and len(with_targets) == 3 and with_targets[:2] == (1, 3):
+            return Adapter("gpt", lambda m, ids, pad_id: as_logits(m(ids, ids.contiguous()), ids, "gpt"),
+                           note=GPT_TARGETS_NOTE, kind="decoder")
+        raise UsageError(f"the gpt adapter: model(idx [1, 3]) returns only the last position's "
+                         f"logits {plain} and model(idx, targets) gives {with_targets}: pass "
+                         f"--adapter FILE.py:forward with def forward(model, ids, pad_id) -> "
+                         f"logits [B, T, V] for every position")
+    raise UsageError(f"the gpt adapter: model(idx [1, 3]) gave {plain}; expected logits [1, 3, V] "
+                     f"or (logits, loss): pass --adapter FILE.py:forward with def forward(model, "
+                     f"ids, pad_id) -> logits [B, T, V]")
+
+
 @dataclass
 class Adapter:
     name: str
     forward: Callable
     encode: Callable | None = None
     note: str | None = None          # what the report should say about how the model was called
+    kind: str = "seq2seq"            # "decoder": forward(model, ids, pad_id) (Subject kind)
+    incremental: Callable | None = None   # decoder-only: through the model's KV cache
 
 
 def builtin_adapter(name: str, model: nn.Module | None = None) -> Adapter:
@@ -109,7 +161,9 @@ def builtin_adapter(name: str, model: nn.Module | None = None) -> Adapter:
         return Adapter("annotated", annotated_forward, annotated_encode, note)
     if name == "tndebug":
         return Adapter("tndebug", tndebug_forward, tndebug_encode)
-    raise UsageError(f"unknown adapter {name!r}; use annotated, tndebug or FILE.py:FUNCTION")
+    if name == "gpt" and model is not None:
+        return gpt_adapter(model)
+    raise UsageError(f"unknown adapter {name!r}; use annotated, tndebug, gpt or FILE.py:FUNCTION")
 
 
 def first_tensor(out) -> torch.Tensor | None:
@@ -146,12 +200,81 @@ def as_logits(out, tgt: torch.Tensor, name: str) -> torch.Tensor:
                      f"tensor is one of these{hint}")
 
 
-def _normalised(fn: Callable, name: str) -> Callable:
-    def forward(model, src, tgt, pad_id):
-        return as_logits(fn(model, src, tgt, pad_id), tgt, name)
+def _normalised(fn: Callable, name: str, kind: str = "seq2seq") -> Callable:
+    if kind == "decoder":
+        def forward(model, ids, pad_id):
+            return as_logits(fn(model, ids, pad_id), ids, name)
+    else:
+        def forward(model, src, tgt, pad_id):
+            return as_logits(fn(model, src, tgt, pad_id), tgt, name)
     forward.__wrapped__ = fn
     forward.__doc__ = fn.__doc__
     return forward
+
+
+def adapter_kind(fn: Callable, spec: str) -> str:
+    """'decoder' for forward(model, ids, pad_id), 'seq2seq' for forward(model, src, tgt, pad_id):
+    from the number of positional parameters (3 or 4; beyond 4, those without a default; a
+    signature that cannot be read: 'seq2seq'); anything else is a UsageError."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return "seq2seq"
+    params = sig.parameters.values()
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is p.empty for p in positional)
+    if len(positional) == 3 or (len(positional) > 4 and required == 3):
+        return "decoder"
+    if len(positional) >= 4 or any(p.kind == p.VAR_POSITIONAL for p in params):
+        return "seq2seq"
+    raise UsageError(f"--adapter {spec}: {getattr(fn, '__name__', 'it')}{sig} takes "
+                     f"{len(positional)} arguments; expected forward(model, ids, pad_id) "
+                     f"(decoder-only) or forward(model, src, tgt, pad_id) (encoder-decoder)")
+
+
+def _required_inputs(model: nn.Module) -> int | None:
+    """How many arguments model.forward requires (None: its signature cannot be read)."""
+    try:
+        return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                   for p in inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _fused_qkv(m: nn.Module) -> bool:
+    """A Linear d -> 3d (a fused q, k, v projection)."""
+    return isinstance(m, nn.Linear) and m.out_features == 3 * m.in_features
+
+
+def _lm_shape(model: nn.Module) -> dict:
+    """What says a model is GPT-shaped, from structure: its token tables (nn.Embedding), heads
+    (an nn.Linear outside the blocks whose out_features is a table's size, or that shares its
+    weight), numbered
+    blocks holding an attention-shaped module (nn.MultiheadAttention, an attention class, or a
+    fused d -> 3d projection), and how many arguments its forward requires."""
+    from tndebug.capture.generic import _blocks
+    modules = dict(model.named_modules())
+    tables = {n: m for n, m in modules.items() if isinstance(m, nn.Embedding)}
+    numbered = _blocks(modules)
+    blocks = sorted(numbered, key=lambda n: numbered[n][1])
+    heads = [n for n, m in modules.items() if isinstance(m, nn.Linear)
+             and not any(n.startswith(b + ".") for b in blocks) and any(
+                 m.out_features == t.num_embeddings or m.weight is t.weight for t in tables.values())]
+    attn = [b for b in blocks if any(n.startswith(b + ".") and (is_attention(m) or _fused_qkv(m))
+                                     for n, m in modules.items())]
+    return {"tables": {n: t.num_embeddings for n, t in tables.items()}, "heads": heads,
+            "blocks": blocks, "attention_blocks": attn, "inputs": _required_inputs(model)}
+
+
+def describe_shape(model: nn.Module) -> str:
+    """One line: what the GPT-shape test found (for the 'do not know how to call' error)."""
+    shape = _lm_shape(model)
+    tables = ", ".join(f"{n or 'the model'} ({v})" for n, v in shape["tables"].items()) or "no nn.Embedding"
+    heads = ", ".join(shape["heads"][:3]) or "none (no Linear with a table's size)"
+    blocks = (f"{len(shape['blocks'])} numbered blocks ({shape['blocks'][0]}, ...), "
+              f"{len(shape['attention_blocks'])} with attention") if shape["blocks"] else "no numbered blocks"
+    inputs = "?" if shape["inputs"] is None else shape["inputs"]
+    return f"found embeddings {tables}; head {heads}; {blocks}; forward requires {inputs} argument(s)"
 
 
 def guess_adapter(model: nn.Module) -> str | None:
@@ -163,6 +286,9 @@ def guess_adapter(model: nn.Module) -> str | None:
     if {"encoder", "decoder", "src_embed", "tgt_embed", "generator"} <= set(names) \
             and hasattr(model, "encode") and hasattr(model, "decode"):
         return "annotated"
+    shape = _lm_shape(model)                 # GPT-shaped: a head, attention blocks, one input
+    if shape["heads"] and shape["attention_blocks"] and shape["inputs"] == 1:
+        return "gpt"
     return None
 
 
@@ -171,12 +297,19 @@ def resolve_adapter(spec: str | None, model: nn.Module) -> Adapter:
         guess = guess_adapter(model)
         if guess is None:
             raise UsageError(
-                f"do not know how to call {type(model).__name__}: pass --adapter FILE.py:FUNCTION "
-                f"with def forward(model, src, tgt, pad_id) -> logits (see docs/triage.md)")
+                f"do not know how to call {type(model).__name__} ({describe_shape(model)}): pass "
+                f"--adapter gpt, or --adapter FILE.py:FUNCTION with def forward(model, ids, "
+                f"pad_id) -> logits (decoder-only) or def forward(model, src, tgt, pad_id) -> "
+                f"logits (encoder-decoder); see docs/triage.md")
         return builtin_adapter(guess, model)
     if spec in BUILTIN:
         return builtin_adapter(spec, model)
     fn, module = load_callable(spec, "--adapter")
+    kind = adapter_kind(fn, spec)
+    if kind == "decoder":
+        inc = getattr(module, "incremental", None)
+        return Adapter(spec, _normalised(fn, spec, kind), kind=kind,
+                       incremental=inc if callable(inc) and inc is not fn else None)
     enc = getattr(module, "encode", None)
     return Adapter(spec, _normalised(fn, spec), enc if callable(enc) and enc is not fn else None)
 

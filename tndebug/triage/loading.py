@@ -26,7 +26,7 @@ from tndebug.errors import UsageError
 STATE_KEYS = ("model_state_dict", "state_dict", "model", "module", "net", "network", "weights",
               "params")
 OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optimizer_state", "optim", "opt")
-STEP_KEYS = ("global_step", "step", "step_num", "schedule_step", "steps", "iteration", "iter",
+STEP_KEYS = ("global_step", "step", "step_num", "schedule_step", "steps", "iteration", "iter", "iter_num",
              "num_updates")
 SCHEDULER_KEYS = ("scheduler", "lr_scheduler", "scheduler_state_dict", "lr_scheduler_state_dict")
 CONFIG_KEYS = ("model_config", "config", "cfg", "hparams", "hyper_parameters", "args", "model_args")

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from tndebug.config import ModelConfig
-from tndebug.data import get_task, eval_set
+from tndebug.data import Batch, as_lm, get_task, eval_set
 from tndebug.errors import UsageError
 from tndebug.report import Report
 from tndebug import driver
@@ -77,6 +77,7 @@ class _Target:
     findings: list[Finding] = field(default_factory=list)
     attention_weights: list = field(default_factory=list)   # (where, W_Q, W_K, W_V, h)
     fresh: object = None     # names -> ProbeResult on a fresh initialisation (--model), or None
+    batch: object = None     # the held-out batch as this model takes it (decoder-only: as_lm)
 
 
 def triage(opts: TriageOptions, sinks=()) -> Report:
@@ -104,6 +105,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
               else _layout_target(ckpt, opts, batch, task, probe_names))
     findings += target.findings
     subject = target.subject
+    batch = target.batch if target.batch is not None else batch
     if opts.max_len:
         subject.max_len = opts.max_len
     refuse_longer(subject, batch[:2], f"--data {opts.data}" if opts.data else f"--task {task.name}")
@@ -131,6 +133,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
            "task": None if opts.data else task.name,
            "data": (f"--data {opts.data}" if opts.data
                     else f"task {task.name} (built-in; not the model's own data)"),
+           "arch": subject.kind,
            "held_out_sequences": int(batch[0].shape[0]),
            "compute_dtype": str(weights_dtype(ckpt.state_dict)).removeprefix("torch."),
            "pad_id": opts.pad_id, "bos_id": opts.bos_id,
@@ -329,30 +332,70 @@ def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
     load_weights(model, ckpt.state_dict, opts.model)
     model.eval()
     adapter = resolve_adapter(opts.adapter, model)
-    capture = GenericCapture(model)
+    decoder = adapter.kind == "decoder"
+    if decoder:
+        batch = lm_batch(batch, opts.data)
+    capture = GenericCapture(model, kind=adapter.kind)
     if opts.data:                            # ids beyond every embedding table: before any forward
         sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
         check_data_vocab(batch, max(sizes, default=None), max(sizes, default=None), opts.data)
     src_v, tgt_v = _user_vocab(model, adapter, batch, opts.pad_id)
-    capture.discover(lambda: adapter.forward(model, batch[0][:2], batch[1][:2], opts.pad_id))
+    capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], opts.pad_id))
     _check_vocab(src_v, tgt_v, task, batch, opts.data)
-    subject = Subject(model, adapter.forward, pad_id=opts.pad_id, bos_id=opts.bos_id,
-                      src_vocab=src_v, tgt_vocab=tgt_v, encode=adapter.encode, capture=capture)
+    subject = _user_subject(model, adapter, capture, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
+                                                          src_vocab=src_v, tgt_vocab=tgt_v))
     run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
            "model_kwargs": {k: v for k, v in used.items() if isinstance(v, (int, float, str, bool))},
            "config_source": "--config" if given is not None else (ckpt.config_key or None),
            "attention_modules": sorted(capture.attention)}
+    if decoder:
+        run["calls"] = ("forward(model, ids, pad_id) -> logits [B, T, V] (decoder-only); KV cache: "
+                        + ("incremental(model, ids, pad_id, split)" if adapter.incremental
+                           else "none offered (the adapter defines no incremental)"))
+        if not opts.data:
+            run["data"] = (f"task {task.name} as one sequence per row: BOS source EOS target EOS "
+                           f"(data.as_lm; built-in, not the model's own data)")
     findings = []
-    if getattr(adapter, "note", None):       # the built-in adapter built what the user's code would
+    if getattr(adapter, "note", None) and not decoder:   # tndebug built what the user's code would
         run["adapter_note"] = adapter.note
         findings.append(Finding("mask-broadcast", "info", f"{adapter.note}; the mask tests judged "
                                 f"tndebug's masks, not yours: pass --adapter FILE.py:forward that "
                                 f"calls your own mask code", where="", step=0,
                                 evidence={"adapter": adapter.name}, code="mask-broadcast/tndebug-masks"))
+    elif adapter.note:                       # how the model was called; its own masks ran
+        run["adapter_note"] = adapter.note
     run["fresh_init"] = f"{opts.model} called again with the same kwargs, seed {SEED}, no weights loaded"
     return _Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model),
                    _fresh_prober(opts, kwargs, batch, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
-                                                            src_vocab=src_v, tgt_vocab=tgt_v)))
+                                                            src_vocab=src_v, tgt_vocab=tgt_v)),
+                   batch if decoder else None)
+
+
+def lm_batch(batch, data: str | None) -> Batch:
+    """The held-out batch for a decoder-only model: the task's pairs as one sequence per row
+    (`as_lm`); --data must already be one (an empty src, tgt_in the sequence, tgt_out the
+    next token with PAD where no loss falls)."""
+    if not data:
+        return Batch(*(t.contiguous() for t in as_lm(Batch(*batch))))
+    if batch[0].shape[1]:
+        raise UsageError(f"--data {data}: the model is decoder-only, so src must be empty "
+                         f"([B, 0]) with tgt_in the sequence and tgt_out its next tokens; got src "
+                         f"{tuple(batch[0].shape)}")
+    return batch
+
+
+def _call(adapter, model, src, tgt, pad_id):
+    """The adapter's call: a decoder-only model is fed `tgt` alone (Subject kind "decoder")."""
+    if adapter.kind == "decoder":
+        return adapter.forward(model, tgt, pad_id)
+    return adapter.forward(model, src, tgt, pad_id)
+
+
+def _user_subject(model, adapter, capture, subject_kw: dict) -> Subject:
+    if adapter.kind == "decoder":
+        return Subject(model, adapter.forward, capture=capture, kind="decoder",
+                       incremental=adapter.incremental, **subject_kw)
+    return Subject(model, adapter.forward, encode=adapter.encode, capture=capture, **subject_kw)
 
 
 def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
@@ -361,9 +404,9 @@ def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
     def probe_fresh(names):
         model = seeded(lambda: build_user_model(opts.model, kwargs)[0]).eval()
         adapter = resolve_adapter(opts.adapter, model)
-        capture = GenericCapture(model)
-        capture.discover(lambda: adapter.forward(model, batch[0][:2], batch[1][:2], opts.pad_id))
-        subject = Subject(model, adapter.forward, encode=adapter.encode, capture=capture, **subject_kw)
+        capture = GenericCapture(model, kind=adapter.kind)
+        capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], opts.pad_id))
+        subject = _user_subject(model, adapter, capture, subject_kw)
         return driver.probe_once(subject, names, batch)       # fresh weights: float32
     return probe_fresh
 
@@ -371,7 +414,7 @@ def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
 def _runs(adapter, model, src, tgt, pad_id) -> bool:
     try:
         with torch.no_grad():
-            adapter.forward(model, src, tgt, pad_id)
+            _call(adapter, model, src, tgt, pad_id)
         return True
     except Exception:  # noqa: BLE001 - whether it runs is the question
         return False
@@ -393,9 +436,11 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
     handles = [m.register_forward_pre_hook(saw) for m in model.modules() if isinstance(m, nn.Embedding)]
     try:
         with torch.no_grad():
-            logits = adapter.forward(model, src[:2], tgt_in[:2], pad_id)
+            logits = _call(adapter, model, src[:2], tgt_in[:2], pad_id)
     except Exception as e:  # noqa: BLE001 - the user's adapter may raise anything
         width = max(src.shape[1], tgt_in.shape[1])
+        called = ("forward(model, ids [B,T], pad_id)" if adapter.kind == "decoder"
+                  else "forward(model, src [B,S], tgt [B,T], pad_id)")
         if width > 4 and _runs(adapter, model, src[:2, :4], tgt_in[:2, :4], pad_id):
             raise UsageError(f"the held-out rows are {width} positions long and the model raises "
                              f"{type(e).__name__} on them but runs on 4: they are longer than "
@@ -403,7 +448,7 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
                              f"--max-len N") from None
         raise UsageError(f"the adapter {adapter.name} raised {type(e).__name__}: "
                          f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''} "
-                         f"(it is called as forward(model, src [B,S], tgt [B,T], pad_id))") from None
+                         f"(it is called as {called})") from None
     finally:
         for h in handles:
             h.remove()
@@ -412,6 +457,9 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
         raise UsageError(f"the adapter {adapter.name} returned {shape}; expected logits "
                          f"[B, T, V] = [2, {tgt_in.shape[1]}, V] (batch first)")
     tgt_v = logits.shape[-1]
+    if adapter.kind == "decoder":            # one sequence: the table its ids were looked up in
+        v = min(tgt_v, fed.get("tgt", tgt_v))
+        return v, v
     if "src" in fed:                         # behaviour: the table the source ids were looked up in
         return fed["src"], min(tgt_v, fed.get("tgt", tgt_v))
     embs = [(n, m.num_embeddings) for n, m in model.named_modules() if isinstance(m, nn.Embedding)

@@ -1,0 +1,81 @@
+"""The decoder-only corpus: nanoGPT-style models (tests/foreign/nanogpt.py) trained briefly on
+copy as a language model (`data.as_lm`: BOS source EOS target EOS, loss on the continuation),
+saved as nanoGPT saves them ({"model": state_dict, "model_args", "iter_num", ...}, plain data)
+and triaged as a user would:
+
+    tndebug triage CKPT --model tests/foreign/nanogpt.py:build                 # adapter `gpt`
+    tndebug triage CKPT --model tests/foreign/nanogpt.py:build --adapter tests/foreign/nanogpt.py:forward
+
+Shared by tests/foreign/test_nanogpt.py and bench/foreign.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tndebug.capture.adapters import import_file
+from tndebug.data import as_lm, data_generator, get_task
+from tndebug.triage import TriageOptions, triage
+
+HERE = Path(__file__).resolve().parent
+FILE = HERE / "nanogpt.py"
+
+# The probe that owns each bug's failure mode; None: benign (must triage clean).
+EXPECTED_PROBE = {
+    "no_causal": "mask-broadcast",
+    "triu": "mask-broadcast",
+    "pad_mask": "mask-broadcast",
+    "softmax_dim": "mask-broadcast",   # each row's weights depend on later queries: a leak
+    "no_scale": "missing-scale",
+    "qkv_order": None,                 # k, q, v = split(...): the same model, relabelled chunks
+}
+# (variant, bug) pairs the corpus holds: softmax_dim needs the explicit softmax
+BUG_CASES = [("manual", b) for b in EXPECTED_PROBE] + [
+    ("sdpa", b) for b in ("no_causal", "triu", "pad_mask", "no_scale", "qkv_order")]
+
+
+def train(model, *, steps: int = 300, batch: int = 32, lr: float = 3e-3, seed: int = 0):
+    """AdamW on copy as next-token prediction, nanoGPT's way: model(idx, targets) -> (logits,
+    loss) with targets -1 where no loss falls. Returns the last loss."""
+    torch.manual_seed(seed)
+    task, g = get_task("copy"), data_generator(seed, "train")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for _ in range(steps):
+        lm = as_lm(task.batch(g, batch))
+        targets = lm.tgt_out.masked_fill(lm.tgt_out == 0, -1)              # PAD -> ignore_index
+        _, loss = model(lm.tgt_in, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    model.eval()
+    return float(loss.detach())
+
+
+def make_checkpoint(variant: str, bug: str | None, seed: int, folder: Path, steps: int = 300) -> Path:
+    module = import_file(FILE)
+    torch.manual_seed(seed)
+    model_args = {"variant": variant, "bug": bug}
+    model = module.build(**model_args)
+    loss = train(model, steps=steps, seed=seed)
+    path = Path(folder) / f"nanogpt-{variant}-{bug or 'healthy'}-{seed}.pt"
+    torch.save({"model": model.state_dict(), "model_args": model_args, "iter_num": steps,
+                "best_val_loss": loss}, path)
+    return path
+
+
+def run_triage(path: Path, adapter: str | None = None, **kw):
+    return triage(TriageOptions(str(path), model=f"{FILE}:build", adapter=adapter, **kw))
+
+
+def flagged(report, severities=("warning", "error")) -> list:
+    return [f for f in report.findings if f.severity in severities]
+
+
+def describe(findings) -> str:
+    return "\n".join(f"  {f.severity:7s} {f.probe:20s} {f.code or ''} {f.where or '(run)'}: "
+                     f"{f.message}" for f in findings) or "  (none)"
