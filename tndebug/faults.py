@@ -64,6 +64,13 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
        "decoder-only: positions counted from column 0, not from the row's first real token, so "
        "a left-padded row (batched generation) gets other positions and other logits",
        arch="decoder"),
+    _F("kv_cache_causal_top_left", "lm-decoding", "attention",
+       "decoder-only KV cache: the causal mask of the query block aligned top-left (SDPA "
+       "is_causal=True with a one-token query and a cache): each generated token sees only the "
+       "first key", arch="decoder"),
+    _F("kv_cache_position_off_by_one", "lm-decoding", "embedding",
+       "decoder-only KV cache: the token decoded through the cache gets position t + 1, not t",
+       arch="decoder"),
     _F("lm_labels_unshifted", "label-shift", "training",
        "decoder-only: loss(logits, ids) with labels not shifted: the model learns to repeat its input",
        arch="decoder"),

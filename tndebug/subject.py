@@ -197,7 +197,8 @@ def tndebug_subject(model) -> Subject:
     if cfg.arch == "decoder":
         return Subject(model, lambda m, ids, pad: m(ids), pad_id=cfg.pad_id, bos_id=1,
                        src_vocab=cfg.src_vocab, tgt_vocab=cfg.tgt_vocab,
-                       capture=TapCapture(model), max_len=cfg.max_len, kind="decoder")
+                       capture=TapCapture(model), max_len=cfg.max_len, kind="decoder",
+                       incremental=lambda m, ids, pad, split: m.incremental(ids, split))
     return Subject(
         model, lambda m, src, tgt, pad: m(src, tgt), pad_id=cfg.pad_id, bos_id=1,
         src_vocab=cfg.src_vocab, tgt_vocab=cfg.tgt_vocab,
