@@ -95,8 +95,9 @@ class GenericCapture:
         self.alpha: float | None = None
         self._active = False
         # (site, "q"/"k") -> where its projection was last found (position in the pool counted
-        # from the end, chunks, chunk): tried first next time, one check instead of a search
-        self.projection_hints: dict[tuple[str, str], tuple[int, int, int]] = {}
+        # from the end, chunks, chunk, layout, "values"/"norms"): tried first next time, one
+        # check instead of a search
+        self.projection_hints: dict[tuple[str, str], tuple] = {}
 
     # -- static structure ------------------------------------------------------------------
     def _token_embedding_modules(self, modules: dict) -> dict[str, bool]:
@@ -128,7 +129,8 @@ class GenericCapture:
 
         From structure, not names: outside attention, a module whose own Linear children include
         an expansion d -> f and a contraction f -> d (two Linears around an activation, or three
-        in a gated FFN such as T5's wi_0/wi_1/wo) is a feed-forward block; the contraction's
+        in a gated FFN such as T5's wi_0/wi_1/wo; Hugging Face's Conv1D counts as a Linear, see
+        `_affine_dims`) is a feed-forward block; the contraction's
         input is the hidden. When f == d the two cannot be told apart by shape, and the one
         registered second is taken (every implementation we know defines w_1 before w_2).
         The usual names (`w_2`, `linear2`, `fc2`, ...) count too.
@@ -137,13 +139,13 @@ class GenericCapture:
         for owner, m in modules.items():
             if any(owner == a or owner.startswith(a + ".") for a in self.attention):
                 continue
-            linears = [(n, c) for n, c in m.named_children() if isinstance(c, nn.Linear)]
-            for i, (n2, l2) in enumerate(linears):
-                pairs = [l1 for n1, l1 in linears if l1 is not l2
-                         and l1.out_features == l2.in_features and l1.in_features == l2.out_features]
-                contraction = l2.in_features > l2.out_features or (
-                    l2.in_features == l2.out_features and any(l1 is c for _, c in linears[:i]
-                                                              for l1 in pairs))
+            linears = [(n, c, _affine_dims(c)) for n, c in m.named_children()]
+            linears = [(n, c, dims) for n, c, dims in linears if dims is not None]
+            for i, (n2, l2, (in2, out2)) in enumerate(linears):
+                pairs = [l1 for n1, l1, (in1, out1) in linears if l1 is not l2
+                         and out1 == in2 and in1 == out2]
+                contraction = in2 > out2 or (
+                    in2 == out2 and any(l1 is c for _, c, _ in linears[:i] for l1 in pairs))
                 named = n2 in _FFN_OUT and (owner in self.layers or _FFN.search(owner.rpartition(".")[2])
                                             or _FFN.search(type(m).__name__))
                 if not ((pairs and contraction) or named):
@@ -295,3 +297,16 @@ class GenericCapture:
             torch.backends.mha.set_fastpath_enabled(fastpath)
             for h in handles:
                 h.remove()
+
+
+def _affine_dims(m: nn.Module) -> tuple[int, int] | None:
+    """(in, out) of a module that is one weight matrix applied to the last dimension: an
+    nn.Linear (weight [out, in]), or a leaf whose 2-d weight is [in, out] with `nf` = out, as
+    Hugging Face's Conv1D (GPT-2: x @ W + b through torch.addmm); else None."""
+    if isinstance(m, nn.Linear):
+        return m.in_features, m.out_features
+    w = getattr(m, "weight", None)
+    if isinstance(w, torch.Tensor) and w.dim() == 2 and getattr(m, "nf", None) == w.shape[1] \
+            and not any(True for _ in m.children()):
+        return int(w.shape[0]), int(w.shape[1])
+    return None

@@ -65,6 +65,14 @@ def _patched(state: _State):
             return out
         return wrapper
 
+    def addmm(orig):
+        def wrapper(inp, x, w, *args, **kwargs):       # bias + x @ w: Hugging Face's Conv1D
+            out = orig(inp, x, w, *args, **kwargs)
+            if state.calls and isinstance(w, torch.Tensor) and w.dim() == 2:
+                state.on_linear(x, out, w)
+            return out
+        return wrapper
+
     def baddbmm(orig):
         def wrapper(inp, b1, b2, *args, **kwargs):
             if state.current() is None:
@@ -169,6 +177,8 @@ def _patched(state: _State):
         patch(torch.Tensor, "__iadd__", lambda o: add(o, inplace=True))
         patch(F, "linear", linear)
         patch(torch.Tensor, "masked_fill_", lambda o: masked_fill(o, inplace=True))
+        patch(torch, "addmm", addmm)
+        patch(torch.Tensor, "addmm", addmm)
         patch(torch, "baddbmm", baddbmm)
         patch(torch, "einsum", einsum)
         patch(F, "softmax", softmax)

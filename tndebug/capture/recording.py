@@ -297,6 +297,7 @@ class _State(_Streams):
                 setattr(rec, f, val.detach())
         rec.qk_source = call.extra.get("qk_source", "operands")
         rec.shared_projection = bool(call.extra.get("shared_projection", False))
+        rec.qk_match = call.extra.get("qk_match", "values")
         out = output[0] if isinstance(output, (tuple, list)) else output
         rec.out = out.detach() if isinstance(out, torch.Tensor) and self.wants("attn.out") else None
         if rec.probs is None and isinstance(output, (tuple, list)) and len(output) > 1 \
@@ -314,7 +315,10 @@ class _State(_Streams):
         input; a model may fold it into q or k before the product (`q * self.scaling`,
         `(q / temperature) @ k.T`, nn.MultiheadAttention's `q_scaled`). An operand that is a
         rearrangement of s * (a chunk of a linear map's output) is divided by s, so that q and k
-        are recorded as projected and the fitted scale is the whole scale applied.
+        are recorded as projected and the fitted scale is the whole scale applied. An operand
+        rotated per vector after the projection (RoPE) is matched by its vectors' norms
+        (`_norm_projection`) and divided by s the same way: q.k keeps its size under the
+        rotation, so the fit still sees the whole scale.
         """
         if call.q is None or call.k is None:
             return
@@ -326,11 +330,12 @@ class _State(_Streams):
             if hit is None:
                 return
             hints[(call.path, role)] = hit[3]
-            found.append(hit[:3])
-        (sq, q_in, q_map), (sk, k_in, k_map) = found
+            found.append(hit)
+        (sq, q_in, q_map, q_at), (sk, k_in, k_map, k_at) = found
         call.q, call.k = call.q / sq, call.k / sk
         call.extra.update(qk_source="projection", shared_projection=_same_map(q_map, k_map),
-                          kv_from_other_input=not _same(q_in, k_in))
+                          kv_from_other_input=not _same(q_in, k_in),
+                          qk_match="norms" if "norms" in (q_at[-1], k_at[-1]) else "values")
 
     def wants(self, read: str) -> bool:
         return read in self.reads or "all" in self.reads

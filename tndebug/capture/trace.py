@@ -52,6 +52,9 @@ class AttentionRecord:
     qk_source: str = "projection"              # "projection": q, k as projected (before any scale);
                                                # "operands": the product's inputs, not traced back
     shared_projection: bool = False            # q and k come from one slice of one weight
+    qk_match: str = "values"                   # how q, k were traced: "values" (s * the
+                                               # projection's output), "norms" (rotated per
+                                               # vector after it, RoPE: s from the norms)
 
     @property
     def tag(self) -> str:

@@ -109,7 +109,8 @@ class MissingScale(Probe):
     the batch so that a bias shared by every sequence (T5's relative positions, ALiBi) drops
     out; with probabilities only, row-centred ln P on row-centred QK^T. Q and K are the
     projections' outputs: the generic capture traces the product's operands back to them, so a
-    scale folded into q or k (`q * self.scaling`) counts. |c*sqrt(d_k) - 1| > 1e-3 (1e-2 in
+    scale folded into q or k (`q * self.scaling`) counts; through a rotation after the
+    projection (RoPE) by the vectors' norms, which it keeps, as it keeps q.k's size. |c*sqrt(d_k) - 1| > 1e-3 (1e-2 in
     16-bit) is an error; unscaled attention whose q is sqrt(d_k) smaller than k (the weights
     carry the scale, as T5's initialisation does) is info. At setup (eval, a random batch) and
     on a sparse schedule during training. A module whose scores are not c*QK^T plus a shared
@@ -178,7 +179,8 @@ class MissingScale(Probe):
                    if rec.probs is not None else sums.new_zeros(3))
             meta = dict(kind=rec.kind, layer=rec.layer, d_k=rec.q.shape[-1], heads=rec.q.shape[1],
                         d_model=rec.q.shape[1] * rec.q.shape[-1], source=source,
-                        half=rec.q.dtype in HALF, shared=rec.shared_projection)
+                        half=rec.q.dtype in HALF, shared=rec.shared_projection,
+                        qk_match=rec.qk_match)
             rows.append((rec.site, meta, torch.cat([sums, sat.to(sums.dtype)])))
         return rows
 
@@ -234,7 +236,8 @@ class MissingScale(Probe):
                 "mean_max_prob": max_p, "normalised_entropy": ent, "rms_q": rms_q, "rms_k": rms_k,
                 "modules": {s: round(cc * math.sqrt(m["d_k"]), 6) for s, m, cc, *_ in items},
                 "qk_rms_ratio": {it[0]: round(_ratio(it[7], it[8]), 6) for it in items},
-                "diagnosis": label, "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}"}
+                "diagnosis": label, "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}",
+                "qk_traced_by": meta.get("qk_match", "values")}
             if severity == "warning":
                 msg += ("; q and k are one tensor here, so the weights cannot show whether the "
                         "scale was meant to be folded into W_Q (as T5 does)")
