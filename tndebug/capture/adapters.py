@@ -260,7 +260,8 @@ def _lm_shape(model: nn.Module) -> dict:
     heads = [n for n, m in modules.items() if isinstance(m, nn.Linear)
              and not any(n.startswith(b + ".") for b in blocks) and any(
                  m.out_features == t.num_embeddings or m.weight is t.weight for t in tables.values())]
-    attn = [b for b in blocks if any(n.startswith(b + ".") and (is_attention(m) or _fused_qkv(m))
+    attn = [b for b in blocks if any((n == b or n.startswith(b + "."))
+                                     and (is_attention(m) or _fused_qkv(m))
                                      for n, m in modules.items())]
     return {"tables": {n: t.num_embeddings for n, t in tables.items()}, "heads": heads,
             "blocks": blocks, "attention_blocks": attn, "inputs": _required_inputs(model)}
