@@ -89,6 +89,56 @@ def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, 
     return rec
 
 
+# -- decoder-only: nanoGPT-style user code (tests/foreign/nanogpt_corpus.py) ---------------------
+import nanogpt_corpus as lm  # noqa: E402
+
+LM_STYLE = "nanogpt"
+LM_VARIANTS = ("manual", "sdpa")
+
+
+def lm_cases(seeds, bug_seeds) -> list[tuple]:
+    return ([(LM_STYLE, v, None, s) for v in LM_VARIANTS for s in seeds] +
+            [(LM_STYLE, v, b, s) for v, b in lm.BUG_CASES for s in bug_seeds])
+
+
+def one_lm_run(variant: str, bug: str | None, seed: int, folder: Path) -> dict:
+    """One nanoGPT-style model: trained lm.make_checkpoint's way (its own steps: a decoder-only
+    model needs more than --steps to learn copy), triaged with the guessed `gpt` adapter, judged
+    as one_run judges (a benign bug, EXPECTED_PROBE None, must be clean)."""
+    t0 = time.perf_counter()
+    path = lm.make_checkpoint(variant, bug, seed, folder)
+    t1 = time.perf_counter()
+    probe = lm.EXPECTED_PROBE.get(bug)
+    benign = bug is not None and probe is None      # the same model: a healthy variant
+    rec = {"style": LM_STYLE, "variant": f"{variant}+{bug}" if benign else variant,
+           "fault": "healthy" if benign else bug or "healthy", "seed": seed, "expected_probe": probe}
+    try:
+        report = lm.run_triage(path)
+    except Exception as e:  # noqa: BLE001 - a crash is a result too
+        rec.update(crashed=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
+                   findings=[], no_verdict={}, probe_failures={})
+    else:
+        rec["findings"] = [{"probe": f.probe, "severity": f.severity, "where": f.where,
+                            "message": f.message} for f in report.findings
+                           if f.severity in SEV or f.probe == probe]
+        rec["no_verdict"] = {p: s.get("reason") for p, s in report.probes.items()
+                             if s.get("status") not in ("pass", "warn", "fail")}
+        rec["probe_failures"] = corpus.probe_failures(report)
+    rec["train_s"], rec["triage_s"] = round(t1 - t0, 3), round(time.perf_counter() - t1, 3)
+    flagged = [f for f in rec["findings"] if f["severity"] in SEV]
+    rec["flagged"] = sorted({(f["probe"], f["severity"]) for f in flagged})
+    if probe is None:
+        rec["outcome"] = ("crash" if "crashed" in rec else "false alarm" if flagged else
+                          "unjudged (probes broke)" if rec["probe_failures"] else "clean")
+    else:
+        collateral = [f for f in flagged if f["severity"] == "error" and f["probe"] != probe]
+        rec["collateral_errors"] = sorted({f["probe"] for f in collateral})
+        own = any(f["probe"] == probe for f in flagged)
+        rec["outcome"] = ("crash" if "crashed" in rec else
+                          ("caught" if own else "missed") + (" + collateral error" if collateral else ""))
+    return rec
+
+
 def cell(records: list[dict], probe: str) -> str:
     """'E3/3' = error in 3 of 3 runs; 'W1/3'; '' = nothing at warning or error."""
     worst = [max((SEV[s] == "E") + 1 for p, s in r["flagged"] if p == probe) if
@@ -204,19 +254,22 @@ def main(argv=None) -> int:
         return _rerun_at(args.at, sys.argv[1:] if argv is None else list(argv))
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    styles = set(args.styles.split(",")) if args.styles else set(corpus.BY_NAME)
-    unknown = styles - set(corpus.BY_NAME)
+    styles = set(args.styles.split(",")) if args.styles else set(corpus.BY_NAME) | {LM_STYLE}
+    unknown = styles - set(corpus.BY_NAME) - {LM_STYLE}
     if unknown:
         ap.error(f"unknown styles {sorted(unknown)}; have {sorted(corpus.BY_NAME)}")
     seeds, bug_seeds = list(range(args.seeds)), list(range(args.bug_seeds))
     cases = ([(s, v, None, seed) for s, v, seed in corpus.healthy_cases(seeds) if s in styles] +
              [(s, v, b, seed) for s, v, b in corpus.bug_cases() if s in styles for seed in bug_seeds])
+    if LM_STYLE in styles:
+        cases += lm_cases(seeds, bug_seeds)
     prov = Provenance.start(__file__, argv)
     t0 = time.perf_counter()
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (s, v, b, seed) in enumerate(cases):
-            rec = one_run(s, v, b, seed, Path(tmp), args.steps)
+            rec = (one_lm_run(v, b, seed, Path(tmp)) if s == LM_STYLE
+                   else one_run(s, v, b, seed, Path(tmp), args.steps))
             records.append(rec)
             print(f"[{i + 1}/{len(cases)}] {s}/{v} {rec['fault']} seed {seed}: {rec['outcome']} "
                   f"{rec['flagged'] or ''}", flush=True)

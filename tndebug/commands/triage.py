@@ -54,8 +54,9 @@ def add_parser(sub) -> None:
                    help="build your own module (kwargs from --config, else the checkpoint's config)")
     p.add_argument("--config", metavar="JSON|FILE.json",
                    help="factory kwargs with --model; sizes/heads/norm without it")
-    p.add_argument("--adapter", metavar="annotated|tndebug|FILE.py:FUNCTION",
-                   help="how to call the model: forward(model, src, tgt, pad_id) -> logits")
+    p.add_argument("--adapter", metavar="annotated|tndebug|gpt|FILE.py:FUNCTION",
+                   help="how to call the model: forward(model, src, tgt, pad_id) -> logits, or "
+                        "forward(model, ids, pad_id) -> logits for a decoder-only model")
     p.add_argument("--data", metavar="FILE.pt|FILE.py:FUNCTION",
                    help="your own held-out batches for every comparison triage makes (the "
                         "temperature sweep, layout settling, the probes' batch): a torch.save "
@@ -115,7 +116,8 @@ def main(args) -> int:
     if args.adapter and ":" not in args.adapter and args.adapter not in BUILTIN:
         raise UsageError(f"--adapter {args.adapter!r}: not a built-in adapter (built-in: "
                          f"{', '.join(BUILTIN)}); or pass FILE.py:FUNCTION with def "
-                         f"forward(model, src, tgt, pad_id) -> logits")
+                         f"forward(model, src, tgt, pad_id) -> logits (decoder-only: "
+                         f"forward(model, ids, pad_id))")
 
     args.select = driver.codes_option(args.select, "--select")     # before any work
     args.ignore = driver.codes_option(args.ignore, "--ignore")
