@@ -165,3 +165,19 @@ def test_norms_that_do_not_vary_prove_nothing():
     unit = heads(out) / heads(out).norm(dim=-1, keepdim=True)
     lin = (x, unit.transpose(1, 2).reshape(B, T, -1), w)
     assert _find_projection(rope(unit), [lin]) is None
+
+
+@pytest.mark.parametrize("bug", (False, True))
+def test_gpt2_reordered_baddbmm_path_is_fitted_with_its_alpha(tmp_path, bug):
+    """`reorder_and_upcast_attn`: the scores are torch.baddbmm(empty, q, k, beta=0,
+    alpha=scaling); the alpha is the scale, the empty input is no mask."""
+    cfg = config("gpt2")
+    cfg.reorder_and_upcast_attn = True
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "gpt2")
+    report = triage_hf(TriageOptions(str(tmp_path / "gpt2"), attn="eager", probes="missing-scale"),
+                       patch=scaled(lambda m: 1.0) if bug else None)
+    st = report.probes["missing-scale"]
+    assert {c["status"] for c in st["coverage"].values()} == {"checked"}, st
+    found = [(f.severity, f.code) for f in scale_findings(report)]
+    assert found == ([("error", "missing-scale/absent")] if bug else []), found

@@ -74,19 +74,27 @@ def _patched(state: _State):
         return wrapper
 
     def baddbmm(orig):
-        def wrapper(inp, b1, b2, *args, **kwargs):
+        def wrapper(inp, b1, b2, *args, beta=1, alpha=1, **kwargs):
             if state.current() is None:
-                return orig(inp, b1, b2, *args, **kwargs)
+                return orig(inp, b1, b2, *args, beta=beta, alpha=alpha, **kwargs)
             state.busy = True
             try:
-                out = orig(inp, b1, b2, *args, **kwargs)
+                out = orig(inp, b1, b2, *args, beta=beta, alpha=alpha, **kwargs)
                 raw = torch.bmm(b1, b2)
             finally:
                 state.busy = False
             state.on_product(b1, b2, raw)
             call = state.current()
-            if call is not None and call.masked_scores is None:
-                call.scores, call.masked_scores = raw, out
+            # out = alpha * q k^T + beta * inp: the scores, scaled, with inp added (a mask, ALiBi)
+            # as `scores + mask` is; beta = 0 (GPT-2's reordered path): the scaled scores alone,
+            # to be followed like a matmul's
+            if call is not None and call.raw is raw and beta != 0 and isinstance(inp, torch.Tensor):
+                state.busy = True
+                try:
+                    call.add_pre, call.add_terms = (raw * alpha).detach(), [(inp * beta).detach()]
+                finally:
+                    state.busy = False
+                call.chain_out = out
             return out
         return wrapper
 
