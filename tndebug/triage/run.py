@@ -43,7 +43,8 @@ from tndebug.triage.userdata import check_vocab as check_data_vocab, load_data
 
 # Probes that judge weights and code from one forward/backward; the others need a training run
 # (an optimizer, a declared schedule, the user's criterion, a loss curve).
-TRAINING_ONLY = ("lr-schedule", "label-smoothing", "loss-health", "zero-grad", "train-mode")
+TRAINING_ONLY = ("lr-schedule", "label-smoothing", "loss-health", "zero-grad", "train-mode",
+                 "label-shift")
 TRIAGE_PROBES = tuple(n for n in PROBE_NAMES if n not in TRAINING_ONLY)
 HELD_OUT = 16           # held-out sequences for the loss comparisons (heads, norm, sweep)
 
