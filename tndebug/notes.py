@@ -195,6 +195,31 @@ FAULT_NOTES: dict[str, tuple[str, str, str]] = {
         "Init FFN w_1 with xavier_uniform_ (it feeds the ReLU) and default bias; no "
         "large negative bias (closest: note 000)",
     ),
+    "positions_ignore_left_pad": (
+        "Decoder-only positions counted from column 0 (arange(T)), not from the row's first "
+        "real token: a left-padded prompt gets other positions than the same prompt alone",
+        "(FAILURE_MODES.md)",
+        "Derive the positions from the padding mask, as generate() does: position_ids = "
+        "mask.cumsum(-1) - 1 (pads set to any valid id), and pass them to the model with the "
+        "mask (closest: note 002, padding masks)",
+    ),
+    "kv_cache_causal_top_left": (
+        "KV-cache decoding with F.scaled_dot_product_attention(q, k, v, is_causal=True): for a "
+        "one-token query and S cached keys the mask is tril(ones(1, S)), aligned top-left, so "
+        "the new token sees only the first key",
+        "(FAILURE_MODES.md)",
+        "With a cache, align the causal mask bottom-right: query i of a block of n over S keys "
+        "sees keys ..S - n + i (torch.ones(n, S).tril(S - n)); for a one-token query pass no "
+        "causal mask (is_causal=False) and only the padding mask (closest: note 002)",
+    ),
+    "kv_cache_position_off_by_one": (
+        "The token decoded through the KV cache gets position cache_len + 1 (or the count "
+        "before the prefix), not cache_len: its positional encoding is one off",
+        "(FAILURE_MODES.md)",
+        "The new token's position is the number of real tokens before it in the row: "
+        "cache length - left pads (position_ids = mask.cumsum(-1)[:, -1:] - 1) (closest: note "
+        "002)",
+    ),
     "no_dropout": (
         "Dropout set to 0 everywhere; note 000 says heads in a layer collapse to one pattern",
         "000,002",
@@ -279,6 +304,12 @@ PROBE_CAUSES: dict[str, str] = {
         "model.eval() for an evaluation was never undone by model.train(): the training "
         "steps run with the modules' evaluation behaviour (no random masking, batch-norm on "
         "frozen running statistics) (not in the notes)."
+    ),
+    "lm-decoding": (
+        "A decoder-only model gives other logits when it generates than when it is trained: "
+        "positions counted from column 0 under left padding, or a KV cache whose causal mask is "
+        "aligned top-left (is_causal=True with a one-token query), whose positions are one off, "
+        "or that is not updated (not in the notes)."
     ),
     "label-shift": (
         "The loss compares logits[:, t] with the token at t (labels not shifted: the model "

@@ -21,6 +21,7 @@ _MODULES = {
     "zero-grad": "zero_grad",
     "train-mode": "train_mode",
     "label-shift": "label_shift",
+    "lm-decoding": "lm_decoding",
 }
 PROBE_NAMES = tuple(_MODULES)
 
