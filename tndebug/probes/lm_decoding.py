@@ -1,0 +1,301 @@
+"""lm-decoding: does a decoder-only model give, when it generates, the logits it was trained with?
+
+Generation differs from training in two ways a loss never sees: prompts of different lengths are
+left-padded into one batch, and tokens are decoded one at a time through a KV cache. Both are
+exact invariances, tested at setup (eval, fp32 as the model runs, Subject calls only):
+
+* `left-pad`: k pads put before a row must not change the logits of its real tokens (uniform k,
+  and a ragged batch with k = 0.. per row). A control appends the pads on the right instead; that
+  is mask-broadcast's target pad-length test, so a right-pad leak is left to it (no finding
+  here, and the left-pad test then has no verdict: pads leak whatever their side).
+* `kv-cache`: where the subject offers its cache (`subject.incremental`), the logits of positions
+  split.. decoded through it must equal the full forward's. Checked only where the full forward
+  is causal (its logits at t the same on ids[:, :t+1]): a forward that reads the future cannot be
+  matched by any cache, and mask-broadcast names that leak.
+
+When a test fails, what the model's behaviour tells about the cause is said: which attention puts
+mass on the left pads, or the positional encoding that moved (from a trace); which earlier tokens
+a cached step still sees (by resampling them).
+"""
+from __future__ import annotations
+
+import torch
+
+from tndebug.notes import FAULT_NOTES
+from tndebug.probes._raised import ModelRaised, call as _call
+from tndebug.probes.base import Probe, RunContext
+from tndebug.probes.mask_broadcast import Check, compare
+from tndebug.probes.schedule import never
+from tndebug.subject import Subject
+
+# Both tests compare the same model on the same real tokens: healthy, only float rounding of
+# other shapes (another kernel, another reduction order) separates them, ~1e-7 of the logit scale
+# in fp32 (measured 1.2e-6 absolute on logits of size ~5, tndebug's decoder-only). A pad that
+# moves a position, or a cached step that misses a key, changes logits by 1e-2..1 of their scale.
+# REL_TOL sits two orders of magnitude above rounding and far below either: max|change| >
+# REL_TOL * (1 + max|reference logit|) (the same rule as mask-broadcast's).
+REL_TOL = 1e-5
+MASS_TOL = 1e-6          # attention a real query may put on pad keys (exactly 0 when masked)
+LEFT_PADS = 3            # pads put before every row (uniform test); ragged rows get 0..LEFT_PADS
+THRESHOLD = f"max|change| > {REL_TOL:g}*(1+max|logit|)"
+CACHE = "kv cache"       # coverage place of the cache test (the model's generation path)
+
+NOTE = {k: FAULT_NOTES[k][2] for k in ("positions_ignore_left_pad", "kv_cache_causal_top_left",
+                                        "kv_cache_position_off_by_one")}
+PAD_MASK_FIX = ("Build the padding mask from the ids (keep = ids != pad_id, [B, 1, 1, T]), not "
+                "from the rows' lengths: a mask from lengths (arange(T) < length) assumes right "
+                "padding and hides a left-padded row's last tokens while it shows the pads.")
+
+
+def _rows(s: Subject, batch: int, length: int, seed: int) -> torch.Tensor:
+    """BOS-led rows of content tokens, no pads.  # [B, T]"""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(s.first_content, s.tgt_vocab, (batch, length), generator=g)
+    ids[:, 0] = s.bos_id
+    return ids.to(s.device)
+
+
+def _pads(s: Subject, batch: int, n: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.full((batch, n), s.pad_id, dtype=like.dtype, device=like.device)
+
+
+def _left(s: Subject, ids: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """Row b = ks[b] pads, the row, then pads up to the batch's width.  # [B, T + max(ks)]"""
+    B, T = ids.shape
+    out = _pads(s, B, T + max(ks), ids)
+    for b, k in enumerate(ks):
+        out[b, k:k + T] = ids[b]
+    return out
+
+
+def _resampled(s: Subject, ids: torch.Tensor, cols, seed: int) -> torch.Tensor:
+    """ids with other content tokens at columns `cols`."""
+    g = torch.Generator().manual_seed(seed)
+    out = ids.clone()
+    lo, n = s.first_content, s.tgt_vocab - s.first_content
+    r = torch.randint(1, max(n, 2), out[:, cols].shape, generator=g).to(ids.device)
+    out[:, cols] = lo + (out[:, cols].clamp(min=lo) - lo + r) % n
+    return out
+
+
+class LMDecoding(Probe):
+    """Generation gives other logits than training: left padding or the KV cache.
+
+    Failure: positions counted from column 0 (a left-padded prompt gets other positions than the
+    prompt alone), a padding mask built for right padding; a KV cache whose causal mask is
+    aligned top-left (SDPA `is_causal=True` with a one-token query: it sees only the first key),
+    whose new token gets a position one off, or that is not read or not updated.
+    Symptom: none in training or in the loss; batched or cached generation differs from the
+    model evaluated on the whole sequence (worse, or different, outputs).
+    Fix: positions from the mask (cumsum(mask) - 1), keep = ids != pad_id; with a cache, align
+    the causal mask bottom-right and continue the positions from the real tokens before.
+    """
+
+    name = "lm-decoding"
+    summary = "decoder-only: left padding and the KV cache leave the logits of real tokens exact"
+    codes = {
+        "left-pad": "pads put before a row change the logits of its real tokens",
+        "kv-cache": "the logits decoded through the KV cache differ from the full forward's",
+    }
+    reads = ("attn.probs", "embed")
+    fix = NOTE["positions_ignore_left_pad"]
+    default_schedule = staticmethod(never)
+
+    def setup(self, run: RunContext) -> None:
+        s = run.subject
+        if s.kind != "decoder":
+            self.cover("", "not applicable", "encoder-decoder: its decoder is driven with the "
+                       "whole target and never left-padded or cached by tndebug; its masks are "
+                       "mask-broadcast's")
+            return
+        with s.evaluating():
+            ids = _rows(s, 4, s.fit(9), seed=11)
+            try:
+                a, b = s.logits(ids[:, :0], ids), s.logits(ids[:, :0], ids)
+            except Exception as e:  # noqa: BLE001 - mask-broadcast names what the model raised on
+                self.skip(f"the model raised {type(e).__name__} on a plain batch (mask-broadcast "
+                          f"names it)", where="")
+                return
+            if compare(a, b).failed:
+                self.skip("the model's eval outputs are not repeatable (mask-broadcast/"
+                          "not-repeatable), so no comparison can decide", where="")
+                return
+            self._left_pad(s)
+            self._kv_cache(s)
+
+    # -- left padding --------------------------------------------------------------------
+    def _left_pad(self, s: Subject) -> None:
+        logits = lambda what, ids: _call(what, s.logits, ids[:, :0], ids)     # noqa: E731
+        left, right = Check(), Check()
+        try:
+            for seed, length in ((1, 10), (2, 7)):
+                T = s.fit(length + LEFT_PADS) - LEFT_PADS
+                if T < 2:
+                    self.skip(f"the model takes too few positions ({T + LEFT_PADS}) to pad a row",
+                              where="")
+                    return
+                ids = _rows(s, 5, T, seed)
+                ref = logits("rows without padding", ids)                      # [B, T, V]
+                more = torch.cat([ids, _pads(s, 5, LEFT_PADS, ids)], 1)
+                right = right.merge(compare(ref, logits(
+                    f"the rows with {LEFT_PADS} pads appended", more)[:, :T]))
+                less = torch.cat([_pads(s, 5, LEFT_PADS, ids), ids], 1)
+                left = left.merge(compare(ref, logits(
+                    f"the rows with {LEFT_PADS} pads put before", less)[:, LEFT_PADS:]))
+                ks = [0, 1, 2, LEFT_PADS, 1][:5]
+                ragged = logits("a ragged left-padded batch (0 to 3 pads before each row)",
+                                _left(s, ids, ks))
+                got = torch.stack([ragged[b, k:k + T] for b, k in enumerate(ks)])
+                left = left.merge(compare(ref, got))
+        except ModelRaised as e:
+            self.skip(f"the model raised {type(e.error).__name__} on {e.what}: "
+                      f"{str(e.error).strip()[:200]}", where="")
+            return
+        if not (left.finite and right.finite):
+            self.skip("non-finite logits on the padded rows: the comparison cannot decide", where="")
+            return
+        if right.failed:
+            self.skip(f"pads appended on the right change the logits too (by {right.delta:.3g}; "
+                      f"mask-broadcast/tgt-pad-leak): pads leak whatever their side, so whether "
+                      f"positions follow the padding cannot be told", where="")
+            return
+        self.cover("", "checked")
+        if not left.failed:
+            return
+        where, cause, fix = self._left_pad_cause(s)
+        self.report("error", f"putting {LEFT_PADS} pads before a row changes the logits of its "
+                    f"real tokens by {left.delta:.3g} (tolerance {left.tol:.2g}), while pads "
+                    f"appended after it change nothing: {cause}", where=where, step=0,
+                    evidence={"left_pad": vars(left), "right_pad": vars(right),
+                              "pads_before": LEFT_PADS, "threshold": THRESHOLD},
+                    fix=fix, code="left-pad")
+
+    def _left_pad_cause(self, s: Subject) -> tuple[str, str, str]:
+        """(where, cause, fix) from one trace of the rows with and without left pads: attention
+        mass on the pad keys, else the positional encoding added to the real tokens."""
+        generic = ("the positions of a left-padded row are not counted from its first real "
+                   "token, or its pads are attended (a trace could not tell which)")
+        if s.capture is None:
+            return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX
+        T = s.fit(10 + LEFT_PADS) - LEFT_PADS
+        ids = _rows(s, 5, T, 1)
+        less = torch.cat([_pads(s, 5, LEFT_PADS, ids), ids], 1)
+        try:
+            ref = s.trace(ids[:, :0], ids, reads=self.reads)
+            padded = s.trace(less[:, :0], less, reads=self.reads)
+        except Exception:  # noqa: BLE001 - the behaviour test already decided; this only names
+            return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX
+        leaks = []
+        for rec in padded.records():
+            if rec.probs is None or rec.probs.dim() != 4 or rec.probs.shape[-1] != less.shape[1]:
+                continue
+            mass = rec.probs.float()[:, :, LEFT_PADS:, :LEFT_PADS].sum(-1).max()   # real queries
+            if float(mass) > MASS_TOL:
+                leaks.append((rec.site, float(mass)))
+        if leaks:
+            site, mass = leaks[0]
+            return (site, f"real queries put up to {mass:.3f} of their attention on the left "
+                    f"pads (a padding mask that assumes right padding)", PAD_MASK_FIX)
+        for name, parts in padded.embed.items():
+            pe, pe_ref = parts.get("pe"), ref.embed.get(name, {}).get("pe")
+            if pe is None or pe_ref is None:
+                continue
+            pe = pe.expand(less.shape[0], *pe.shape[1:])[:, LEFT_PADS:]           # [B, T, d]
+            pe_ref = pe_ref.expand(ids.shape[0], *pe_ref.shape[1:])
+            if pe.shape == pe_ref.shape and compare(pe_ref, pe).failed:
+                return (name, "the positional encoding added to a row's real tokens moves with "
+                        "its left pads: positions are counted from column 0, not from the row's "
+                        "first real token", NOTE["positions_ignore_left_pad"])
+        return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX
+
+    # -- the KV cache --------------------------------------------------------------------
+    def _kv_cache(self, s: Subject) -> None:
+        if not s.has_cache:
+            self.cover(CACHE, "not applicable", "the model offers no KV cache (no incremental "
+                       "call): generation reruns the whole prefix, which the causality and "
+                       "padding tests cover")
+            return
+        T = s.fit(10)
+        if T < 4:
+            self.skip(f"the model takes too few positions ({T}) to decode through a cache", where=CACHE)
+            return
+        plain = _rows(s, 4, T, seed=21)
+        ks = [0, 1, 2, 1]
+        ragged = _pads(s, 4, T, plain)                                  # left-padded, as generation
+        for b, k in enumerate(ks):
+            ragged[b, k:] = plain[b, :T - k]
+        cases = {"rows without padding, split 1": (plain, 1),
+                 f"rows without padding, split {T // 2}": (plain, T // 2),
+                 f"left-padded rows, split {max(ks) + 2}": (ragged, max(ks) + 2)}
+        worst, per_case = Check(), {}
+        try:
+            for what, (ids, split) in cases.items():
+                full = _call(what, s.logits, ids[:, :0], ids)                  # [B, T, V]
+                causal = Check()
+                for t in range(split, T):
+                    part = _call(what, s.logits, ids[:, :0], ids[:, :t + 1])
+                    causal = causal.merge(compare(full[:, t:t + 1], part[:, t:t + 1],
+                                                  (ids != s.pad_id)[:, t:t + 1]))
+                if causal.failed:
+                    self.skip(f"the full forward is not causal (its logit at t changes with later "
+                              f"tokens by {causal.delta:.3g}; mask-broadcast names the leak): no "
+                              f"cache can match it", where=CACHE)
+                    return
+                inc = _call(what + ", through the KV cache", s.incremental, ids, split)
+                want = full[:, split:]
+                if inc is None or tuple(inc.shape) != tuple(want.shape):
+                    self.skip(f"the cache's logits have shape {None if inc is None else list(inc.shape)}"
+                              f", not {list(want.shape)} (positions {split}..{T - 1})", where=CACHE)
+                    return
+                c = compare(want, inc.to(want.dtype), ids[:, split:] != s.pad_id)
+                per_case[what] = vars(c)
+                worst = worst.merge(c)
+            if not worst.finite:
+                self.skip("non-finite logits through the cache or the full forward: the "
+                          "comparison cannot decide", where=CACHE)
+                return
+            self.cover(CACHE, "checked")
+            if not worst.failed:
+                return
+            cause, fix, seen = self._cache_cause(s, plain, T // 2)
+        except ModelRaised as e:
+            self.skip(f"the model raised {type(e.error).__name__} on {e.what}: "
+                      f"{str(e.error).strip()[:200]}", where=CACHE)
+            return
+        self.report("error", f"the logits decoded through the KV cache differ from the full "
+                    f"forward's by {worst.delta:.3g} (tolerance {worst.tol:.2g}): {cause}",
+                    where="", step=0, evidence={"cases": per_case, "sees": seen,
+                                                "threshold": THRESHOLD},
+                    fix=fix, code="kv-cache")
+
+    def _cache_cause(self, s: Subject, ids: torch.Tensor, split: int):
+        """Which earlier tokens a cached step sees, by resampling them: the first key, the other
+        prefix keys, the first token decoded through the cache. Returns (cause, fix, seen)."""
+        base = _call("rows without padding, through the KV cache", s.incremental, ids, split)
+
+        def moves(cols, at) -> bool:
+            other = _call("rows with tokens resampled, through the KV cache", s.incremental,
+                          _resampled(s, ids, cols, seed=31 + len(cols)), split)
+            return compare(base[:, at], other[:, at]).failed
+
+        last = base.shape[1] - 1
+        seen = {"first key": moves([0], [last]),
+                "prefix keys after the first": moves(list(range(1, split)), [last]),
+                "tokens decoded before": moves([split], list(range(1, last + 1)))}
+        if not any(seen.values()):
+            return ("each cached step sees only its own token: the cache is not read (the past "
+                    "keys and values are dropped or not concatenated)",
+                    "Concatenate the cached keys and values with the new token's (torch.cat([past_k, "
+                    "k], dim=-2)) and pass the cache to every step", seen)
+        if seen["first key"] and not seen["prefix keys after the first"]:
+            return ("each cached step sees only the first key: the causal mask of the one-token "
+                    "query is aligned top-left (SDPA is_causal=True with a cache)",
+                    NOTE["kv_cache_causal_top_left"], seen)
+        if not seen["tokens decoded before"]:
+            return ("the tokens decoded through the cache never reach later steps: the cache is "
+                    "not updated with them",
+                    "Append each new token's keys and values to the cache and carry the updated "
+                    "cache to the next step", seen)
+        return ("each cached step sees every earlier token, yet its logits differ: the new token's "
+                "position (one off?) or the cached keys and values differ from the full forward's",
+                NOTE["kv_cache_position_off_by_one"], seen)
