@@ -91,3 +91,29 @@ def test_its_subject_is_decoder_only_and_ignores_the_source():
     assert src.shape == (4, 0) and tgt.shape == (4, 8) and (tgt[:, 0] == BOS).all()
     with s.evaluating():
         assert torch.equal(s.logits(src, tgt), m(tgt))
+
+
+@torch.no_grad()
+def test_the_kv_cache_gives_the_full_forwards_logits():
+    """incremental(ids, split): the prefix once, then one token at a time through the cache;
+    exact (float rounding) at every real position, for any split, with left pads, Pre and Post-LN."""
+    for norm in ("pre", "post"):
+        m = build(norm=norm)
+        x = torch.cat([torch.zeros(4, 2, dtype=torch.long), ids()], 1)      # rows 1.. left-padded
+        x[0, :2] = torch.tensor([BOS, 5])
+        x[0, 2] = 6
+        full, real = m(x), x != PAD
+        for split in range(0, x.shape[1] + 1):
+            got = m.incremental(x, split)                                   # [B, T - split, V]
+            assert got.shape == (4, x.shape[1] - split, 11)
+            gap = (got - full[:, split:])[real[:, split:]].abs()
+            assert gap.numel() == 0 or gap.max() < 1e-5, (norm, split)
+
+
+def test_its_subject_offers_the_cache():
+    m = build()
+    s = tndebug_subject(m)
+    assert s.has_cache
+    with s.evaluating():
+        x = ids()
+        assert (s.incremental(x, 3) - m(x)[:, 3:]).abs().max() < 1e-5
