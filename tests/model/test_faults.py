@@ -373,3 +373,32 @@ def test_no_dropout():
     assert run_twice(healthy) > LEAK                    # dropout makes two training passes differ
     assert run_twice(faulty) == 0.0
     assert all(m.p == 0.0 for m in faulty.modules() if isinstance(m, torch.nn.Dropout))
+
+
+# -- the decoder-only KV cache ---------------------------------------------------------------------
+@torch.no_grad()
+def cache_gap(model, split=3) -> float:
+    """max |logits through the KV cache - the full forward's| at positions split.."""
+    _, ids = batch()
+    return (model.incremental(ids, split) - model(ids)[:, split:]).abs().max().item()
+
+
+def test_kv_cache_causal_top_left():
+    assert cache_gap(build(arch="decoder")) < 1e-5
+    m = build("kv_cache_causal_top_left", arch="decoder")
+    assert cache_gap(m) > LEAK
+    _, ids = batch()
+    other = ids.clone()
+    other[:, 1:-1] = (ids[:, 1:-1] - 1) % 9 + 2                      # every key but the first
+    with torch.no_grad():                                             # the last step sees only key 0
+        assert (m.incremental(ids, T - 1) - m.incremental(other, T - 1)).abs().max() < 1e-5
+        assert torch.equal(m(ids), build(arch="decoder")(ids))        # the full forward is healthy
+
+
+def test_kv_cache_position_off_by_one():
+    m = build("kv_cache_position_off_by_one", arch="decoder")
+    assert cache_gap(m) > LEAK
+    _, ids = batch()
+    with torch.no_grad():
+        assert torch.equal(m(ids), build(arch="decoder")(ids))
+        assert (m.incremental(ids, 0)[:, :1] - m(ids)[:, :1]).abs().max() < 1e-5   # the prefix is exact
