@@ -204,8 +204,19 @@ def stack_outputs(trace: Trace) -> list[StreamPoint]:
     return list(last.values())
 
 
-def detect_placement(trace: Trace) -> tuple[str, dict]:
-    """("post" | "pre" | "mixed" | "unknown", evidence) from the block outputs of one trace."""
+def detect_placement(trace: Trace, run=None) -> tuple[str, dict]:
+    """("post" | "pre" | "mixed" | "unknown", evidence) from the block outputs of one trace;
+    with `run`, the setup trace's answer is kept in run.extras (variance-drift and
+    ln-placement both ask: an eigendecomposition per block output)."""
+    if run is not None and trace is run.extras.get(SETUP_TRACE):
+        if PLACEMENT not in run.extras:
+            run.extras[PLACEMENT] = _detect_placement(trace)
+        label, ev = run.extras[PLACEMENT]
+        return label, dict(ev)
+    return _detect_placement(trace)
+
+
+def _detect_placement(trace: Trace) -> tuple[str, dict]:
     verdicts = []
     worst_null_post, least_null_pre = 0.0, float("inf")
     for sp in block_points(trace):
@@ -240,24 +251,68 @@ def probe_batch(subject, width: int | None = None, length: int = 12):
 
 
 SETUP_TRACE = "depth_stats.setup_trace"      # RunContext.extras key: one trace for both probes
+SETUP_GRADS = "depth_stats.setup_grads"      # ... and the trace whose gradients they read
+GRAD_ROWS = 16           # the sequences of the gradient pass (probe_batch's smallest batch)
+PLACEMENT = "depth_stats.placement"          # RunContext.extras key: detect_placement's answer
 
 
 def setup_trace(run) -> Trace:
-    """The residual stream and its gradients on a random batch wide enough for the null-vector
-    test (eval mode, forward and backward; parameter .grad untouched).
+    """The residual stream on a random batch wide enough for the null-vector test (eval mode);
+    its gradients are in `setup_grads(run)` (parameter .grad untouched).
 
     `variance-drift` and `ln-placement` both start from it, so it is computed once per run and
-    kept in `run.extras` (on a 512-wide model the batch is 128 sequences: ~2 s of CPU each)."""
+    kept in `run.extras`. The gradients come from a pass over the first GRAD_ROWS-sequence
+    batch only, and the wide batch (3x the width in tokens: 192 sequences on a 768-wide model)
+    runs without grad: the null-vector test needs tokens in proportion to the width, the
+    per-layer gradient norms (ln-placement's evidence) do not, and a graph kept for backward
+    over 192 sequences through 12 layers costs GBs and most of the setup's time. On a model
+    up to 64 wide the two batches are the same one and a single pass gives both."""
     cached = run.extras.get(SETUP_TRACE)
     if cached is not None:
         return cached
     subject, model = run.subject, run.subject.model
-    src, tgt = probe_batch(subject)
+    src, tgt = probe_batch(subject)                      # GRAD_ROWS sequences
+    grads = _with_grads(run, src, tgt)
+    run.extras[SETUP_GRADS] = grads
+    if not grads.streams:
+        return grads                             # nothing to test; the probes skip
+    wide = probe_batch(subject, grads.streams[-1].x.shape[-1])
+    if wide[0].shape == src.shape and wide[1].shape == tgt.shape:
+        trace = grads                            # the same seeded draw: one pass gives both
+    else:
+        trace = _streams_only(subject, wide, [sp.name for sp in grads.streams])
+    run.extras[SETUP_TRACE] = trace
+    return trace
+
+
+def setup_grads(run, trace: Trace) -> Trace:
+    """The trace holding the stream's gradients for `trace`: the setup's gradient pass when
+    `trace` is the setup trace, else `trace` itself (a training step's trace has its own)."""
+    if run is not None and trace is run.extras.get(SETUP_TRACE):
+        return run.extras.get(SETUP_GRADS, trace)
+    return trace
+
+
+def _streams_only(subject, batch, names: list[str]) -> Trace:
+    """The stream points of `batch` (eval, no grad). Asked as "grad.stream", a generic capture
+    records the stream points alone; "stream" also keeps every module's output for NaN
+    provenance (2.2 GB on 192 sequences of a 768-wide 12-layer model). When that gives other
+    points than the gradient pass's `names` (tndebug's taps record the embedding output for
+    "stream" only), the batch runs again as "stream"."""
     with subject.evaluating():
-        first = subject.trace(src, tgt, reads=("stream",))
-    if not first.streams:
-        return first                             # nothing to test; the probes skip
-    src, tgt = probe_batch(subject, first.streams[-1].x.shape[-1])
+        trace = subject.trace(*batch, reads=("grad.stream",))
+        if [sp.name for sp in trace.streams] != names:
+            trace = subject.trace(*batch, reads=("stream",))
+    return trace
+
+
+def _with_grads(run, src, tgt) -> Trace:
+    """A recorded forward and backward (eval mode) filling Trace.grads at the stream points.
+    Backward asks for the gradients of the 1-d parameters only (norm gains, biases): the
+    stream's gradients are the same whatever is asked, every stream point above the first
+    such parameter gets one, and no weight-sized gradient is computed or allocated. Points
+    left without one (a layer with no 1-d parameter below them) get the full backward."""
+    subject, model = run.subject, run.subject.model
     trace = Trace(src=src, tgt=tgt, pad_id=subject.pad_id)
     was = model.training
     model.eval()
@@ -271,10 +326,14 @@ def setup_trace(run) -> Trace:
             pred, gold = logits[:, :-1].reshape(-1, V), tgt[:, 1:].reshape(-1)
             loss = (run.criterion(pred, gold) if run.criterion is not None
                     else F.cross_entropy(pred, gold, ignore_index=subject.pad_id))
-            torch.autograd.grad(loss, params, allow_unused=True)   # fills trace.grads
+            small = [p for p in params if p.dim() <= 1]
+            torch.autograd.grad(loss, small or params, allow_unused=True,
+                                retain_graph=bool(small))        # fills trace.grads
+            blocks = [sp for sp in trace.streams if sp.kind in ("sublayer", "layer")]
+            if small and any(sp.name not in trace.grads for sp in blocks):
+                torch.autograd.grad(loss, params, allow_unused=True)
     finally:
         model.train(was)
-    run.extras[SETUP_TRACE] = trace
     return trace
 
 

@@ -32,6 +32,7 @@ from tndebug.probes.schedule import every
 from tndebug.capture.trace import Trace
 
 MIN_TOKENS = 4096     # FAILURE_MODES 7f
+SETUP_ROWS = 16       # rows per forward of the dead-unit test at setup (memory, not the statistic)
 # Healthy tiny/small, pre/post, dropout 0/0.1/0.3: at most 31% of a layer's units never fire at
 # init on 4096 random tokens (FFN bias -3: 98-100%), so 0.5 (FAILURE_MODES 7f) there.  During
 # training on the copy task's narrow inputs the top decoder FFN of an unfaulted small Post-LN
@@ -107,11 +108,17 @@ class GradientFlowProbe(Probe):
                     g = torch.Generator().manual_seed(100 + i)
                     src, tgt = subject.random_batch(batch=64, src_len=32, tgt_len=32,
                                                     pad_share=0.0, generator=g)
-                    trace = subject.trace(src, tgt, reads=("ffn.hidden",))
                     tokens += src.numel()
-                    for site, h in trace.ffn_hidden.items():
-                        act = (h > 0).reshape(-1, h.shape[-1]).any(0)              # [d_ff]
-                        ever[site] = act if site not in ever else ever[site] | act
+                    # in slices of rows: the same tokens (eval mode: each row's activations are
+                    # its own), but one slice's hidden activations held at a time (64x32 tokens
+                    # of 12 layers x 3072 units are 300 MB)
+                    for rows in range(0, src.shape[0], SETUP_ROWS):
+                        trace = subject.trace(src[rows:rows + SETUP_ROWS], tgt[rows:rows + SETUP_ROWS],
+                                              reads=("ffn.hidden",))
+                        for site, h in trace.ffn_hidden.items():
+                            act = (h > 0).reshape(-1, h.shape[-1]).any(0)          # [d_ff]
+                            ever[site] = act if site not in ever else ever[site] | act
+                        del trace
         except Exception as e:  # noqa: BLE001
             self.skip(f"dead-unit test at init could not run: {first_reason(e)}", where="")
             return

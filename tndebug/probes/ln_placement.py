@@ -175,8 +175,8 @@ class LnPlacement(Probe):
 
     # -- placement -------------------------------------------------------------------------
     def _decide(self, trace: Trace, step: int, run: RunContext) -> None:
-        label, ev = ds.detect_placement(trace)
-        ev.update(self._grad_profile(trace))
+        label, ev = ds.detect_placement(trace, run)
+        ev.update(self._grad_profile(ds.setup_grads(run, trace)))
         self.placement, self.evidence = label, ev
         self.reads = ()           # decided: later steps need the loss and gradients only
         if label == "unknown":

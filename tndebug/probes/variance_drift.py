@@ -87,7 +87,7 @@ class VarianceDrift(Probe):
         trace = ds.setup_trace_or_skip(self, run)
         if trace is None:
             return
-        self._detect_placement(trace)
+        self._detect_placement(trace, run)
         stats = self.observe(trace, None)
         if "depth" not in stats:
             self.skip("the capture's stream points could not be profiled")
@@ -256,9 +256,9 @@ class VarianceDrift(Probe):
                 fix="Check the residual adds and the LayerNorm placement; with pre-LN keep a final "
                     "LayerNorm and warmup. " + FAULT_NOTES["no_warmup_high_lr"][2], code="stream-growth")
 
-    def _detect_placement(self, trace: Trace) -> None:
+    def _detect_placement(self, trace: Trace, run: RunContext | None = None) -> None:
         try:
-            label, ev = ds.detect_placement(trace)
+            label, ev = ds.detect_placement(trace, run)
         except Exception:  # noqa: BLE001 - the growth check is optional
             return
         if label in ("pre", "post"):
