@@ -52,6 +52,7 @@ def test_a_healthy_decoder_only_loop_is_clean_and_every_probe_ran():
     assert report.verdict == "clean", report.probes
     assert report.probes["label-shift"]["status"] == "pass"
     assert report.probes["mask-broadcast"]["status"] == "pass"
+    assert report.probes["lm-decoding"]["coverage"]["kv cache"]["status"] == "checked"
 
 
 def test_labels_not_shifted_in_the_users_loop_are_named():

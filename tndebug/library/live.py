@@ -94,6 +94,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         info.update(hf=True, hf_ids=ids)
     elif forward is None and _is_tndebug_decoder(model):
         lm_forward = lambda m, ids, pad: m(ids)                               # noqa: E731
+        incremental = lambda m, ids, pad, split: m.incremental(ids, split)  # noqa: E731
         kind, adapter = "decoder", Adapter("tndebug", _ignoring_src(lm_forward))
     elif forward is None and is_hf_seq2seq(model):
         from tndebug.triage.hf import choose_ids, make_adapter
