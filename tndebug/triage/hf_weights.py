@@ -75,6 +75,12 @@ def load_tied(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path) -> li
     missing = model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False).missing_keys
     model.tie_weights()
     after = model.state_dict()
+    # the file's tensors give way to the model's own where they hold the same values in the
+    # same dtype: one copy of the weights in memory from here on, not two
+    for k, v in sd.items():
+        if k in after and after[k].dtype == v.dtype and after[k].data_ptr() != v.data_ptr() \
+                and torch.equal(after[k], v):
+            sd[k] = after[k].detach()
     loaded = {after[k].data_ptr() for k in sd if k in after}
     tied = [k for k in missing if after[k].data_ptr() in loaded]
     ignore_missing = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_missing", None) or [])]
