@@ -138,4 +138,4 @@ def test_an_encoder_decoder_is_not_applicable():
     p = probe(tndebug_subject(model(arch="seq2seq")))
     assert p.findings == [] and p.status() == "skipped"
     assert p.coverage == {"": {"status": "not applicable", "reason": p.coverage[""]["reason"]}}
-    assert "encoder-decoder" in p.reason()
+    assert "encoder-decoder" in p.reason()  # DECODER_ONLY

@@ -73,6 +73,9 @@ class ProbeError(ValueError):
 # Coverage of one place, weakest first: a later cover() for the same place only upgrades.
 COVERAGE = ("not applicable", "no verdict", "checked")
 NO_STEP = "never observed a training step"
+# The reason of a decoder-only probe on an encoder-decoder: one text, so that reports list such
+# probes together ("SKIPPED label-shift, lm-decoding: ...").
+DECODER_ONLY = "a decoder-only probe; this model is an encoder-decoder"
 
 
 class Probe:

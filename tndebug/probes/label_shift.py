@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.base import DECODER_ONLY, Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 
 # A model that learnt from shifted labels repeats its input rarely: a token equals the one before
@@ -63,8 +63,9 @@ class LabelShiftProbe(Probe):
     def setup(self, run: RunContext) -> None:
         self._pad = run.subject.pad_id
         if run.subject.kind != "decoder":
-            self.cover("", "not applicable", "encoder-decoder: its decoder input and labels are "
-                       "separate tensors; this test is calibrated on decoder-only models")
+            # calibrated on decoder-only models only (its decoder input and labels are two
+            # tensors there)
+            self.cover("", "not applicable", DECODER_ONLY)
             return
         if run.mode != "train":
             self.cover("", "not applicable", "no training steps here: the labels used show "

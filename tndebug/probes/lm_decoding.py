@@ -23,7 +23,7 @@ import torch
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._raised import ModelRaised, call as _call
-from tndebug.probes.base import Probe, RunContext
+from tndebug.probes.base import DECODER_ONLY, Probe, RunContext
 from tndebug.probes.mask_broadcast import Check, compare
 from tndebug.probes.schedule import never
 from tndebug.subject import Subject
@@ -104,9 +104,9 @@ class LMDecoding(Probe):
     def setup(self, run: RunContext) -> None:
         s = run.subject
         if s.kind != "decoder":
-            self.cover("", "not applicable", "encoder-decoder: its decoder is driven with the "
-                       "whole target and never left-padded or cached by tndebug; its masks are "
-                       "mask-broadcast's")
+            # its decoder is driven with the whole target, never left-padded or cached by
+            # tndebug; its masks are mask-broadcast's
+            self.cover("", "not applicable", DECODER_ONLY)
             return
         with s.evaluating():
             ids = _rows(s, 4, s.fit(9), seed=11)

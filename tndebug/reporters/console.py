@@ -256,8 +256,11 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
                                        ("partial", "partly checked", "", "dim"),
                                        ("skipped", "probes skipped", "SKIPPED", "dim")):
         rows = _partly_checked(report) if status == "partial" else groups.get(status, [])
+        count = len(rows)
+        if status == "skipped":
+            rows = _same_reason_together(rows)
         if rows:
-            parts.append(Text(f"{label} ({len(rows)}):", style=style))
+            parts.append(Text(f"{label} ({count}):", style=style))
             parts.append(_reasons(rows, word))
     for label, path in (paths or {}).items():
         parts.append(Text(f"{label}: {path}", style="dim"))
@@ -283,6 +286,14 @@ def result_text(report: Report) -> str | None:
     task = (f"held-out: exact match {em:.1%}, token accuracy {acc:.1%}" if em is not None
             and acc is not None else "held-out: not evaluated")
     return f"{task}; train {_seconds(run['train_s'])}, wall {_seconds(run['wall_s'])}"
+
+
+def _same_reason_together(rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Probes skipped for one reason on one row: `label-shift, lm-decoding: <reason>`."""
+    names: dict[str, list[str]] = {}
+    for name, why in rows:
+        names.setdefault(why, []).append(name)
+    return [(", ".join(n), why) for why, n in names.items()]
 
 
 def _reasons(rows: list[tuple[str, str]], word: str) -> Table:
