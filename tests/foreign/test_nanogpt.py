@@ -60,7 +60,11 @@ def test_bug_is_named_by_its_probe(folder, variant, bug):
         return
     assert any(f.probe == probe for f in bad), \
         f"{variant} {bug}: {probe} reports nothing at warning or error\n{describe(report.findings)}"
-    collateral = [f for f in bad if f.severity == "error" and f.probe != probe]
+    # pad_mask masks the pad keys, so the model claims padding, yet its positions count from
+    # column 0 (nanoGPT's wpe(arange(T))): a left-padded prompt really gets other positions, a
+    # second true finding of that code, not collateral (healthy nanoGPT masks no pad: info)
+    also = {"lm-decoding/left-pad"} if bug == "pad_mask" else set()
+    collateral = [f for f in bad if f.severity == "error" and f.probe != probe and f.code not in also]
     assert not collateral, f"{variant} {bug}: errors from other probes\n{describe(collateral)}"
     assert not probe_failures(report)
 

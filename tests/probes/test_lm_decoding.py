@@ -37,7 +37,7 @@ def plain_subject(m, incremental=None) -> Subject:
 
 def test_it_is_registered_with_its_codes():
     assert "lm-decoding" in PROBE_NAMES
-    assert set(LMDecoding.codes) == {"left-pad", "kv-cache"}
+    assert set(LMDecoding.codes) == {"left-pad", "kv-cache", "no-pad-mask"}
 
 
 @pytest.mark.parametrize("norm", ("pre", "post"))
@@ -57,6 +57,22 @@ def test_positions_from_column_0_are_named_at_the_embedding(norm):
     assert ev["left_pad"]["delta"] > 100 * ev["left_pad"]["tol"]
     assert ev["right_pad"]["delta"] <= ev["right_pad"]["tol"]          # the control holds
     assert "cumsum" in f.fix
+
+
+def test_a_model_without_any_padding_mask_gets_an_info_not_an_error():
+    # nanoGPT-style: no padding mask at all, only the causal one (tndebug's decoder, its pad-key
+    # mask dropped): left padding is unsupported, a hazard of batched generation, not a defect
+    m = model()
+    orig = m.masks
+
+    def causal_only(ids):
+        keep, lead = orig(torch.ones_like(ids))              # every id a real token
+        return keep, torch.zeros_like(lead)
+    m.masks = causal_only
+    p = probe(tndebug_subject(m))
+    (f,) = p.findings
+    assert (f.code, f.severity) == ("lm-decoding/no-pad-mask", "info")
+    assert f.where == "decoder.layers.0.self_attn" and "left-pad" in f.message
 
 
 def test_a_padding_mask_that_shows_left_pads_is_named_at_the_attention():

@@ -96,6 +96,8 @@ class LMDecoding(Probe):
     codes = {
         "left-pad": "pads put before a row change the logits of its real tokens",
         "kv-cache": "the logits decoded through the KV cache differ from the full forward's",
+        "no-pad-mask": "the model masks no pad key: left-padded batches change its logits "
+                       "(info: only matters where the user left-pads)",
     }
     reads = ("attn.probs", "embed")
     fix = NOTE["positions_ignore_left_pad"]
@@ -162,21 +164,36 @@ class LMDecoding(Probe):
         self.cover("", "checked")
         if not left.failed:
             return
-        where, cause, fix = self._left_pad_cause(s)
+        where, cause, fix, unmasked = self._left_pad_cause(s)
+        evidence = {"left_pad": vars(left), "right_pad": vars(right), "pads_before": LEFT_PADS,
+                    "threshold": THRESHOLD}
+        if unmasked:
+            # No pad key is masked and no real one hidden: the model has no padding mask at all
+            # (nanoGPT-style code, trained on unpadded text). Left padding is then unsupported,
+            # not broken: a hazard of a use (batched generation) the model may never see.
+            self.report("info", f"the model masks no pad key: {LEFT_PADS} pads put before a row "
+                        f"change the logits of its real tokens by {left.delta:.3g} (real "
+                        f"queries attend the pads as tokens; every real key stays visible). "
+                        f"Only matters if you left-pad prompts for batched generation",
+                        where=where, step=0, evidence=evidence, code="no-pad-mask",
+                        fix="to generate in batches, mask the pad keys (keep = ids != pad_id) and "
+                            "count positions from each row's first real token (cumsum(mask) - 1)")
+            return
         self.report("error", f"putting {LEFT_PADS} pads before a row changes the logits of its "
                     f"real tokens by {left.delta:.3g} (tolerance {left.tol:.2g}), while pads "
                     f"appended after it change nothing: {cause}", where=where, step=0,
-                    evidence={"left_pad": vars(left), "right_pad": vars(right),
-                              "pads_before": LEFT_PADS, "threshold": THRESHOLD},
-                    fix=fix, code="left-pad")
+                    evidence=evidence, fix=fix, code="left-pad")
 
-    def _left_pad_cause(self, s: Subject) -> tuple[str, str, str]:
-        """(where, cause, fix) from one trace of the rows with and without left pads: attention
-        mass on the pad keys, else the positional encoding added to the real tokens."""
+    def _left_pad_cause(self, s: Subject) -> tuple[str, str, str, bool]:
+        """(where, cause, fix, unmasked) from one trace of the rows with and without left pads:
+        attention mass on the pad keys, else the positional encoding added to the real tokens.
+        `unmasked`: pads are attended, no real key is hidden from a real query after it and the
+        pad queries attend causally like any token, in every attention: no padding mask at all,
+        rather than a wrong one."""
         generic = ("the positions of a left-padded row are not counted from its first real "
                    "token, or its pads are attended (a trace could not tell which)")
         if s.capture is None:
-            return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX
+            return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX, False
         T = s.fit(10 + LEFT_PADS) - LEFT_PADS
         ids = _rows(s, 5, T, 1)
         less = torch.cat([_pads(s, 5, LEFT_PADS, ids), ids], 1)
@@ -184,18 +201,31 @@ class LMDecoding(Probe):
             ref = s.trace(ids[:, :0], ids, reads=self.reads)
             padded = s.trace(less[:, :0], less, reads=self.reads)
         except Exception:  # noqa: BLE001 - the behaviour test already decided; this only names
-            return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX
-        leaks = []
+            return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX, False
+        leaks, hidden = [], False
+        L = less.shape[1]
+        real_past = torch.ones(L, L, dtype=torch.bool, device=less.device).tril()
+        real_past[:LEFT_PADS] = False
+        real_past[:, :LEFT_PADS] = False                 # real query, real key at or before it
         for rec in padded.records():
             if rec.probs is None or rec.probs.dim() != 4 or rec.probs.shape[-1] != less.shape[1]:
                 continue
-            mass = rec.probs.float()[:, :, LEFT_PADS:, :LEFT_PADS].sum(-1).max()   # real queries
+            p = rec.probs.float()
+            mass = p[:, :, LEFT_PADS:, :LEFT_PADS].sum(-1).max()                  # real queries
             if float(mass) > MASS_TOL:
                 leaks.append((rec.site, float(mass)))
+            # a masked key gets exactly 0 (a softmax of a finite score never does at these sizes)
+            hidden = hidden or bool(((p == 0) & real_past).any())
+            # a mask that treats the pad *queries* (rows, not keys) shows there: their rows are
+            # emptied, and come out non-finite or spread over future keys
+            pad_rows = p[:, :, :LEFT_PADS]
+            future = torch.ones(LEFT_PADS, L, dtype=torch.bool, device=p.device).triu(1)
+            hidden = hidden or not bool(pad_rows.isfinite().all()) or \
+                float((pad_rows.nan_to_num() * future).sum(-1).max()) > MASS_TOL
         if leaks:
             site, mass = leaks[0]
             return (site, f"real queries put up to {mass:.3f} of their attention on the left "
-                    f"pads (a padding mask that assumes right padding)", PAD_MASK_FIX)
+                    f"pads (a padding mask that assumes right padding)", PAD_MASK_FIX, not hidden)
         for name, parts in padded.embed.items():
             pe, pe_ref = parts.get("pe"), ref.embed.get(name, {}).get("pe")
             if pe is None or pe_ref is None:
@@ -205,8 +235,8 @@ class LMDecoding(Probe):
             if pe.shape == pe_ref.shape and compare(pe_ref, pe).failed:
                 return (name, "the positional encoding added to a row's real tokens moves with "
                         "its left pads: positions are counted from column 0, not from the row's "
-                        "first real token", NOTE["positions_ignore_left_pad"])
-        return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX
+                        "first real token", NOTE["positions_ignore_left_pad"], False)
+        return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX, False
 
     # -- the KV cache --------------------------------------------------------------------
     def _kv_cache(self, s: Subject) -> None:
