@@ -28,7 +28,7 @@ def test_detection_harness_smoke(tmp_path):
     threads = torch.get_num_threads()
     try:
         rc = detection.main(["--faults", "no_scale", "pre_ln_no_final_norm", "--healthy-tasks", "copy",
-                             "--norms", "pre", "--eval-fault-seeds", "10", "--eval-healthy-seeds", "10",
+                             "--norms", "pre", "--archs", "seq2seq", "--eval-fault-seeds", "10", "--eval-healthy-seeds", "10",
                              "--eval-benign-seeds", "--benign", "--calib-seeds", "--calib-benign-seeds",
                              "--calib-fault-seeds", "--steps", "4",
                              "--resume-at", "2", "--eval-size", "20", "--workers", "1", "--out", str(out)])
