@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from tndebug.capture.adapters import import_file
 from tndebug.data import as_lm, data_generator, get_task

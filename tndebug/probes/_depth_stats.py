@@ -270,7 +270,7 @@ def setup_trace(run) -> Trace:
     cached = run.extras.get(SETUP_TRACE)
     if cached is not None:
         return cached
-    subject, model = run.subject, run.subject.model
+    subject = run.subject
     src, tgt = probe_batch(subject)                      # GRAD_ROWS sequences
     grads = _with_grads(run, src, tgt)
     run.extras[SETUP_GRADS] = grads
