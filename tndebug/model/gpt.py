@@ -24,7 +24,7 @@ from tndebug.model.embedding import Embeddings
 from tndebug.model.hooks import HookPoint, name_hook_points, tap
 from tndebug.model.attention import MultiHeadAttention
 from tndebug.model.layers import EncoderLayer, Stack
-from tndebug.model.transformer import Generator, copy_head_zero
+from tndebug.model.transformer import Generator, init_parameters
 
 
 class DecoderOnly(nn.Module):
@@ -39,22 +39,7 @@ class DecoderOnly(nn.Module):
         self.hook_points = name_hook_points(self)
 
     def reset_parameters(self) -> None:
-        """As the encoder-decoder: Xavier-uniform matrices, N(0, 1/d) token embeddings."""
-        cfg = self.cfg
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
-        nn.init.normal_(self.tgt_embed.lut.weight, std=cfg.d_model ** -0.5)
-        if cfg.tie_embeddings:
-            self.tgt_embed.lut.weight = self.generator.proj.weight
-        if cfg.has("identical_head_init"):
-            for name, m in self.named_modules():
-                if name.endswith("attn"):
-                    copy_head_zero(m)
-        if cfg.has("dead_relu_init"):
-            for name, m in self.named_modules():
-                if name.endswith("ffn"):
-                    nn.init.constant_(m.w_1.bias, -3.0)
+        init_parameters(self, (self.tgt_embed,))         # as the encoder-decoder
 
     def masks(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(keep [B, 1, T, T]: causal and not a pad key, left pads per row [B])."""

@@ -42,24 +42,7 @@ class Transformer(nn.Module):
 
     # -- initialisation ------------------------------------------------------------
     def reset_parameters(self) -> None:
-        """Xavier-uniform for matrices (as The Annotated Transformer), N(0, 1/d) embeddings."""
-        cfg = self.cfg
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
-        for emb in (self.src_embed.lut, self.tgt_embed.lut):
-            nn.init.normal_(emb.weight, std=cfg.d_model ** -0.5)
-        if cfg.tie_embeddings:
-            self.tgt_embed.lut.weight = self.generator.proj.weight
-            self.src_embed.lut.weight = self.generator.proj.weight
-        if cfg.has("identical_head_init"):
-            for name, m in self.named_modules():
-                if name.endswith("attn"):
-                    copy_head_zero(m)
-        if cfg.has("dead_relu_init"):
-            for name, m in self.named_modules():
-                if name.endswith("ffn"):
-                    nn.init.constant_(m.w_1.bias, -3.0)
+        init_parameters(self, (self.src_embed, self.tgt_embed))
 
     # -- masks ---------------------------------------------------------------------
     def masks(self, src: torch.Tensor, tgt: torch.Tensor):
@@ -97,6 +80,28 @@ class Transformer(nn.Module):
         enc, dec, memory_keep = self.masks(src, tgt)
         memory = self.encode(src, enc)
         return self.decode(memory, src, tgt, dec, memory_keep)
+
+
+def init_parameters(model: nn.Module, embeddings) -> None:
+    """Xavier-uniform for matrices (as The Annotated Transformer), N(0, 1/d) token embeddings,
+    tied to the generator when the config says so; the init faults. For `Transformer` and the
+    decoder-only model alike (`model.cfg`, `model.generator`)."""
+    cfg = model.cfg
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    for emb in embeddings:
+        nn.init.normal_(emb.lut.weight, std=cfg.d_model ** -0.5)
+        if cfg.tie_embeddings:
+            emb.lut.weight = model.generator.proj.weight
+    if cfg.has("identical_head_init"):
+        for name, m in model.named_modules():
+            if name.endswith("attn"):
+                copy_head_zero(m)
+    if cfg.has("dead_relu_init"):
+        for name, m in model.named_modules():
+            if name.endswith("ffn"):
+                nn.init.constant_(m.w_1.bias, -3.0)
 
 
 def copy_head_zero(attn: nn.Module) -> None:
