@@ -68,7 +68,7 @@ def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, 
         rec["findings"] = [{"probe": f.probe, "severity": f.severity, "where": f.where,
                             "message": f.message} for f in report.findings]
         rec["no_verdict"] = {p: s.get("reason") for p, s in report.probes.items()
-                             if s.get("status") not in ("pass", "warn", "fail")}
+                             if s.get("status") == "no verdict"}   # skipped: nothing applied
         rec["probe_reasons"] = {p: s["reason"] for p, s in report.probes.items() if s.get("reason")}
         rec["probe_failures"] = corpus.probe_failures(report)
     rec["train_s"], rec["triage_s"] = round(t1 - t0, 3), round(time.perf_counter() - t1, 3)
@@ -122,7 +122,7 @@ def one_lm_run(variant: str, bug: str | None, seed: int, folder: Path) -> dict:
                             "message": f.message} for f in report.findings
                            if f.severity in SEV or f.probe == probe]
         rec["no_verdict"] = {p: s.get("reason") for p, s in report.probes.items()
-                             if s.get("status") not in ("pass", "warn", "fail")}
+                             if s.get("status") == "no verdict"}   # skipped: nothing applied
         rec["probe_failures"] = corpus.probe_failures(report)
     rec["train_s"], rec["triage_s"] = round(t1 - t0, 3), round(time.perf_counter() - t1, 3)
     flagged = [f for f in rec["findings"] if f["severity"] in SEV]
