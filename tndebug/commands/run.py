@@ -155,7 +155,8 @@ def configs(args):
             mcfg = model_config(task, preset, norm, faults, arch=arch,
                                 **({"dropout": DECODER_DROPOUT} if lm else {}))
         except ValueError as e:
-            raise UsageError(str(e)) from None
+            hint = " (pass --arch decoder)" if "only in a decoder model" in str(e) else ""
+            raise UsageError(f"{e}{hint}") from None
         defaults = {**vars(_D), **(DECODER_RUN if lm else {})}
         given = {**{k: defaults[k] for k in ("warmup", "lr_factor")}, **given}
         tcfg = TrainConfig(task=task, steps=defaults["steps"] if args.steps is None else args.steps,
