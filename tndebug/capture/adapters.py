@@ -212,7 +212,7 @@ def _normalised(fn: Callable, name: str, kind: str = "seq2seq") -> Callable:
     return forward
 
 
-def adapter_kind(fn: Callable, spec: str) -> str:
+def adapter_kind(fn: Callable, spec: str, who: str = "--adapter") -> str:
     """'decoder' for forward(model, ids, pad_id), 'seq2seq' for forward(model, src, tgt, pad_id):
     from the number of positional parameters (3 or 4; beyond 4, those without a default; a
     signature that cannot be read: 'seq2seq'); anything else is a UsageError."""
@@ -227,7 +227,7 @@ def adapter_kind(fn: Callable, spec: str) -> str:
         return "decoder"
     if len(positional) >= 4 or any(p.kind == p.VAR_POSITIONAL for p in params):
         return "seq2seq"
-    raise UsageError(f"--adapter {spec}: {getattr(fn, '__name__', 'it')}{sig} takes "
+    raise UsageError(f"{who} {spec}: {getattr(fn, '__name__', 'it')}{sig} takes "
                      f"{len(positional)} arguments; expected forward(model, ids, pad_id) "
                      f"(decoder-only) or forward(model, src, tgt, pad_id) (encoder-decoder)")
 

@@ -23,7 +23,8 @@ from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library.args import forward_vocab, ids_in_vocabulary
 from tndebug.subject import Subject
-from tndebug.capture.adapters import Adapter, as_logits, builtin_adapter, first_tensor, guess_adapter
+from tndebug.capture.adapters import Adapter, adapter_kind, as_logits, builtin_adapter, first_tensor, \
+    guess_adapter
 from tndebug.capture import GenericCapture
 
 
@@ -122,7 +123,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
             raise UsageError(f"forward: expected a callable forward(model, src, tgt, pad_id) -> "
                              f"logits, got {type(forward).__name__}")
         name = getattr(forward, "__name__", "forward")
-        if takes_ids_only(forward):                 # forward(model, ids, pad_id): decoder-only
+        if adapter_kind(forward, name, "forward") == "decoder":   # forward(model, ids, pad_id)
             lm_forward = _checked_lm(forward, name)
             kind, adapter = "decoder", Adapter(f"forward={name}", _ignoring_src(lm_forward))
         else:
@@ -214,21 +215,6 @@ def is_hf_causal(model: nn.Module) -> bool:
 def _is_tndebug_decoder(model: nn.Module) -> bool:
     from tndebug.model import DecoderOnly
     return isinstance(model, DecoderOnly)
-
-
-def takes_ids_only(fn: Callable) -> bool:
-    """True for `forward(model, ids, pad_id)` (three positional parameters, a decoder-only
-    model's call), False for `forward(model, src, tgt, pad_id)` or a signature not readable."""
-    import inspect
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                  and p.default is p.empty]
-    return len(positional) == 3
 
 
 def _ignoring_src(lm_forward: Callable) -> Callable:
