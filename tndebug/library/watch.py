@@ -469,6 +469,8 @@ class Watch:
         engine = self._engine
         findings = self._call(engine.finish, full=True) or engine.findings()
         findings += self._data_findings or []          # the pad id seen mid-sequence (live.py)
+        if self._dist is not None and status in ("failed", "interrupted"):
+            self._dist.broken = True           # the others may be mid-step: no collective now
         if self._dist is not None and self._dist.active:
             findings = self._dist.gather_findings(findings)
         if self._own_failure is not None:
@@ -515,6 +517,8 @@ class Watch:
             self.exit_code = self._session.finish(self.report, self.fail_on)
         else:
             self.exit_code = self.report.exit_code(self.fail_on)
+        if self._dist is not None:
+            self._dist.settle()                # the ranks leave the block once rank 0's report is written
 
     def _release(self) -> None:
         """Drop every reference to the user's model, graph and data."""

@@ -156,8 +156,17 @@ class Dist:
         tdist.gather_object(mine, out, dst=0, group=self.control)
         return merge_findings(out) if self.is_main else mine
 
+    def settle(self) -> None:
+        """Wait until every rank gets here (after rank 0 has written its report). A rank that
+        left early and tore down its process group could abort (seen with gloo under load:
+        "terminate called without an active exception"), and torchrun then kills rank 0
+        before its report is on disk."""
+        if self.active and not self.broken and tdist.is_initialized():
+            tdist.barrier(group=self.control)
+
     def close(self) -> None:
         if self.active and not self.broken and tdist.is_initialized():
+            self.settle()
             tdist.destroy_process_group()
 
     # -- failure --------------------------------------------------------------------------------
