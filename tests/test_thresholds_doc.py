@@ -1,0 +1,207 @@
+"""docs/thresholds.md stays true to the code: every module-level UPPER_CASE numeric constant of the
+audited files is in its file's table with its current value (or excluded below as a size, seed or
+count, with the reason), and every constant the doc names exists there with that value.
+
+Read with ast, without importing the modules: a value is a literal, or an expression of
+literals, `math` and the module's earlier constants (`math.sqrt(2)`, `2.0 ** -24`, `1 << 25`);
+a dict of numbers gives one entry per key (`TOL[False]`)."""
+from __future__ import annotations
+
+import ast
+import math
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "thresholds.md"
+AUDITED = ("tndebug/probes/*.py", "tndebug/triage/*.py", "tndebug/library/live.py",
+           "tndebug/capture/*.py")
+
+# Constants that decide nothing by comparison: sizes of a test batch or a sample, seeds,
+# cadences of memory, display counts. Each says why it is not a threshold.
+NOT_THRESHOLDS = {
+    ("tndebug/probes/_depth_stats.py", "MAX_SVD_TOKENS"): "subsample size of the null-vector test (cost)",
+    ("tndebug/probes/_depth_stats.py", "GRAD_ROWS"): "rows of the setup gradient pass (memory)",
+    ("tndebug/probes/_head_stats.py", "JS_MAX_SEQ"): "sequences sampled for the JS statistic (cost)",
+    ("tndebug/probes/_head_stats.py", "JS_MAX_ROWS"): "query rows sampled for the JS statistic (cost)",
+    ("tndebug/probes/_head_stats.py", "LN2"): "ln 2, nats to bits",
+    ("tndebug/probes/gradient_flow.py", "SETUP_ROWS"): "rows per forward of the dead-unit test (memory)",
+    ("tndebug/probes/lm_decoding.py", "LEFT_PADS"): "pads put before each row in the test input",
+    ("tndebug/probes/mask_broadcast.py", "EXTRA_PADS"): "pad columns appended in the test input",
+    ("tndebug/probes/_bidirectional.py", "ROWS"): "rows of the encoder's two-sided test input",
+    ("tndebug/probes/_bidirectional.py", "LENGTH"): "length of the encoder's two-sided test input",
+    ("tndebug/probes/positional_encoding.py", "MAX_PROBE_LEN"): "longest test sequence (cost)",
+    ("tndebug/probes/zero_grad.py", "TRACKED"): "parameters watched; the test itself is exact",
+    ("tndebug/capture/recording.py", "MAX_RECOMPUTED"): "memory cap on recomputed SDPA scores",
+    ("tndebug/triage/fresh.py", "SEED"): "the fresh initialisation's seed",
+    ("tndebug/triage/hf.py", "PROBE_VOCAB"): "logit columns the probes see (exact for those ids)",
+    ("tndebug/triage/hf.py", "HELD_OUT"): "rows of the probes' random batch",
+    ("tndebug/triage/hf.py", "SRC_LEN"): "source length of the probes' random batch",
+    ("tndebug/triage/hf.py", "TGT_LEN"): "target length of the probes' random batch",
+    ("tndebug/triage/hf_data.py", "TEXT_MAX_TOKENS"): "--text truncation length",
+    ("tndebug/triage/run.py", "HELD_OUT"): "held-out sequences for the loss comparisons",
+    ("tndebug/triage/userdata.py", "MAX_SEQS"): "--data sequences used (cost of 13 sweep forwards)",
+    ("tndebug/triage/userdata.py", "PLACES_SHOWN"): "(row, position) pairs quoted in a message",
+}
+
+
+def _files() -> list[str]:
+    return sorted({str(p.relative_to(ROOT)) for pat in AUDITED for p in ROOT.glob(pat)})
+
+
+def _number(v) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, (int, float)):
+        return True
+    return isinstance(v, tuple) and bool(v) and all(_number(x) for x in v)
+
+
+def _value(node: ast.AST, env: dict):
+    """The value of a constant expression, or None when it is not numeric or not evaluable."""
+    try:
+        v = eval(compile(ast.Expression(node), "<const>", "eval"),
+                 {"__builtins__": {}, "math": math}, dict(env))
+    except Exception:
+        return None
+    if isinstance(v, dict):
+        return v if v and all(_number(x) for x in v.values()) else None
+    return v if _number(v) else None
+
+
+def _upper(name: str) -> bool:
+    return name.upper() == name and any(c.isalpha() for c in name)
+
+
+def constants(path: str) -> tuple[dict[str, object], set[str]]:
+    """(entry -> value for the numeric ones, every UPPER_CASE module-level name) of one file;
+    entries are NAME, or NAME[key] for a dict of numbers."""
+    tree = ast.parse((ROOT / path).read_text())
+    env: dict[str, object] = {}
+    out: dict[str, object] = {}
+    names: set[str] = set()
+    for stmt in tree.body:
+        pairs: list[tuple[str, ast.AST]] = []
+        if isinstance(stmt, ast.Assign):
+            for t in stmt.targets:
+                if isinstance(t, ast.Name):
+                    pairs.append((t.id, stmt.value))
+                elif isinstance(t, ast.Tuple) and isinstance(stmt.value, ast.Tuple) \
+                        and len(t.elts) == len(stmt.value.elts):
+                    pairs += [(e.id, v) for e, v in zip(t.elts, stmt.value.elts) if isinstance(e, ast.Name)]
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+            pairs.append((stmt.target.id, stmt.value))
+        for name, node in pairs:
+            if not _upper(name):
+                continue
+            names.add(name)
+            v = _value(node, env)
+            if v is None:
+                continue
+            env[name] = v
+            if isinstance(v, dict):
+                out.update({f"{name}[{k!r}]": x for k, x in v.items()})
+            else:
+                out[name] = v
+    return out, names
+
+
+_SECTION = re.compile(r"^#{2,4} .*")
+_PATH = re.compile(r"`(tndebug/[\w/]+\.py)`")
+_ROW = re.compile(r"^\|\s*`([A-Z][A-Z0-9_]*(?:\[[^\]`]+\])?)`(?:\s*\((`?)(tndebug/[\w/]+\.py|[\w]+\.py)\2\))?\s*\|\s*([^|]+?)\s*\|")
+
+
+def _entry(cell: str) -> str:
+    """`TOL[False]`, `GROWTH_ENVELOPE["pre"]` -> the key spelled as the code's repr."""
+    node = ast.parse(cell, mode="eval").body
+    if isinstance(node, ast.Subscript):
+        return f"{node.value.id}[{ast.literal_eval(node.slice)!r}]"
+    return node.id
+
+
+def doc_rows() -> list[tuple[str, str, str]]:
+    """(file, entry, value cell) for every table row of docs/thresholds.md naming a constant.
+    A row belongs to the files its section heading names; `NAME` (`other.py`) picks one of them."""
+    rows, files = [], []
+    for line in DOC.read_text().splitlines():
+        if _SECTION.match(line):
+            files = _PATH.findall(line)
+            continue
+        m = _ROW.match(line)
+        if not m or not files:
+            continue
+        name, _, where, value = m.groups()
+        if where:
+            target = [f for f in files if f == where or f.endswith("/" + where)]
+            assert len(target) == 1, f"docs/thresholds.md: row {name} names {where}, not in {files}"
+        else:
+            target = files[:1]
+        rows.append((target[0], _entry(name), value))
+    return rows
+
+
+def _equal(doc_value: str, code_value) -> bool:
+    v = _value(ast.parse(doc_value, mode="eval").body, {}) if _parses(doc_value) else None
+    if v is None:
+        return False
+    if isinstance(code_value, tuple):
+        return isinstance(v, tuple) and len(v) == len(code_value) and all(
+            math.isclose(a, b, rel_tol=1e-12) for a, b in zip(v, code_value))
+    return not isinstance(v, tuple) and math.isclose(v, code_value, rel_tol=1e-12, abs_tol=0.0)
+
+
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text, mode="eval")
+        return True
+    except SyntaxError:
+        return False
+
+
+def test_every_constant_is_documented_with_its_value():
+    rows = doc_rows()
+    documented = {(f, e): v for f, e, v in rows}
+    missing, wrong = [], []
+    for path in _files():
+        values, _ = constants(path)
+        for entry, value in values.items():
+            base = entry.split("[")[0]
+            if (path, base) in NOT_THRESHOLDS:
+                continue
+            if (path, entry) not in documented:
+                missing.append(f"{path}: {entry} = {value!r}")
+            elif not _equal(documented[(path, entry)], value):
+                wrong.append(f"{path}: {entry} is {value!r} in the code, "
+                             f"{documented[(path, entry)]!r} in docs/thresholds.md")
+    assert not missing, "constants missing from docs/thresholds.md:\n" + "\n".join(missing)
+    assert not wrong, "values that differ:\n" + "\n".join(wrong)
+
+
+def test_every_documented_constant_exists():
+    stale = []
+    for path, entry, _ in doc_rows():
+        if not (ROOT / path).exists():
+            stale.append(f"{path}: no such file")
+            continue
+        values, names = constants(path)
+        if entry not in values and entry.split("[")[0] not in names:
+            stale.append(f"{path}: {entry}")
+    assert not stale, "docs/thresholds.md names constants the code no longer has:\n" + "\n".join(stale)
+
+
+def test_exclusions_are_live_and_not_documented_as_thresholds():
+    documented = {(f, e.split("[")[0]) for f, e, _ in doc_rows()}
+    for (path, name), why in NOT_THRESHOLDS.items():
+        assert why, (path, name)
+        _, names = constants(path)
+        assert name in names, f"NOT_THRESHOLDS lists {path}: {name}, which the code no longer has"
+        assert (path, name) not in documented, f"{path}: {name} is both excluded and documented"
+
+
+def test_the_doc_has_a_table_row_per_audited_constant_at_least_once():
+    """The parser itself: it finds rows in most sections (a format change would make the first
+    test pass vacuously on an empty doc)."""
+    rows = doc_rows()
+    assert len(rows) >= 90
+    assert ("tndebug/probes/missing_scale.py", "TOL[False]") in {(f, e) for f, e, _ in rows}
+    assert ("tndebug/probes/_depth_stats.py", "SPHERE_TOL") in {(f, e) for f, e, _ in rows}
