@@ -3,31 +3,19 @@ writes the report with every rank's findings."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 WORKER = Path(__file__).with_name("ddp_watch_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ddp_launch import torchrun  # noqa: E402
 
 
 def _torchrun(out: Path, mode: str):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "--monitor-interval=0.2",
-           str(WORKER), str(out), mode]
-    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    proc = torchrun(WORKER, [str(out), mode], before_retry=lambda: shutil.rmtree(out, ignore_errors=True))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "report.json").read_text())
 

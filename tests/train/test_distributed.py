@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,8 @@ from tndebug.train.distributed import Dist, merge_findings, unwrap_state_dict
 WORKER = Path(__file__).with_name("ddp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(WORKER.parent))
+sys.path.insert(0, str(ROOT / "tests"))
+from ddp_launch import torchrun  # noqa: E402
 from ddp_worker import FAIL_STEP, MetricLog  # noqa: E402
 
 # metric families whose statistic adds across ranks: equal to the one-process run
@@ -89,22 +90,15 @@ def test_one_process_is_unchanged_by_the_hooks():
 
 
 # -- two processes -------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(tmp: Path, mode: str, faults: str, timeout: float = 240.0):
     """(torchrun's CompletedProcess, rank 0's exit code or None, the run directory)."""
     out, exit_file = tmp / "run", tmp / "exit_code"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "--monitor-interval=0.2",
-           str(WORKER), str(out), mode, faults]
-    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path,
-           distributed.EXIT_FILE_ENV: str(exit_file)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+    def clear():
+        shutil.rmtree(out, ignore_errors=True)
+        exit_file.unlink(missing_ok=True)
+    proc = torchrun(WORKER, [str(out), mode, faults], env={distributed.EXIT_FILE_ENV: str(exit_file)},
+                    timeout=timeout, before_retry=clear)
     code = int(exit_file.read_text()) if exit_file.is_file() else None
     return proc, code, out
 
