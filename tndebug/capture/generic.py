@@ -58,6 +58,16 @@ def _blocks(modules: dict) -> dict[str, tuple[str, int]]:
     return {n: ("decoder", i) for n, i in outer.items()}
 
 
+def _stacked_blocks(modules: dict) -> dict[str, tuple[str, int]]:
+    """The numbered blocks of an encoder-decoder whose block paths name no stack, the stack
+    named by an ancestor instead (x-transformers: `encoder.attn_layers.layers.3`,
+    `decoder.net.attn_layers.layers.3`) -> (stack, index); blocks under no named stack are
+    left out. Such a block may be one sublayer (x-transformers numbers attention and FFN
+    apart); its residual-add module gives the stream points."""
+    return {n: (stack, i) for n, (_, i) in _blocks(modules).items()
+            for stack in [_stack_of(n)] if stack is not None}
+
+
 class GenericCapture:
     """Fills a Trace from any nn.Module; module paths are the model's own.
 
@@ -82,6 +92,8 @@ class GenericCapture:
                        for n in modules for m in [_LAYER.search(n)] if m}
         if kind == "decoder":
             self.layers = _blocks(modules)
+        elif not self.layers:
+            self.layers = _stacked_blocks(modules)
         self.stacks = {n: _stack_of(n) for n in modules if n and _STACK.search(n)
                        and any(c.startswith(n + ".") for c in self.layers)}
         self.sublayers = {n for n, m in modules.items()

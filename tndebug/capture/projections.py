@@ -10,6 +10,7 @@ import torch
 from tndebug.capture.structure import is_attention
 
 
+# Set with foreign's mask_fills and relbias styles (0915f8f); held out: realbugs (additive -1e4, float tril).
 MASK_NATS = 50.0   # an added term this far below its row's largest scales a key's weight by e^-50
                    # (2e-22): the key is removed, whatever fill was used (-1e4, -1e9, -inf,
                    # finfo.min); a position bias spans a few nats and stays in the scores
@@ -41,6 +42,7 @@ def _looks_like_probs(w) -> bool:
     return bool((w >= 0).all()) and bool(((rows - 1).abs() < 1e-3).all())
 
 
+# FOLD_TOL: float rounding; NORM_EVIDENCE: set with x-transformers rotary and HF RoPE (d4698d1), not held out.
 FOLD_TOL = {False: 1e-4, True: 1e-2}   # relative error of a sorted-value match; True: 16-bit
 NORM_EVIDENCE = 10.0   # a norm match must fit 10x better than one constant norm for every vector
                        # does: otherwise the norms hardly vary and any tensor of the size passes

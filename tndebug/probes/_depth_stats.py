@@ -26,14 +26,17 @@ from tndebug.capture.trace import StreamPoint, Trace
 NULL_RATIO = 1e-4
 # ...but a rank-deficient stream (few distinct tokens, rank collapse) has null vectors for
 # another reason; then the second smallest singular value is ~0 too and we cannot tell.
+# (a no-verdict gate; set on the same runs as NULL_RATIO; held out: foreign, realbugs)
 SECOND_RATIO = 1e-3
 # Unit-affine LayerNorm (any model at init): per-token mean ~0 and std constant.
+# Exact to float rounding: set on no run (e19bac1); reported on det-eval, foreign, realbugs.
 DIRECT_TOL = 1e-3
 # A LayerNorm output's tokens lie on one ellipsoid, up to its eps: z = (x - mu) / sqrt(var + eps)
 # has norm^2 d var/(var + eps), so a low-variance stream (var ~1e-3 at init with std-0.02
 # weights, eps 1e-5, as Blenderbot's final norm sees) spreads the tokens' norms by ~1%: 0.2%
 # measured. A stream that is only centred (the one other way to get the null vector) spreads
 # them by tens of %.
+# Set on HF Blenderbot at init (6d4b6c0; was 1e-3): foreign's HF styles are not held out for it.
 SPHERE_TOL = 1e-2
 MAX_SVD_TOKENS = 4096
 

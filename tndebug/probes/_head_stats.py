@@ -11,6 +11,7 @@ from torch import nn
 
 from tndebug.capture.trace import AttentionRecord, Trace
 
+# FLAT: rounding-level variation, a no-verdict gate; set on no run (21e95ee).
 FLAT = 1e-3           # scores varying less than this over the keys (relative): tokens all alike
 JS_MAX_SEQ, JS_MAX_ROWS = 8, 64
 LN2 = math.log(2.0)

@@ -30,6 +30,7 @@ _KINDS = {"encoder": ("enc_self",), "decoder": ("dec_self", "cross")}
 # y - attn_out this small against y is no residual term at all: the attention record's output is
 # the sublayer's output itself (seen on bugs that make the capture place the site at the
 # residual wrapper, bench/realbugs.py's softmax_dim0 / scale_after_softmax: |d| = 0 exactly)
+# Set on bench/realbugs.py's runs (8c02423): realbugs is not held out for this gate.
 DEGENERATE = 1e-6
 
 

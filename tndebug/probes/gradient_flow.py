@@ -31,6 +31,7 @@ from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.capture.trace import Trace
 
+# Set on harness tiny/small runs (FAILURE_MODES 7f-7g; 0ba0d77, 2ce87c7); held out by seed only.
 MIN_TOKENS = 4096     # FAILURE_MODES 7f
 SETUP_ROWS = 16       # rows per forward of the dead-unit test at setup (memory, not the statistic)
 # Healthy tiny/small, pre/post, dropout 0/0.1/0.3: at most 31% of a layer's units never fire at

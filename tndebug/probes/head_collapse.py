@@ -37,6 +37,7 @@ from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.capture.trace import AttentionRecord, Trace
 
+# Set on the docstring's harness runs (e19bac1): held out by seed; DUP_*, ASYM also on foreign.
 ENT_LOW = 0.05        # normalised entropy of a collapsed head (FAILURE_MODES 4a)
 COLLAPSED_SHARE = 0.5  # share of a layer's heads below ENT_LOW
 RUN = 3               # consecutive probes, collapsed and unstable

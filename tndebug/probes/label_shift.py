@@ -33,6 +33,7 @@ SELF_RATE = 0.9
 # Shifted twice: the model predicts t + 2 at most positions it can (copy: 0.91 at step 250),
 # while a healthy model's t + 2 rate is the rate at which t + 1 and t + 2 carry the same token.
 AFTER_NEXT_RATE = 0.5
+# All four set on tndebug's decoder-only, copy, lm_labels_* faults (5867859): not held out.
 DOMINANCE = 2.0          # the wrong offset must beat the right one by this factor
 LEARNT = 0.5             # the loss at the last probed step at most this share of the first
 

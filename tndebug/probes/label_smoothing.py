@@ -18,6 +18,7 @@ from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.capture.trace import Trace
 
+# PAD_ROW_GRAD, PAD_SHARE, Q_MIN: exact in kind (pad ignored gives 0 there); set on no run.
 PAD_ROW_GRAD = 1e-6     # max |grad| on pad-target rows, relative to the largest gradient entry
 PAD_SHARE = 0.1         # q_pad above 10% of q_other (and q_other > Q_MIN): pad gets smoothing mass
 Q_MIN = 1e-5            # below this the criterion is taken as unsmoothed (one-hot targets)
@@ -32,6 +33,7 @@ Q_MIN = 1e-5            # below this the criterion is taken as unsmoothed (one-h
 # steps 150-250, 2.5e-4 by step 750; `python bench/watch_breakdown.py --model bart`). Falling below FALLING x its first value over the last
 # RUNTIME_LAST probed steps is no verdict, not a warning.
 PAD_MASS, RUNTIME_STEPS, RUNTIME_LAST = 3e-3, 100, 3
+# FALLING: set on HF BART under watch and the fault (eefc127); no held-out run since (docs/thresholds.md).
 FALLING = 0.5
 _FIX = FAULT_NOTES["label_smoothing_on_pad"][2] + " [notes 003, 001]"
 

@@ -58,6 +58,7 @@ from tndebug.probes.schedule import Schedule
 from tndebug.capture.trace import StreamPoint, Trace
 
 HIGH_LR = 1e-4        # Xiong et al.: post-LN without warmup diverges at lr ≥ 1e-4 (FAILURE_MODES 6)
+# RAMP, DECIDE_AT: no run (e19bac1): a linear or Noam warmup doubles its lr from step 1 to 2.
 RAMP = 1.5            # a warmup raises the lr by more than this factor over its first steps
 DECIDE_AT = 16        # steps of lr history before the warmup verdict
 EARLY_STEPS = (0, 1, 2, 4, 8, 16)   # the placement fallback and the lr history

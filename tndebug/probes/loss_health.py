@@ -26,6 +26,7 @@ INIT_HIGH_NATS = 2.0
 # embedding and the tied generator scores it highest.  When the argmax at step 0 is the decoder
 # input token at more than SELF_PRED of real positions, the excess is reported as info.
 SELF_PRED = 0.5
+# PLATEAU_*: FAILURE_MODES 7e and harness tiny/small runs (d75d3be, 6110320); held out by seed only (det-eval).
 PLATEAU_SHARE = 0.95       # FAILURE_MODES 7e: CE > 0.95 ln V ...
 PLATEAU_STEPS = 500        # ... at 500 steps -> error; a shorter run is judged at its end if it
 PLATEAU_MIN_STEPS = 200    # ran 200 steps (healthy tiny/small runs are at <= 0.67 ln V by then)

@@ -10,6 +10,7 @@ from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.capture.trace import Trace
 
+# MISMATCH exact in kind (round-off), RESUME_JUMP from FAILURE_MODES 7d: no run; clean on realbugs' healthy loops.
 MISMATCH = 1e-6       # relative; a float32 lr tensor or round-off stays far below it
 RESUME_JUMP = 0.1     # FAILURE_MODES 7d: |lr_after / lr_before - 1| > 0.1 -> error
 _FIX = FAULT_NOTES["warmup_restart_on_resume"][2] + " [note 000]"

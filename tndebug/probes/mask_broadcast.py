@@ -12,6 +12,7 @@ from tndebug.probes.base import Probe, RunContext
 from tndebug.probes.schedule import never
 from tndebug.subject import Subject
 
+# Exact tests, set on no run (8a62a05): fp32 rounding ~1e-7 vs effects of 1e-2..1; one value for every dtype.
 REL_TOL = 1e-5     # behaviour: max|change| > REL_TOL * (1 + max|reference|)
 MASS_TOL = 1e-6    # probability a real query puts on keys it must not see
 SUM_TOL = 1e-5     # |sum_j P_ij - 1| on real query rows

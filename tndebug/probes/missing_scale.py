@@ -11,6 +11,7 @@ from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import at, every
 from tndebug.capture.trace import AttentionRecord, Trace
 
+# TOL, FIT_RESIDUAL, P_FLOOR: float precision, no run (8a62a05): the bugs miss by >= 41%.
 TOL = {False: 1e-3, True: 1e-2}      # |c*sqrt(d_k) - 1|; True: 16-bit compute
 FIT_RESIDUAL = 1e-2                  # above this the scores are not c*QK^T (bias, QK-norm): no verdict
 P_FLOOR = 1e-30                      # probabilities below this are underflow, not a signal
@@ -266,6 +267,7 @@ def by_design_fix(d_k: int) -> str:
             f"attention code, divide the scores by {math.sqrt(d_k):.4g} (sqrt(d_k)).")
 
 
+# Set on T5's initialisation (0915f8f), reported on foreign's hf-t5: not held out; trained T5 drifts out (0.385).
 FOLD_BAND = math.sqrt(2)   # rms(q)/rms(k) within a factor sqrt(2) of 1/sqrt(d_k) (or its inverse)
 
 

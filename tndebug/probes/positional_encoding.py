@@ -22,6 +22,7 @@ from tndebug.probes.schedule import every
 from tndebug.subject import Subject
 from tndebug.capture.trace import Trace
 
+# PERM_TOL: harness tiny/small; PERM_VS_CONTROL: foreign's hf-marian at init, not held out.
 PERM_TOL = 1e-4          # FAILURE_MODES 7a; healthy tiny/small encoders give rel 0.3-1.0
 PERM_TOL_LOW_PRECISION = 1e-2   # when the encoder does not compute in float32
 PERM_VS_CONTROL = 1e-2   # order-blind only if permuting changes the output < 1% as much as other
@@ -44,6 +45,7 @@ RHO_UNSCALED = 0.5
 # 32 x 10-token batch varies by ~2-3% between batches), the model has not learnt (healthy tiny
 # runs and the no_emb_scale fault alike are far below that by step 100).
 TRAINS = 0.95
+# UNIT, ZERO_PE, DUP_TOL: exact in kind (s fitted exactly; no PE adds 0; sinusoid rows differ by O(1)); no run.
 UNIT = 0.05              # |s - 1| below this: the embedding row is used as it is
 ZERO_PE = 1e-6           # RMS(PE added) / RMS(token part) below this: no PE added
 DUP_TOL = 1e-5           # two positions whose rows differ by less (relative) share a PE row

@@ -26,6 +26,7 @@ from tndebug.triage.loading import Checkpoint
 # [1/sqrt 2, sqrt 2] -> error.
 SWEEP_K = range(-6, 7)
 ALPHA_LOW, ALPHA_HIGH = 2 ** -0.5, 2 ** 0.5
+# SOLVED, DUP_COS: no run (docs/severity.md; random |cos| < 0.05); sweep: no held-out corpus.
 SOLVED = 0.5            # the sweep is judged only if the best loss < SOLVED * ln V
 DUP_COS = 0.99          # FAILURE_MODES 4b: per-head slice cosine
 
@@ -175,6 +176,7 @@ ScaleCtx = Callable[[float], "contextmanager"]
 # trained without 1/sqrt(d_k) and loaded into scaled code is off by sqrt(d_k) >= 2.8 and loses
 # nats, not hundredths; a gain below 0.05 nats per token (a likelihood ratio of 1.05) is what
 # temperature calibration of a healthy model gives, not a missing scale.
+# Set on no run (d1c22cc): statistical levels; only unit tests reach them (not held out; docs/thresholds.md).
 MIN_SEQS = 8            # fewer paired sequences: no test, no finding
 MAJORITY = 0.75         # share of sequences whose loss is lower at the best alpha
 Z_SE = 2.0              # mean gain > Z_SE standard errors
