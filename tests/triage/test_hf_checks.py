@@ -128,3 +128,48 @@ def test_safetensors_and_a_different_bin(bart, tmp_path):
     warn = [f for f in _checks(report) if f.where == "pytorch_model.bin"]
     assert warn and warn[0].severity == "warning", describe(report.findings)
     assert warn[0].evidence["triaged"] == ["model.safetensors"] and warn[0].evidence["differing_tensors"] == 8          # fc1 weight and bias, 4 layers
+
+
+# -- an untied head that does not fit the trained body (tndebug/triage/hf_head.py) -----------------
+def _untied_copy_bart(folder: Path, steps: int) -> Path:
+    """A tiny untied BART (tie_word_embeddings false) trained `steps` Adam steps on copying."""
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=20, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=32, dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False))
+    opt = torch.optim.Adam(model.parameters(), 3e-3)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        src = torch.randint(3, 20, (32, 8), generator=g)
+        tgt = torch.cat([torch.full((32, 1), 2), src, torch.full((32, 1), 2)], 1)
+        loss = model(input_ids=src, decoder_input_ids=tgt[:, :-1], labels=tgt[:, 1:].contiguous()).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(folder)
+    return folder
+
+
+def _unfit(report):
+    return [f for f in report.findings if f.code == "checkpoint/head-unfit"]
+
+
+def test_untied_head_that_does_not_fit_the_trained_body(tmp_path):
+    trained = _untied_copy_bart(tmp_path / "trained", 150)
+    report = triage_hf(TriageOptions(str(trained), probes="missing-scale"))
+    assert not _unfit(report), describe(report.findings)              # healthy trained: nothing
+    redrawn = _copy(trained, tmp_path, "redrawn")
+    from safetensors.torch import load_file, save_file
+    sd = load_file(str(redrawn / "model.safetensors"))
+    torch.manual_seed(3)
+    sd["lm_head.weight"] = torch.randn_like(sd["lm_head.weight"]) * 0.02    # re-initialised head
+    save_file(sd, str(redrawn / "model.safetensors"), metadata={"format": "pt"})
+    report = triage_hf(TriageOptions(str(redrawn), probes="missing-scale"))
+    got = _unfit(report)
+    assert got and got[0].severity == "warning" and got[0].where == "lm_head.weight", describe(report.findings)
+    ev = got[0].evidence
+    assert ev["body_alignment_median"] >= 2 and ev["head_z"] < 10, ev
+    untrained = _untied_copy_bart(tmp_path / "untrained", 0)           # both at initialisation
+    report = triage_hf(TriageOptions(str(untrained), probes="missing-scale"))
+    assert not _unfit(report), describe(report.findings)
