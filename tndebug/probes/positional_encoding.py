@@ -22,7 +22,7 @@ from tndebug.probes.schedule import every
 from tndebug.subject import Subject
 from tndebug.capture.trace import Trace
 
-# PERM_TOL: harness tiny/small; PERM_VS_CONTROL: foreign's hf-marian at init, not held out.
+# PERM_TOL: harness tiny/small; PERM_VS_CONTROL: foreign's hf-marian at init (held out: x-transformers).
 PERM_TOL = 1e-4          # FAILURE_MODES 7a; healthy tiny/small encoders give rel 0.3-1.0
 PERM_TOL_LOW_PRECISION = 1e-2   # when the encoder does not compute in float32
 PERM_VS_CONTROL = 1e-2   # order-blind only if permuting changes the output < 1% as much as other
