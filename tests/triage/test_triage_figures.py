@@ -57,8 +57,10 @@ def test_healthy_user_code_figures_are_drawn_labelled_and_illustrate_nothing(tmp
         assert any(k.endswith(".x") for k in p.labels) and any(k.endswith(".y") for k in p.labels), \
             (p.name, p.labels)
         assert p.findings == ()
-    listed = json.loads((tmp_path / "out" / "report.json").read_text())["run"]["figures"]
-    assert {f["file"] for f in listed} == {f"figures/{n}" for n in ONE_PASS}
+    run = json.loads((tmp_path / "out" / "report.json").read_text())["run"]
+    assert {f["file"] for f in run["figures"]} == {f"figures/{n}" for n in ONE_PASS}
+    # the figure stage is timed with the other stages (issue 23's cost: bench/triage_speed.py)
+    assert run["timings_s"]["figures_cpu"] > 0 and run["timings_s"]["figures"] > 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.index("## Figures") > md.index("## Probes")      # no finding: all under Figures
     for n in ONE_PASS:
@@ -129,7 +131,10 @@ def test_no_figures_and_a_rerun_keeps_one_tensorboard_run(tmp_path, capsys):
             "--out", out, "--no-figures"]
     assert run_triage_cli(argv, capsys)[0] == 0
     assert not list(out.glob("figures/*.png"))
-    assert json.loads((out / "report.json").read_text())["run"].get("figures") is None
+    run = json.loads((out / "report.json").read_text())["run"]
+    assert run.get("figures") is None
+    assert {"load", "probes"} <= set(run["timings_s"])            # stages timed, none drawn
+    assert not {"figures", "figures_cpu"} & set(run["timings_s"]), run["timings_s"]
     assert "](figures/" not in (out / "report.md").read_text()
     first = list((out / "tb").glob("events.out.tfevents.*"))
     assert len(first) == 1

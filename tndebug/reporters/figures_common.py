@@ -3,6 +3,8 @@ drawing helpers (matplotlib's Agg canvas; no pyplot, no global backend switch). 
 one place a figure becomes a PNG (tests replace it to read the Figure object itself)."""
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +62,26 @@ def _valid_rows(probs: torch.Tensor, snap: TraceSnapshot, kind: str):
 def save(fig: Figure, path: Path) -> None:
     """PNG with light compression: encoding was a third of the drawing time at the default."""
     fig.savefig(path, pil_kwargs={"compress_level": 2})
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic garbage collection while the figures are drawn, then one young-generation pass.
+
+    Matplotlib builds tens of thousands of long-lived objects per figure (artists, ticks,
+    transforms), which set off ~170 collections per set of figures, each walking the survivors
+    again: a fifth of the drawing time (base preset). Paused, their garbage (a figure's
+    reference cycles) is collected once at the end, from the young generation only: the
+    objects made while drawing, not the process's model and imports."""
+    if not gc.isenabled():                  # the caller's choice: leave it so
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect(0)
 
 
 def axis_labels(fig: Figure) -> dict:

@@ -151,7 +151,10 @@ class ReportSession:
         return md
 
     def _draw(self, report: Report) -> list:
-        """The figures (once), failed ones last; `run.figures` lists those drawn."""
+        """The figures (once), failed ones last; `run.figures` lists those drawn. A report that
+        times its stages (triage's `timings_s`) gets this one too: `figures` (wall) and
+        `figures_cpu` (this process's CPU seconds), the matplotlib import included."""
+        t0, c0 = time.perf_counter(), time.process_time()
         from tndebug.reporters.plots import make_figures
         plots = make_figures(self.recorder, report, self.out_dir / "figures")
         for p in plots:
@@ -159,6 +162,10 @@ class ReportSession:
                 print(f"tndebug: warning: {p.title}: {p.caption}", file=sys.stderr)
         plots = [p for p in plots if p.name] + [p for p in plots if not p.name]
         report.run = {**report.run, "figures": [p.to_dict() for p in plots if p.name]}
+        if isinstance(report.run.get("timings_s"), dict):
+            report.run["timings_s"] = {**report.run["timings_s"],
+                                       "figures": round(time.perf_counter() - t0, 3),
+                                       "figures_cpu": round(time.process_time() - c0, 3)}
         return plots
 
     def _open_tensorboard(self) -> None:
