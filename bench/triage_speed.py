@@ -12,13 +12,23 @@ temperature sweep; not the Python/torch start-up, which `--cli` adds):
 
     python bench/triage_speed.py                       # -> bench/results/triage_speed.json
     python bench/triage_speed.py --reps 1 --cases tndebug --out /tmp/t.json
+    python bench/triage_speed.py --reps 0 --figures-direct 5 --out bench/results/triage_figures.json
+
+`--figures-direct N` times the figure stage itself (issue 23: <= 2 s), as report.run.timings_s
+records it (ReportSession._draw: `figures`, `figures_cpu`): once inside a real triage of the base
+checkpoint through the CLI's deferred session, then in N fresh processes that draw that
+triage's recorded data cold (and again warm); and checks that a session without figures (what
+--no-figures makes) writes no PNG and times no figure stage.
 
 Random weights: the temperature sweep is inconclusive and reported as info; it still runs.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
+import pickle
 import resource
 import statistics
 import subprocess
@@ -40,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results" / "triage_speed.json"
 ZOO = ROOT / "tests" / "zoo" / "annotated.py"
 TARGET_S = 20.0
-FIGURES_TARGET_S = 2.0   # issue 23: what figures/ may add to the base triage; met when every pair is within
+FIGURES_TARGET_S = 2.0   # issue 23: what figures/ may add to the base triage; met when every
+#                          sample is within (--figures-direct: every cold draw's CPU time, one thread)
 
 
 def to_annotated(sd: dict) -> dict:
@@ -118,6 +129,94 @@ def probe_breakdown(paths: dict) -> dict:
     return out
 
 
+def _spread(xs: list[float]) -> dict:
+    """Median, min..max and the quartiles of some timings (seconds)."""
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return {"each": [round(x, 3) for x in xs], "median": round(statistics.median(xs), 3),
+            "min": round(min(xs), 3), "max": round(max(xs), 3),
+            "iqr": [round(q[0], 3), round(q[2], 3)]}
+
+
+def _stage(report) -> tuple[float, float] | None:
+    t = report.run.get("timings_s", {})
+    return (t["figures_cpu"], t["figures"]) if "figures_cpu" in t else None
+
+
+def figures_direct(paths: dict, folder: Path, procs: int, warm: int) -> dict:
+    """The figure stage alone, one thread: see the module docstring."""
+    from tndebug.reporters.session import ReportSession
+    torch.set_num_threads(1)
+    out = folder / "direct"
+    session = ReportSession(out, fmt="json", tensorboard=True, figures=True, defer=True, echo=False)
+    c0 = time.process_time()
+    report = triage(options("tndebug", paths), sinks=session.sinks)       # the probed pass
+    triage_cpu = time.process_time() - c0
+    data = folder / "recorded.pkl"
+    data.write_bytes(pickle.dumps((session.recorder, report)))         # before finish() draws
+    bare = copy.deepcopy(report)
+    c0 = time.process_time()
+    session.finish(report, fail_on="never")                            # figures, tb/, json, md
+    finish_cpu = time.process_time() - c0
+    cpu, wall = _stage(report)
+    pngs = sorted(p.name for p in (out / "figures").glob("*.png"))
+    # --no-figures' session, shown the same pass: no PNG, no figure stage in timings_s
+    off = ReportSession(folder / "off", fmt="json", tensorboard=False, figures=False, defer=True,
+                        echo=False)
+    off.recorder = session.recorder
+    off.finish(bare, fail_on="never")
+    off_pngs = sorted(p.name for p in (folder / "off").rglob("*.png"))
+    cold, warm_runs = [(cpu, wall)], []
+    for i in range(procs):
+        got = subprocess.run([sys.executable, __file__, "--draw-recorded", str(data), "--warm", str(warm),
+                              "--out", str(folder / f"draw-{i}")], check=True, capture_output=True,
+                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        times = json.loads(got.stdout.strip().splitlines()[-1])
+        cold.append(tuple(times[0]))
+        warm_runs += [tuple(t) for t in times[1:]]
+        print(f"  draw process {i}: cold {times[0][0]:.2f} s cpu, warm "
+              f"{', '.join(f'{c:.2f}' for c, _ in times[1:])} s cpu")
+    cold_cpu = [c for c, _ in cold]
+    row = {"what": "the figure stage (ReportSession._draw: make_figures, its matplotlib import "
+                   "included) timed by the session itself (run.timings_s.figures_cpu / figures), "
+                   "torch and numpy on one thread",
+           "in_process": {"figures_cpu_s": cpu, "figures_wall_s": wall, "triage_cpu_s": round(triage_cpu, 2),
+                          "finish_cpu_s": round(finish_cpu, 3), "pngs": pngs,
+                          "note": "one triage of the base checkpoint with the CLI's deferred session, then "
+                                  "finish(): the first figures of the process, on the triage's own heap"},
+           "cold_cpu_s": _spread(cold_cpu), "cold_wall_s": _spread([w for _, w in cold]),
+           "cold_note": f"the in-process draw and {procs} fresh processes, each drawing the same "
+                        f"triage's recorded data (Recorder and Report, pickled) once, cold",
+           "warm_cpu_s": _spread([c for c, _ in warm_runs]) if warm_runs else None,
+           "warm_wall_s": _spread([w for _, w in warm_runs]) if warm_runs else None,
+           "warm_note": f"{warm} more draws in each of those processes (imports and caches in place)",
+           "no_figures": {"pngs": off_pngs, "figures_timed": _stage(bare) is not None,
+                          "timings_s": bare.run.get("timings_s")},
+           "target_s": FIGURES_TARGET_S,
+           "figures_within_2_s": max(cold_cpu) <= FIGURES_TARGET_S,
+           "figures_wall_within_2_s": max(w for _, w in cold) <= FIGURES_TARGET_S}
+    print(f"figure stage, cold: cpu median {row['cold_cpu_s']['median']:.2f} s "
+          f"({row['cold_cpu_s']['min']:.2f}..{row['cold_cpu_s']['max']:.2f}); within "
+          f"{FIGURES_TARGET_S} s: {row['figures_within_2_s']}")
+    return row
+
+
+def draw_recorded(data: Path, warm: int, out: Path) -> None:
+    """One fresh process of figures_direct: the modules `tndebug triage` has loaded before it
+    draws, then the stage once cold and `warm` times more; prints [[cpu, wall], ...]."""
+    import tndebug.commands.triage  # noqa: F401  (what the CLI imported before finish())
+    from tndebug.reporters.session import ReportSession
+    torch.set_num_threads(1)
+    recorder, report = pickle.loads(data.read_bytes())
+    times = []
+    for i in range(1 + warm):
+        session = ReportSession(out / str(i), fmt="json", tensorboard=False, figures=True,
+                                defer=True, echo=False)
+        session.recorder = recorder
+        session._draw(report)
+        times.append(list(_stage(report)))
+    print(json.dumps(times))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -132,16 +231,26 @@ def main() -> None:
                          "free of spin-waits)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time each probe's setup alone (1 thread, tndebug case)")
+    ap.add_argument("--figures-direct", type=int, default=0, metavar="N",
+                    help="time the figure stage itself: in a triage, then in N fresh processes "
+                         "(see above); --reps 0 skips the whole-triage timings")
+    ap.add_argument("--warm", type=int, default=2, help="with --figures-direct: warm draws per process")
+    ap.add_argument("--draw-recorded", type=Path, help=argparse.SUPPRESS)   # figures_direct's child
     ap.add_argument("--merge", action="store_true", help="update --out instead of replacing it")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
+    if args.draw_recorded:
+        return draw_recorded(args.draw_recorded, args.warm, args.out)
     results = {}
     prov = Provenance.start(__file__, None)
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_checkpoints(Path(tmp))
         breakdown = probe_breakdown(paths) if args.breakdown else None
-        for threads, case in [(int(n), c) for n in args.threads.split(",") for c in args.cases.split(",") if c]:
+        direct = figures_direct(paths, Path(tmp), args.figures_direct, args.warm) \
+            if args.figures_direct else None
+        for threads, case in [(int(n), c) for n in args.threads.split(",") for c in args.cases.split(",")
+                              if c and args.reps]:
             torch.set_num_threads(threads)
             walls, cpus, stages = [], [], []
             for _ in range(args.reps):
@@ -192,6 +301,8 @@ def main() -> None:
            "results": results}
     if breakdown is not None:
         doc["probe_setup_cpu_s_1_thread"] = breakdown
+    if direct is not None:
+        doc["figures_direct"] = direct
     if args.merge and args.out.exists():
         old = json.loads(args.out.read_text())
         doc = {**old, **{k: v for k, v in doc.items() if k != "results"},
