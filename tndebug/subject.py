@@ -19,9 +19,10 @@ from tndebug.capture.trace import Trace
 MIN_PROBE_LEN = 4
 
 ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
-# A decoder-only model's call: forward(model, ids [B, T], pad_id) -> logits [B, T, V]
+# A decoder-only model's call: forward(model, ids [B, T], pad_id) -> logits [B, T, V]; an
+# encoder-only model's is the same, with its outputs per token (MLM logits or hidden states)
 LMForwardFn = Callable[[nn.Module, torch.Tensor, int], torch.Tensor]
-KINDS = ("seq2seq", "decoder")
+KINDS = ("seq2seq", "decoder", "encoder")
 
 
 class Subject:
@@ -33,7 +34,8 @@ class Subject:
             `forward(model, ids, pad_id) -> logits [B, T, V]`.
         encode: optional `encode(model, src, pad_id) -> memory [B, S, d]` (seq2seq only).
         capture: an object with `recording(reads, trace)` (TapCapture or a generic capture).
-        kind: "seq2seq" (an encoder and a decoder) or "decoder" (one causal stack, GPT-style).
+        kind: "seq2seq" (an encoder and a decoder), "decoder" (one causal stack, GPT-style) or
+            "encoder" (one bidirectional stack, BERT-style: ids only, outputs per token).
         incremental: optional, decoder-only: `incremental(model, ids, pad_id, split) -> logits
             [B, T - split, V]`, the logits of positions split.. of `ids` [B, T] computed the way
             the model generates: the prefix ids[:, :split] once, filling its KV cache, then one
@@ -44,6 +46,12 @@ class Subject:
     sequence, `src` is empty ([B, 0]) and ignored, so every test of the decoder (causality,
     target padding, the trace of its attention) runs unchanged; the tests of a source side say
     they do not apply (`has_source`).
+
+    An encoder-only model is the mirror image: `src` (right-padded, no BOS) is its sequence and
+    `tgt` is ignored; `logits(src, _)` and `encode(src)` are both its per-token outputs
+    [B, S, V], so every test of an encoder (source pad length, batch independence, its trace,
+    the permutation test) runs unchanged, and the tests of a target side say they do not apply
+    (`has_target`).
     """
 
     def __init__(self, model: nn.Module, forward: ForwardFn | LMForwardFn, *, pad_id: int = 0,
@@ -51,8 +59,8 @@ class Subject:
                  max_len: int | None = None, kind: str = "seq2seq", incremental=None) -> None:
         if kind not in KINDS:
             raise ValueError(f"Subject kind {kind!r}; expected one of {KINDS}")
-        if kind == "decoder" and encode is not None:
-            raise ValueError("a decoder-only Subject has no encoder: pass no encode")
+        if kind in ("decoder", "encoder") and encode is not None:
+            raise ValueError(f"a {kind}-only Subject is called through forward alone: pass no encode")
         self.model = model
         self.kind = kind
         self._incremental = incremental
@@ -127,11 +135,18 @@ class Subject:
     @property
     def has_source(self) -> bool:
         """False for a decoder-only model: there is no source sequence to pad or perturb."""
-        return self.kind == "seq2seq"
+        return self.kind != "decoder"
+
+    @property
+    def has_target(self) -> bool:
+        """False for an encoder-only model: no target sequence (nothing causal to test)."""
+        return self.kind != "encoder"
 
     def logits(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         if self.kind == "decoder":
             return self._forward(self.model, tgt, self.pad_id)
+        if self.kind == "encoder":
+            return self._forward(self.model, src, self.pad_id)
         return self._forward(self.model, src, tgt, self.pad_id)
 
     @property
@@ -146,6 +161,8 @@ class Subject:
         return self._incremental(self.model, ids, self.pad_id, split)
 
     def encode(self, src: torch.Tensor) -> torch.Tensor | None:
+        if self.kind == "encoder":                  # its output per token is its encoding
+            return self._forward(self.model, src, self.pad_id)
         return None if self._encode is None else self._encode(self.model, src, self.pad_id)
 
     @contextmanager
@@ -172,11 +189,14 @@ class Subject:
                      pad_share: float = 0.5, generator: torch.Generator | None = None):
         """Random content with BOS-led targets; about `pad_share` of rows right-padded.
 
-        Returns (src [B, S], tgt [B, T]); every row keeps at least 2 real tokens.
+        Returns (src [B, S], tgt [B, T]); every row keeps at least 2 real tokens. An
+        encoder-only subject's tgt is src itself (its per-token targets: the ids, pads ignored).
         """
         g = generator or torch.Generator().manual_seed(1234)
         if not self.has_source:
             src_len = 0
+        if not self.has_target:
+            tgt_len = src_len
         src_len, tgt_len = self.fit(src_len) if src_len else 0, self.fit(tgt_len)
         lo = self.first_content
         src = torch.randint(lo, self.src_vocab, (batch, src_len), generator=g)
@@ -188,6 +208,8 @@ class Subject:
                 t = int(torch.randint(2, tgt_len, (), generator=g))
                 src[b, s:] = self.pad_id
                 tgt[b, t:] = self.pad_id
+        if not self.has_target:
+            tgt = src.clone()
         return src.to(self.device), tgt.to(self.device)
 
 

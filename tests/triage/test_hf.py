@@ -323,10 +323,10 @@ def test_bad_directories(dirs, tmp_path, capsys):
     (unknown / "config.json").write_text(json.dumps({**cfg, "model_type": "florp"}))
     _bad([unknown], capsys, tmp_path, "model_type 'florp' is unknown")
 
-    bert = transformers.BertConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32,
-                                   num_attention_heads=2, vocab_size=50)
-    bert.save_pretrained(tmp_path / "bert")             # decoder-only: tests/triage/test_hf_decoder.py
-    _bad([tmp_path / "bert"], capsys, tmp_path, "encoder-only models are not yet triaged")
+    vit = transformers.ViTConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32,
+                                 num_attention_heads=2)
+    vit.save_pretrained(tmp_path / "vit")     # decoder-, encoder-only: tests/triage/test_hf_{de,en}coder.py
+    _bad([tmp_path / "vit"], capsys, tmp_path, "with no language-model head of the three shapes")
 
     misfit = tmp_path / "misfit"
     shutil.copytree(dirs["bart"], misfit)

@@ -2,7 +2,7 @@
 GPTNeoX from small random-init configs (nothing is downloaded), eager and SDPA: healthy ones are
 clean, a causal mask removed from the loaded model is named causal-leak, and the KV-cache call
 (`incremental`) equals the full forward on a healthy model and not on one whose cache is broken.
-An encoder-only directory is refused as "not yet", exit 2."""
+(Encoder-only directories are triaged too: tests/triage/test_hf_encoder.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -185,16 +185,6 @@ def test_triage_offers_the_cache_to_the_probes(dirs):
 
 
 # -- refused ---------------------------------------------------------------------------------------
-def test_encoder_only_is_refused_as_not_yet(tmp_path, capsys):
-    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
-                                  num_attention_heads=2, intermediate_size=32)
-    transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path / "bert")
-    assert main(["triage", str(tmp_path / "bert"), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("tndebug: error:") == 1 and "encoder-only models are not yet triaged" in err
-    assert not (tmp_path / "out").exists()
-
-
 def test_decoder_only_data_is_refused_as_not_yet(dirs, tmp_path, capsys):
     code = main(["triage", str(dirs["gpt2"]), "--data", str(tmp_path / "x.pt"),
                  "--out", str(tmp_path / "out")])

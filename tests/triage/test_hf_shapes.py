@@ -1,6 +1,7 @@
-"""A Hugging Face directory that is neither an encoder-decoder nor decoder-only is refused in one
-line that says what it holds: a BERT is an encoder-only model, not "a decoder-only" one (issue 18).
-(Decoder-only directories are triaged: tests/triage/test_hf_decoder.py.)"""
+"""A Hugging Face directory of none of the three shapes (encoder-decoder, decoder-only,
+encoder-only) is refused in one line that says what it holds (issue 18). A BERT is told as an
+encoder-only model, not "a decoder-only" one, and triaged (tests/triage/test_hf_encoder.py);
+decoder-only directories: tests/triage/test_hf_decoder.py."""
 from __future__ import annotations
 
 import pytest
@@ -15,18 +16,20 @@ def _save(cls, cfg, path):
     return str(path)
 
 
-@pytest.mark.parametrize("kind", ["bert"])
-def test_a_directory_that_is_no_encoder_decoder_says_what_it_holds(kind, tmp_path, capsys):
-    from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
-    if kind == "bert":
-        d = _save(BertForMaskedLM, BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
-                                              num_attention_heads=2, intermediate_size=32),
-                  tmp_path / "m")
-        said = "holds an encoder-only model (bert, BertForMaskedLM)"
-    else:
-        d = _save(GPT2LMHeadModel, GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2,
-                                              bos_token_id=0, eos_token_id=0), tmp_path / "m")
-        said = "holds a decoder-only model (gpt2, GPT2LMHeadModel)"
+def test_a_directory_of_no_triaged_shape_says_what_it_holds(tmp_path, capsys):
+    from transformers import ViTConfig, ViTModel
+    d = _save(ViTModel, ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32), tmp_path / "m")
     assert main(["triage", d, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert said in err and err.count("tndebug: error:") == 1
+    assert "holds a vit model (ViTModel) with no language-model head" in err
+    assert err.count("tndebug: error:") == 1
+
+
+def test_a_bert_is_told_as_encoder_only():
+    from tndebug.triage.hf import _shape
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES as masked)
+    assert _shape("bert", {"architectures": ["BertForMaskedLM"]}, causal, masked) == "an encoder-only"
+    assert _shape("bert", {"architectures": ["BertLMHeadModel"], "is_decoder": True},
+                  causal, masked) == "a decoder-only"

@@ -49,13 +49,13 @@ from tndebug.capture.structure import _FFN, _FFN_OUT, _LAYER, _STACK, _is_positi
 _BLOCK = re.compile(r"(?:^|\.)(?:layers|layer|blocks|block|h)\.(?P<i>\d+)$")
 
 
-def _blocks(modules: dict) -> dict[str, tuple[str, int]]:
-    """The numbered blocks of a one-stack model -> ("decoder", index): children of a
+def _blocks(modules: dict, stack: str = "decoder") -> dict[str, tuple[str, int]]:
+    """The numbered blocks of a one-stack model -> (stack, index): children of a
     ModuleList named layers/blocks/h that are not inside another such block."""
     found = {n: int(m.group("i")) for n in modules for m in [_BLOCK.search(n)] if m}
     outer = {n: i for n, i in found.items()
              if not any(n.startswith(o + ".") for o in found if o != n)}
-    return {n: ("decoder", i) for n, i in outer.items()}
+    return {n: (stack, i) for n, i in outer.items()}
 
 
 def _stacked_blocks(modules: dict) -> dict[str, tuple[str, int]]:
@@ -77,7 +77,9 @@ class GenericCapture:
             embeddings receive (then from nn.MultiheadAttention.batch_first).
         kind: the Subject's kind. For "decoder" (one causal stack) the layers are the numbered
             blocks whatever their path says (`transformer.h.3`, `model.layers.3`, `blocks.3`),
-            all in the stack "decoder".
+            all in the stack "decoder"; for "encoder" (one bidirectional stack, BERT-style)
+            the same blocks, in the stack "encoder" (`bert.encoder.layer.3`,
+            `distilbert.transformer.layer.3`).
     """
 
     def __init__(self, model: nn.Module, *, seq_first: bool | None = None,
@@ -90,8 +92,8 @@ class GenericCapture:
         self.kind = kind
         self.layers = {n: (_stack_of(n) or "encoder", int(m.group("i")))
                        for n in modules for m in [_LAYER.search(n)] if m}
-        if kind == "decoder":
-            self.layers = _blocks(modules)
+        if kind in ("decoder", "encoder"):
+            self.layers = _blocks(modules, kind)
         elif not self.layers:
             self.layers = _stacked_blocks(modules)
         self.stacks = {n: _stack_of(n) for n in modules if n and _STACK.search(n)
@@ -166,6 +168,33 @@ class GenericCapture:
                 holds_attention = any(c.startswith(owner + ".") for c in self.attention) if owner else True
                 block = owner and owner not in self.layers and not holds_attention
                 out[name] = owner if block else name
+        out.update(self._split_ffns(modules, out))
+        return out
+
+    def _split_ffns(self, modules: dict, found: dict[str, str]) -> dict[str, str]:
+        """Feed-forwards split over two children of a layer, each holding one Linear: the
+        expansion d -> f (f > d) in the first, the contraction f -> d in a later one (Hugging
+        Face's BERT family: `intermediate.dense`, then `output.dense`, whose module also adds
+        the residual and norms). The contraction's input is the hidden, keyed by its path.
+        Only in layers where no FFN was found within one module."""
+        out = {}
+        for layer in self.layers:
+            if any(n.startswith(layer + ".") for n in found):
+                continue
+            kids = []
+            for n, c in modules[layer].named_children():
+                path = f"{layer}.{n}"
+                if any(a == path or a.startswith(path + ".") for a in self.attention):
+                    continue
+                affine = [(f"{path}.{k}", d) for k, x in c.named_children()
+                          for d in [_affine_dims(x)] if d is not None]
+                if len(affine) == 1:
+                    kids.append(affine[0])
+            for i, (_, (d_in, f)) in enumerate(kids):
+                later = [p for p, (f_in, d_out) in kids[i + 1:] if f > d_in and (f_in, d_out) == (f, d_in)]
+                if later:
+                    out[later[0]] = later[0]
+                    break
         return out
 
     # -- discovery ---------------------------------------------------------------------------

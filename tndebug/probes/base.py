@@ -76,6 +76,13 @@ NO_STEP = "never observed a training step"
 # The reason of a decoder-only probe on an encoder-decoder: one text, so that reports list such
 # probes together ("SKIPPED label-shift, lm-decoding: ...").
 DECODER_ONLY = "a decoder-only probe; this model is an encoder-decoder"
+# The same on an encoder-only model (BERT-style): the decoder-only probes say it with this one.
+DECODER_ONLY_ON_ENCODER = "a decoder-only probe; this model is encoder-only"
+
+
+def not_decoder_only(kind: str) -> str:
+    """Why a decoder-only probe does not apply to a Subject of `kind`."""
+    return DECODER_ONLY_ON_ENCODER if kind == "encoder" else DECODER_ONLY
 
 
 class Probe:

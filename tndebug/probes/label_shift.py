@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from tndebug.probes.base import DECODER_ONLY, Probe, RunContext, StepInfo
+from tndebug.probes.base import Probe, RunContext, StepInfo, not_decoder_only
 from tndebug.probes.schedule import every
 
 # A model that learnt from shifted labels repeats its input rarely: a token equals the one before
@@ -66,7 +66,7 @@ class LabelShiftProbe(Probe):
         if run.subject.kind != "decoder":
             # calibrated on decoder-only models only (its decoder input and labels are two
             # tensors there)
-            self.cover("", "not applicable", DECODER_ONLY)
+            self.cover("", "not applicable", not_decoder_only(run.subject.kind))
             return
         if run.mode != "train":
             self.cover("", "not applicable", "no training steps here: the labels used show "

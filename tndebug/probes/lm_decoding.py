@@ -23,7 +23,7 @@ import torch
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._raised import ModelRaised, call as _call
-from tndebug.probes.base import DECODER_ONLY, Probe, RunContext
+from tndebug.probes.base import Probe, RunContext, not_decoder_only
 from tndebug.probes.mask_broadcast import Check, compare
 from tndebug.probes.schedule import never
 from tndebug.subject import Subject
@@ -107,8 +107,8 @@ class LMDecoding(Probe):
         s = run.subject
         if s.kind != "decoder":
             # its decoder is driven with the whole target, never left-padded or cached by
-            # tndebug; its masks are mask-broadcast's
-            self.cover("", "not applicable", DECODER_ONLY)
+            # tndebug; its masks are mask-broadcast's (an encoder-only model has no decoder)
+            self.cover("", "not applicable", not_decoder_only(s.kind))
             return
         with s.evaluating():
             ids = _rows(s, 4, s.fit(9), seed=11)

@@ -136,24 +136,26 @@ def behaviour(s: Subject) -> dict[str, Check]:
                      probe_batch(s, 5, min(7, cap), min(12, cap), seed=2)):
         pad, T = s.pad_id, tgt.shape[1]
         real_s, real_t = src != pad, tgt != pad
-        full = tgt.where(real_t, _content(s, tgt, g, s.tgt_vocab))          # no target pads
-        base = logits("tgt_pad_content", src, full)
-        for t in sorted({0, T // 3, T // 2, T - 2}):
-            alt = full.clone()
-            alt[:, t + 1:] = _other(s, alt[:, t + 1:], g, s.tgt_vocab)
-            out["causality"] = out["causality"].merge(
-                compare(base[:, :t + 1], logits("causality", src, alt)[:, :t + 1]))
-        ref = logits("base", src, tgt)
-        longer, rows = _longer(s, tgt, EXTRA_PADS, g, s.tgt_vocab)
-        out["tgt_pad_length"] = out["tgt_pad_length"].merge(
-            compare(ref, logits("tgt_pad_length", src, longer)[:, :T], real_t & rows[:, None]))
-        out["tgt_pad_content"] = out["tgt_pad_content"].merge(
-            compare(ref, base, real_t))
+        if s.has_target:
+            full = tgt.where(real_t, _content(s, tgt, g, s.tgt_vocab))      # no target pads
+            base = logits("tgt_pad_content", src, full)
+            for t in sorted({0, T // 3, T // 2, T - 2}):
+                alt = full.clone()
+                alt[:, t + 1:] = _other(s, alt[:, t + 1:], g, s.tgt_vocab)
+                out["causality"] = out["causality"].merge(
+                    compare(base[:, :t + 1], logits("causality", src, alt)[:, :t + 1]))
+            ref = logits("base", src, tgt)
+            longer, rows = _longer(s, tgt, EXTRA_PADS, g, s.tgt_vocab)
+            out["tgt_pad_length"] = out["tgt_pad_length"].merge(
+                compare(ref, logits("tgt_pad_length", src, longer)[:, :T], real_t & rows[:, None]))
+            out["tgt_pad_content"] = out["tgt_pad_content"].merge(
+                compare(ref, base, real_t))
         enc = None
         if s.has_source:
             longer, rows = _longer(s, src, EXTRA_PADS, g, s.src_vocab)
-            out["src_pad_length"] = out["src_pad_length"].merge(
-                compare(ref, logits("src_pad_length", longer, tgt), real_t & rows[:, None]))
+            if s.has_target:
+                out["src_pad_length"] = out["src_pad_length"].merge(
+                    compare(ref, logits("src_pad_length", longer, tgt), real_t & rows[:, None]))
             enc = encode("base", src)
         has_encode = has_encode and enc is not None
         if enc is not None:
@@ -162,8 +164,9 @@ def behaviour(s: Subject) -> dict[str, Check]:
                 compare(enc, enc_longer, real_s & rows[:, None]))
         for b in (1, 3):                     # unpadded rows: a batch of one is as long as its row
             one = slice(b, b + 1)
-            out["batch"] = out["batch"].merge(
-                compare(ref[one], logits("batch", src[one], tgt[one]), real_t[one]))
+            if s.has_target:
+                out["batch"] = out["batch"].merge(
+                    compare(ref[one], logits("batch", src[one], tgt[one]), real_t[one]))
             if enc is not None:
                 out["enc_batch"] = out["enc_batch"].merge(
                     compare(enc[one], encode("batch", src[one]), real_s[one]))
@@ -171,6 +174,9 @@ def behaviour(s: Subject) -> dict[str, Check]:
         out.pop("enc_pad_length"), out.pop("enc_batch")
     if not s.has_source:                     # decoder-only: no source side to pad
         out.pop("src_pad_length")
+    if not s.has_target:                     # encoder-only: its tests are the encoder's (enc_*)
+        for k in ("causality", "tgt_pad_length", "tgt_pad_content", "src_pad_length", "batch"):
+            out.pop(k)
     return out
 
 
@@ -273,6 +279,8 @@ class MaskBroadcast(Probe):
     row sums; and, only when a behaviour test failed and no probability explains it, whether q
     is an affine function of its own input row (the head split: ~140 sequences on a 512-wide
     model, so it is not paid on healthy ones).
+    On an encoder-only model (no target side) the causal test is turned round: the outputs must
+    change with the tokens on either side (`_bidirectional`: encoder-causal, encoder-one-sided).
     The failing attention is named: encoder self (encoder output changes), decoder self
     (causality), cross (logits change while the encoder output does not). The Subject marks
     pads by id, so the source's pad *content* cannot vary: its length does.
@@ -296,6 +304,8 @@ class MaskBroadcast(Probe):
         "tgt-pad-leak": "target pads change the logits at real positions",
         "head-split": "heads split or merged without the transpose",
         "positions-mixed": "a behaviour test fails while every mask holds: positions mix outside the softmax",
+        "encoder-causal": "encoder-only: the outputs at <= t ignore the tokens after t (causal mask)",
+        "encoder-one-sided": "encoder-only: the outputs at >= t ignore the tokens before t (triu mask)",
     }
     reads = ("attn.q", "attn.k", "attn.scores", "attn.masked_scores", "attn.probs", "stream")
     fix = FAULT_NOTES["pad_mask_query_axis"][2]
@@ -309,6 +319,9 @@ class MaskBroadcast(Probe):
                     return
                 checks = behaviour(s)
                 modules = self._modules(s) if s.capture is not None else []
+                if not s.has_target:        # encoder-only: attention must see both sides
+                    from tndebug.probes import _bidirectional
+                    sides = _bidirectional.measure(s)
             except ModelRaised as e:
                 self._raised(e)
                 return
@@ -319,6 +332,8 @@ class MaskBroadcast(Probe):
                 self.skip(f"non-finite outputs made these tests inconclusive: {', '.join(odd)}",
                           where="" if len(odd) == len(checks) else None)
             self._verdict(checks, modules, lambda: self._fit_heads(s, modules))
+            if not s.has_target:
+                _bidirectional.report(self, sides)
 
     def _deterministic(self, s: Subject) -> bool:
         """Two identical calls in eval mode must give the same logits: every test below compares

@@ -3,9 +3,10 @@
     report = triage_hf(TriageOptions("./my-model/", attn="sdpa"))
 
 1. config.json -> AutoConfig (local files only, HF_HUB_OFFLINE=1: never a network call); an
-   unknown model_type or an encoder-only model is a one-line UsageError;
+   unknown model_type or a shape that is none of the three below is a one-line UsageError;
 2. the model from `AutoModelForSeq2SeqLM.from_config` (a decoder-only model, GPT2, Llama, ...:
-   `AutoModelForCausalLM`, called as hf_decoder.py says), the weights read with safetensors (or
+   `AutoModelForCausalLM`, called as hf_decoder.py says; an encoder-only one, Bert, Roberta, ...:
+   `AutoModelForMaskedLM`, as hf_encoder.py says), the weights read with safetensors (or
    torch.load(weights_only=True) for .bin), sharded or not, and loaded tie-aware: a missing key
    is accepted only when it shares storage with a loaded one after `tie_weights()`;
 3. the built-in adapter calls it as a user of transformers does (`input_ids`, `attention_mask`
@@ -34,6 +35,7 @@ from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
 from tndebug.triage.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
+from tndebug.triage.hf_encoder import MLM_CALLS, MLM_LOSS, make_mlm_adapter, mlm_ids_note
 from tndebug.triage.hf_weights import (WEIGHTS, _line, load_tied, read_weights,  # noqa: F401
                                        renamed, sliced_output, weight_files)
 
@@ -67,7 +69,7 @@ def _transformers():
 
 # -- config and model --------------------------------------------------------------------------
 def load_config(folder: Path):
-    """(transformers, the config, "seq2seq" | "decoder")."""
+    """(transformers, the config, "seq2seq" | "decoder" | "encoder")."""
     tf = _transformers()
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -93,17 +95,18 @@ def load_config(folder: Path):
                          f"which tndebug does not run)")
     shape = ("an encoder-decoder" if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES else
              _shape(model_type, raw, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES))
-    if shape not in ("an encoder-decoder", "a decoder-only"):
-        raise UsageError(f"{folder} holds {shape} model ({model_type}, "
-                         f"{', '.join(raw.get('architectures') or []) or 'no architectures'}): "
-                         f"{'encoder-only models are' if shape == 'an encoder-only' else 'it is'} not "
-                         f"yet triaged; tndebug triages encoder-decoders (AutoModelForSeq2SeqLM) and "
-                         f"decoder-only models (AutoModelForCausalLM)")
+    kinds = {"an encoder-decoder": "seq2seq", "a decoder-only": "decoder", "an encoder-only": "encoder"}
+    if shape not in kinds:
+        raise UsageError(f"{folder} holds a {model_type} model "
+                         f"({', '.join(raw.get('architectures') or []) or 'no architectures'}) "
+                         f"with no language-model head of the three shapes tndebug triages: "
+                         f"encoder-decoders (AutoModelForSeq2SeqLM), decoder-only models "
+                         f"(AutoModelForCausalLM) and encoder-only models (AutoModelForMaskedLM)")
     try:
         config = tf.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers raises many types
         raise UsageError(f"{cfg_path} could not be read by transformers: {_line(e)}") from None
-    return tf, config, "decoder" if shape == "a decoder-only" else "seq2seq"
+    return tf, config, kinds[shape]
 
 
 def build_model(tf, config, attn: str | None, kind: str = "seq2seq") -> nn.Module:
@@ -112,7 +115,8 @@ def build_model(tf, config, attn: str | None, kind: str = "seq2seq") -> nn.Modul
     dtype still decides the fp16 hazards, as run.compute_dtype)."""
     kw = {"attn_implementation": attn} if attn else {}
     kw["dtype"] = torch.float32
-    auto = tf.AutoModelForCausalLM if kind == "decoder" else tf.AutoModelForSeq2SeqLM
+    auto = {"decoder": tf.AutoModelForCausalLM, "encoder": tf.AutoModelForMaskedLM}.get(
+        kind, tf.AutoModelForSeq2SeqLM)
     try:
         return auto.from_config(config, **kw)
     except Exception as e:  # noqa: BLE001
@@ -186,9 +190,12 @@ def make_adapter(start: int, marker: int):
 
 
 def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
-    """Random content ids, BOS (marker)-led targets, about a third of the rows right-padded."""
+    """Random content ids, BOS (marker)-led targets, about a third of the rows right-padded; an
+    encoder-only subject's targets are its ids (hf_encoder.MLM_LOSS)."""
     src, tgt = subject.random_batch(n, SRC_LEN, TGT_LEN + 1, pad_share=0.3,
                                     generator=torch.Generator().manual_seed(0))
+    if not subject.has_target:
+        return Batch(src.cpu(), src.cpu(), src.cpu())
     tgt_out = tgt[:, 1:]
     tgt_in = tgt[:, :-1].masked_fill(tgt_out == subject.pad_id, subject.pad_id)
     return Batch(src.cpu(), tgt_in.cpu(), tgt_out.cpu())
@@ -234,10 +241,11 @@ def triage_hf(opts, patch=None, sinks=()):
     attn = getattr(opts, "attn", None)
     probe_names = R._probe_names(opts.probes)
     tf, config, kind = load_config(folder)
-    decoder = kind == "decoder"
-    if decoder and (opts.data or getattr(opts, "text", None)):
-        raise UsageError(f"{folder} holds a decoder-only model: --data and --text are not yet "
-                         f"read for decoder-only models (the probes run on random ids)")
+    decoder, encoder = kind == "decoder", kind == "encoder"
+    one_stack = decoder or encoder                  # called with one sequence of ids
+    if one_stack and (opts.data or getattr(opts, "text", None)):
+        raise UsageError(f"{folder} holds a {kind}-only model: --data and --text are not yet "
+                         f"read for {kind}-only models (the probes run on random ids)")
     files = weight_files(folder)
     sd = read_weights(files)
     lap("load")
@@ -253,23 +261,28 @@ def triage_hf(opts, patch=None, sinks=()):
     out_emb = model.get_output_embeddings()
     tgt_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or src_v
     keep = PROBE_VOCAB if tgt_v > PROBE_VOCAB and set(probe_names) <= set(R.TRIAGE_PROBES) else None
-    ids = choose_lm_ids(config, min(src_v, tgt_v), keep) if decoder else choose_ids(config, min(src_v, tgt_v))
+    ids = choose_lm_ids(config, min(src_v, tgt_v), keep) if one_stack else choose_ids(config, min(src_v, tgt_v))
     lo, hi = ids["content"]
     if keep:
         hi = min(hi, keep)
 
     def adapter(model):
         """(forward, encode) of an encoder-decoder, (forward, incremental) of a decoder-only
-        model; `patch` may replace them."""
-        pair = make_lm_adapter() if decoder else make_adapter(ids["start"], ids["marker"])
+        model, (forward, None) of an encoder-only one; `patch` may replace them."""
+        pair = (make_lm_adapter() if decoder else (make_mlm_adapter(), None) if encoder
+                else make_adapter(ids["start"], ids["marker"]))
         return (patch(model, pair) or pair) if patch is not None else pair
 
     def call(fwd, model, src, tgt):
-        """The probes' call: a decoder-only model is fed `tgt` alone (Subject kind "decoder")."""
-        return fwd(model, tgt, ids["pad"]) if decoder else fwd(model, src, tgt, ids["pad"])
+        """The probes' call: a decoder-only model is fed `tgt` alone (Subject kind "decoder"),
+        an encoder-only one `src` alone (kind "encoder")."""
+        if one_stack:
+            return fwd(model, tgt if decoder else src, ids["pad"])
+        return fwd(model, src, tgt, ids["pad"])
 
     def make_subject(model, forward, second):
-        role = {"kind": kind, "incremental": second} if decoder else {"encode": second}
+        role = ({"kind": kind, "incremental": second} if decoder else {"kind": kind} if encoder
+                else {"encode": second})
         subject = HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
                             tgt_vocab=hi, capture=GenericCapture(model, kind=kind),
                             max_len=getattr(opts, "max_len", None)
@@ -307,7 +320,8 @@ def triage_hf(opts, patch=None, sinks=()):
                                                   batch.tgt_in[:1, :3])) as keep:
         probed = driver.probe_once(subject, probe_names, batch, compute_dtype=dtype, sinks=sinks)
     statuses, probe_seconds = probed.statuses, probed.seconds
-    auto = "AutoModelForCausalLM" if decoder else "AutoModelForSeq2SeqLM"
+    auto = ("AutoModelForCausalLM" if decoder else "AutoModelForMaskedLM" if encoder
+            else "AutoModelForSeq2SeqLM")
     how = f"{auto}.from_config(config), seed {SEED}, attn {attn or 'from config'}"
     checked, statuses = apart_from_weights(probed, probe_fresh, probe_names, sd, how)
     findings += checked
@@ -319,7 +333,7 @@ def triage_hf(opts, patch=None, sinks=()):
             data="--data")
     else:
         reason = ("needs in-distribution data: " + (
-            "--data and --text are not yet read for decoder-only models" if decoder else
+            f"--data and --text are not yet read for {kind}-only models" if one_stack else
             "pass --text FILE (source<TAB>target per line, tokenised with the tokenizer in DIR) "
             "or --data FILE.pt") + "; random ids cannot say whether the checkpoint was trained "
             "with the scale its code applies")
@@ -349,13 +363,14 @@ def triage_hf(opts, patch=None, sinks=()):
                                       f"fp32 tolerances)" if dtype != torch.float32 else ""),
            "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in sd.values()
                                     if v.is_floating_point()}),
-           "pad_id": ids["pad"], "bos_id": ids["start"], "special_ids": ids["specials"],
-           "ids_note": lm_ids_note(ids) if decoder else (
+           "pad_id": ids["pad"], "bos_id": None if encoder else ids["start"], "special_ids": ids["specials"],
+           "ids_note": lm_ids_note(ids) if decoder else mlm_ids_note(ids) if encoder else (
                f"pad {ids['pad']} (pad_token_id) and decoder start {ids['start']} "
                f"({ids['start_from']}) come from config.json; --pad-id/--bos-id are not "
                f"used" + (f"; probes mark column 0 with id {ids['marker']}, which the "
                           f"adapter feeds as {ids['start']}" if ids["marker"] != ids["start"] else "")),
-           "arch": kind, **({"calls": LM_CALLS} if decoder else {}),
+           "arch": kind, **({"calls": LM_CALLS} if decoder else
+                            {"calls": MLM_CALLS, "loss": MLM_LOSS} if encoder else {}),
            "attention_modules": sorted(subject.capture.attention), "probes_run": probe_names,
            "probe_inputs": subject.inputs(),
            "temperature_sweep": sweep_ev, "timings_s": timings, "probe_seconds": probe_seconds,
