@@ -184,6 +184,23 @@ def test_the_feed_forward_split_over_two_modules_is_found(dirs):
     assert flagged(report) == [("warning", "gradient-flow/dead-units", "bert.encoder.layer.0.output.dense")]
 
 
+@pytest.mark.parametrize("arch", ("bert", "distilbert"))
+def test_duplicated_heads_are_read_from_the_weights(arch):
+    from tndebug.triage.hf import attention_weights
+    from tndebug.triage.hygiene import duplicate_heads
+    torch.manual_seed(0)
+    model = transformers.AutoModelForMaskedLM.from_config(config(arch))
+    sites = attention_weights(model)
+    assert len(sites) == L and {h for *_, h in sites} == {4}          # query/key/value, q_lin/...
+    assert not duplicate_heads(sites)
+    with torch.no_grad():
+        for _, wq, wk, wv, h in sites[:1]:
+            for w in (wq, wk, wv):                                    # views of the weights
+                w[16:32] = w[0:16]                                     # head 1 := head 0
+    found = duplicate_heads(attention_weights(model))
+    assert [f.code for f in found] == ["head-collapse/duplicated-heads"], found
+
+
 # -- the CLI -----------------------------------------------------------------------------------------
 def test_cli_exit_codes(dirs, tmp_path, capsys, monkeypatch):
     assert main(["triage", str(dirs["bert"]), "--out", str(tmp_path / "clean")]) == 0

@@ -202,12 +202,15 @@ def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
 
 
 def attention_weights(model: nn.Module) -> list:
-    """(path, W_Q, W_K, W_V, heads) for BART-family (q_proj/k_proj/v_proj) and T5 (q/k/v)."""
+    """(path, W_Q, W_K, W_V, heads) for BART-family (q_proj/k_proj/v_proj), T5 (q/k/v), the BERT
+    family (query/key/value) and DistilBert (q_lin/k_lin/v_lin)."""
     out = []
     for name, m in model.named_modules():
-        names = next((t for t in (("q_proj", "k_proj", "v_proj"), ("q", "k", "v"))
+        names = next((t for t in (("q_proj", "k_proj", "v_proj"), ("q", "k", "v"),
+                                  ("query", "key", "value"), ("q_lin", "k_lin", "v_lin"))
                       if all(isinstance(getattr(m, a, None), nn.Linear) for a in t)), None)
-        h = next((getattr(m, a) for a in ("num_heads", "n_heads") if isinstance(getattr(m, a, None), int)),
+        h = next((getattr(m, a) for a in ("num_heads", "n_heads", "num_attention_heads")
+                  if isinstance(getattr(m, a, None), int)),
                  None) or getattr(getattr(m, "config", None), "num_attention_heads", None)
         if names and isinstance(h, int):
             out.append((name, *(getattr(m, a).weight.detach() for a in names), h))
