@@ -209,3 +209,27 @@ def test_known_failures_name_real_cases():
     cases = {(STYLE.name, v, "healthy") for v in STYLE.variants} | \
             {(STYLE.name, v, b) for v in STYLE.bug_variants for b in STYLE.bugs}
     assert set(XT_KNOWN_FAILURES) <= cases
+
+
+# -- the residual stream of code that adds in one module and normalises in another ----------
+@pytest.mark.parametrize("pre_norm", [True, False])
+def test_the_residual_stream_is_found_and_the_norm_placement_told(pre_norm):
+    """x-transformers numbers its attention and FFN blocks apart under `attn_layers.layers`
+    (no stack in the path) and adds the residual in a `Residual` module; Post-LN normalises
+    after that module. Both placements earn variance-drift and ln-placement a verdict (they
+    had none: no residual-stream points), and Post-LN's stream is the norm's output, so its
+    sums are not mistaken for a residual that carries the normalised input."""
+    from x_transformers import XTransformer
+    import tndebug
+    torch.manual_seed(0)
+    model = XTransformer(dim=32, tie_token_emb=True, enc_num_tokens=16, enc_depth=2, enc_heads=4,
+                         enc_max_seq_len=64, enc_attn_dim_head=8, dec_num_tokens=16, dec_depth=2,
+                         dec_heads=4, dec_max_seq_len=64, dec_attn_dim_head=8,
+                         enc_pre_norm=pre_norm, dec_pre_norm=pre_norm)
+    model.foreign_bug = None
+    report = tndebug.check(model, forward=XT.forward, pad_id=PAD, bos_id=1)
+    assert report.verdict == "clean", [(f.code, f.message) for f in report.findings]
+    assert report.probes["variance-drift"]["status"] == "pass"
+    assert report.probes["ln-placement"]["status"] == "pass"
+    placement = [f.message for f in report.findings if f.code == "ln-placement/placement"]
+    assert placement and ("post-LN" if not pre_norm else "pre-LN") in placement[0], placement

@@ -11,7 +11,7 @@ import torch
 
 from tndebug.capture.trace import AttentionRecord, StreamPoint, Trace
 from tndebug.capture.projections import _find_projection, _looks_like_probs, _same, _same_map, masked_by_addition
-from tndebug.capture.streams import _Streams
+from tndebug.capture.streams import _Streams, is_norm
 from tndebug.capture.structure import _CROSS_NAME, _layer_index, _owner_layer, _stack_of
 
 from typing import TYPE_CHECKING
@@ -78,6 +78,8 @@ class _State(_Streams):
         self.pos_calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []   # (path, in, out)
         self.stack_in: dict[str, torch.Tensor] = {}   # "encoder"/"decoder" -> input (raw layout)
         self.streams: list[tuple[str, str, int | None, str, torch.Tensor]] = []
+        self.last_add = self.normed = None      # post-norm streams (streams._Streams)
+        self.post_norm_stacks: set[str] = set()
         self.records: list[tuple[_AttnCall, AttentionRecord]] = []
         self.seen_sites: dict[str, int] = {}
 
@@ -100,6 +102,8 @@ class _State(_Streams):
                 x = args[0] if args else next(iter(kwargs.values()), None)
                 if isinstance(x, torch.Tensor) and x.is_floating_point():
                     self.stack_in[stack] = x.detach()
+            if name in cap.sublayers:
+                self._add_called(args, kwargs)
             if name in cap.ffn_out and args and isinstance(args[0], torch.Tensor):
                 self.trace.ffn_hidden[cap.ffn_out[name]] = args[0].detach()
             return None
@@ -132,6 +136,8 @@ class _State(_Streams):
             if name in cap.positional and args and isinstance(args[0], torch.Tensor) \
                     and args[0].is_floating_point() and args[0].shape == x.shape:
                 self.pos_calls.append((name, args[0].detach(), x))
+            if args and self.last_add is not None and is_norm(module):
+                self._norm_called(args[0], out)
             if name in cap.layers:
                 stack, i = cap.layers[name]
                 self._stream(name, stack, i, "layer", out)
@@ -381,6 +387,7 @@ class _State(_Streams):
         cycle through autograd that Python's collector cannot see (1.5 GB per base run)."""
         self.calls, self.records, self.pos_calls, self.streams = [], [], [], []
         self.tok, self.tok_site, self.stack_in = {}, {}, {}
+        self.last_add = self.normed = None
 
     def finalise(self) -> None:
         t = self.trace
@@ -396,6 +403,7 @@ class _State(_Streams):
             if rec.head_averaged and rec.probs is not None and rec.probs.dim() == 3:
                 rec.probs = rec.probs
         t.order = [(n, self._bt(x) if x.dim() == 3 and x.is_floating_point() else x) for n, x in t.order]
+        self._renorm_ends()
         for name, stack, layer, kind, x in self.streams:
             t.streams.append(StreamPoint(name, stack, layer, kind, self._bt(x)))
         for name, x in list(t.ffn_hidden.items()):

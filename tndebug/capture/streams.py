@@ -4,9 +4,15 @@ from __future__ import annotations
 
 
 import torch
+from torch import nn
 
 from tndebug.capture.trace import StreamPoint
 from tndebug.capture.structure import _position_only
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation module (a hint: what it is used for is told from behaviour)."""
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or "norm" in type(module).__name__.lower()
 
 
 class _Streams:
@@ -38,12 +44,57 @@ class _Streams:
         if out.dim() != 3 or not out.is_floating_point():
             return
         self.streams.append((name, stack, layer, kind, out.detach()))
+        live = self._grad_hook(name, out)
+        if kind == "sublayer":
+            self._renorm_ends()               # a norm on the last sum that no residual took
+            self.last_add = (len(self.streams) - 1, out, live)
+
+    def _grad_hook(self, name: str, out: torch.Tensor) -> dict:
+        """trace.grads[name] := d loss / d out, while the returned switch is on."""
+        live = {"on": True}
         if "grad.stream" in self.reads and out.requires_grad:
             # The hook lives in the autograd graph, which the user's model may keep (The
             # Annotated Transformer stores `self.attn`): it must not reach the model, or the
             # model, graph and hook hold each other out of the collector's sight.
             trace, layout = self.trace, self.layout
-            out.register_hook(lambda g, name=name: trace.grads.__setitem__(name, layout.bt(g.detach())))
+            out.register_hook(lambda g, name=name, live=live: trace.grads.__setitem__(
+                name, layout.bt(g.detach())) if live["on"] else None)
+        return live
+
+    # Post-norm code that adds in one module and normalises after it (x-transformers' `Residual`,
+    # then the layer's `post_main_norm`): the stream is the norm's output, the tensor the next
+    # residual adds, not the sum. Told from behaviour, not from names: a norm was called on the
+    # last residual sum, and the next residual-add module is handed that norm's output and not
+    # the sum (Pre-LN hands it the sum: its norm output feeds only the branch).
+    def _norm_called(self, x_in, out) -> None:
+        if self.last_add is not None and x_in is self.last_add[1] and isinstance(out, torch.Tensor) \
+                and out.shape == x_in.shape:
+            self.normed = out
+
+    def _add_called(self, args, kwargs) -> None:
+        if self.last_add is None or self.normed is None:
+            return
+        given = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if any(a is self.last_add[1] for a in given):        # the sum goes on: not post-norm
+            self.last_add = self.normed = None
+        elif any(a is self.normed for a in given):
+            self._renorm(self.last_add, self.normed)
+            self.post_norm_stacks.add(self.streams[self.last_add[0]][1])
+            self.last_add = self.normed = None
+
+    def _renorm(self, last_add, normed: torch.Tensor) -> None:
+        i, _, live = last_add
+        name, stack, layer, kind, _ = self.streams[i]
+        self.streams[i] = (name, stack, layer, kind, normed.detach())
+        live["on"] = False
+        self._grad_hook(name, normed)
+
+    def _renorm_ends(self) -> None:
+        """The last sum of a post-norm stack is normalised too, though no residual follows."""
+        if self.last_add is not None and self.normed is not None \
+                and self.streams[self.last_add[0]][1] in self.post_norm_stacks:
+            self._renorm(self.last_add, self.normed)
+        self.last_add = self.normed = None
 
     def _embedding_parts(self, role: str, stack: str) -> None:
         """tok: the input of the positional module whose output enters the stack, else a clean
