@@ -109,3 +109,26 @@ def test_markdown_puts_the_note_next_to_the_figure(tmp_path):
     md = render(Report(run={"status": "diverged"}), ps)
     block = md[md.index("![Loss and learning rate]"):]
     assert "no finite data after step 19" in block.split("###")[0]
+
+
+def test_figures_pause_the_collector_and_free_their_cycles_after():
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    with figures_common.gc_paused():
+        assert not gc.isenabled()
+        a, b = Node(), Node()
+        a.other, b.other = b, a                       # a cycle, as a Figure and its artists
+        gone = weakref.ref(a)
+        del a, b
+    assert gc.isenabled() and gone() is None         # collected on the way out
+    gc.disable()                                     # the caller's own choice is kept
+    try:
+        with figures_common.gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
