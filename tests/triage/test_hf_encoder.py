@@ -228,3 +228,13 @@ def test_a_model_of_no_triaged_shape_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("tndebug: error:") == 1 and "AutoModelForMaskedLM" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_another_head_is_one_line(tmp_path, capsys):
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32)
+    transformers.BertForSequenceClassification(cfg).save_pretrained(tmp_path / "cls")
+    assert main(["triage", str(tmp_path / "cls"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("tndebug: error:") == 1 and "BertForSequenceClassification head" in err
+    assert not (tmp_path / "out").exists()

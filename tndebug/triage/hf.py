@@ -102,6 +102,12 @@ def load_config(folder: Path):
                          f"with no language-model head of the three shapes tndebug triages: "
                          f"encoder-decoders (AutoModelForSeq2SeqLM), decoder-only models "
                          f"(AutoModelForCausalLM) and encoder-only models (AutoModelForMaskedLM)")
+    archs = raw.get("architectures") or []
+    if shape == "an encoder-only" and archs and not any("MaskedLM" in a for a in archs):
+        raise UsageError(f"{folder} holds an encoder-only model with a {', '.join(archs)} head: "
+                         f"triage builds the masked-LM one (AutoModelForMaskedLM), whose weights "
+                         f"this directory does not hold (a {archs[0].split('For')[0]}ForMaskedLM's "
+                         f"save_pretrained directory is triaged)")
     try:
         config = tf.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers raises many types
