@@ -231,5 +231,22 @@ def test_the_residual_stream_is_found_and_the_norm_placement_told(pre_norm):
     assert report.verdict == "clean", [(f.code, f.message) for f in report.findings]
     assert report.probes["variance-drift"]["status"] == "pass"
     assert report.probes["ln-placement"]["status"] == "pass"
+    assert report.probes["positional-encoding"]["status"] == "pass"   # the stacks' entry found
     placement = [f.message for f in report.findings if f.code == "ln-placement/placement"]
     assert placement and ("post-LN" if not pre_norm else "pre-LN") in placement[0], placement
+
+
+@pytest.mark.parametrize("pre_norm", [True, False])
+def test_a_decoder_only_transformer_wrapper_earns_every_verdict(pre_norm):
+    """TransformerWrapper(Decoder), x-transformers' GPT: checked as a decoder-only model with
+    `forward(model, ids, pad_id)`; the stack is entered at `attn_layers` (its blocks are
+    ModuleLists nobody calls), so positional-encoding has its embedding taps."""
+    from x_transformers import Decoder, TransformerWrapper
+    import tndebug
+    torch.manual_seed(0)
+    model = TransformerWrapper(num_tokens=16, max_seq_len=64, attn_layers=Decoder(
+        dim=32, depth=2, heads=4, attn_dim_head=8, pre_norm=pre_norm))
+    report = tndebug.check(model, forward=lambda m, ids, pad_id: m(ids), pad_id=PAD, bos_id=1)
+    assert report.verdict == "clean", [(f.code, f.message) for f in report.findings]
+    for probe in ("variance-drift", "ln-placement", "positional-encoding", "mask-broadcast"):
+        assert report.probes[probe]["status"] == "pass", (probe, report.probes[probe])

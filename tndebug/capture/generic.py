@@ -68,6 +68,19 @@ def _stacked_blocks(modules: dict) -> dict[str, tuple[str, int]]:
             for stack in [_stack_of(n)] if stack is not None}
 
 
+def _called_stacks(modules: dict, layers: dict) -> dict[str, str]:
+    """Where a stack is entered when its numbered blocks are containers that are never called
+    (x-transformers: `attn_layers.layers.0` is a ModuleList of norm, block and residual, run
+    by `attn_layers.forward`): the module that owns the list -> the stack. Its input is what
+    enters the stack (the embedding output), its output what leaves it."""
+    out = {}
+    for path, (stack, i) in layers.items():
+        owner = path.rpartition(".")[0].rpartition(".")[0]
+        if i == 0 and owner and isinstance(modules[path], (nn.ModuleList, nn.ModuleDict)):
+            out[owner] = stack
+    return out
+
+
 class GenericCapture:
     """Fills a Trace from any nn.Module; module paths are the model's own.
 
@@ -98,6 +111,7 @@ class GenericCapture:
             self.layers = _stacked_blocks(modules)
         self.stacks = {n: _stack_of(n) for n in modules if n and _STACK.search(n)
                        and any(c.startswith(n + ".") for c in self.layers)}
+        self.stacks.update(_called_stacks(modules, self.layers))
         self.sublayers = {n for n, m in modules.items()
                           if re.search(r"sublayer|residual", type(m).__name__, re.I)
                           and _owner_layer(n, self.layers) is not None}
