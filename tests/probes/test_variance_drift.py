@@ -310,3 +310,26 @@ def test_depth_profile_matches_the_definitions_point_by_point():
                      / (centred(xs[p - 1], b).norm() * centred(x, b).norm())) for b in seqs]
         assert float(got[p, 2]) == pytest.approx(sum(cos) / len(cos), rel=1e-4, abs=1e-6)
     assert float(got[2, 2]) > 0.9 > float(got[1, 2])        # the residual-like point keeps its input
+
+
+def _post_ln_growth(input_scale: float, top_scale: float):
+    """A post-LN stack (placement set) whose input has RMS ~input_scale, first block ~1 and
+    second ~top_scale (synthetic trace); the probe's findings."""
+    probe = VarianceDrift()
+    probe.placement = "post"
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(4, 6, 16, generator=g)
+    trace = Trace(src=torch.full((4, 6), 3), tgt=torch.full((4, 6), 3))
+    trace.streams = [StreamPoint("embed_project", "embed", None, "embed", x0 * input_scale),
+                     StreamPoint("enc.0", "encoder", 0, "layer", x0 + 0.1 * torch.randn(4, 6, 16, generator=g)),
+                     StreamPoint("enc.1", "encoder", 1, "layer", top_scale * x0)]
+    probe.update(probe.observe(trace, StepInfo(0)), StepInfo(0))
+    return [f for f in probe.findings if f.code == "variance-drift/stream-growth"]
+
+
+def test_post_ln_growth_is_measured_along_depth_not_from_a_small_input():
+    """ELECTRA's projected embedding (RMS ~0.1) into a post-LN stack (block outputs ~1) is no
+    growth; a post-LN stack whose blocks grow 10x from the first is still a warning."""
+    assert _post_ln_growth(0.1, 1.0) == []
+    (f,) = _post_ln_growth(1.0, 10.0)
+    assert f.severity == "warning" and f.evidence["growth"] > 6

@@ -1,5 +1,5 @@
-"""`tndebug triage DIR` on Hugging Face encoder-only directories: Bert, Roberta and DistilBert from
-small random-init configs (nothing is downloaded), eager and SDPA. Healthy ones are clean, with the
+"""`tndebug triage DIR` on Hugging Face encoder-only directories: Bert, Roberta, DistilBert and
+Electra from small random-init configs (nothing is downloaded), eager and SDPA. Healthy ones are clean, with the
 decoder-only probe skipped for its reason; attention made causal (the decoder's mask helper in
 the encoder, or a causal mask added to every layer's, or to one layer's) is mask-broadcast's
 encoder-causal, a transposed one encoder-one-sided, and an attention_mask that never reaches the
@@ -20,7 +20,7 @@ from tndebug.triage.run import TriageOptions                          # noqa: E4
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-ARCHS = ("bert", "roberta", "distilbert")
+ARCHS = ("bert", "roberta", "distilbert", "electra")
 ATTN = ("eager", "sdpa")
 V, D, L = 1000, 64, 2
 
@@ -30,9 +30,10 @@ def config(arch: str):
     if arch == "distilbert":
         return T.DistilBertConfig(vocab_size=V, dim=D, n_layers=L, n_heads=4, hidden_dim=2 * D,
                                   max_position_embeddings=64)
-    cls = {"bert": T.BertConfig, "roberta": T.RobertaConfig}[arch]
+    cls = {"bert": T.BertConfig, "roberta": T.RobertaConfig, "electra": T.ElectraConfig}[arch]
+    extra = {"embedding_size": D // 2} if arch == "electra" else {}   # projected up, as ELECTRA-small
     return cls(vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=4,
-               intermediate_size=2 * D, max_position_embeddings=66)   # Roberta's start at pad + 1
+               intermediate_size=2 * D, max_position_embeddings=66, **extra)   # Roberta: pad + 1..
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,9 @@ How it decides (tensors only; FAILURE_MODES 5a-5b):
   (retention >= RETAIN), trained weights (a later step, or triage) get an error only when the
   logits are collapsed too; else it is info, a statistic of a model still learning.
 * one finding per module (the stronger); triage's words say "in the trained weights".
-* growth G = max RMS of the block outputs / RMS of the stack's input, against the healthy
-  envelope of the placement (pre/post, detected from the activations): > 3x -> warning.
+* growth G = max RMS of the block outputs / RMS of the stack's input (post-LN: of the first
+  block's output when that is larger), against the healthy envelope of the placement
+  (pre/post, detected from the activations): > 3x -> warning.
 Runs once at setup on a random batch (step 0) and then on the training traces.
 """
 from __future__ import annotations
@@ -240,6 +241,13 @@ class VarianceDrift(Probe):
         if not blocks or not base > 0:
             return
         name, top = max(blocks, key=lambda b: b[1])
+        if self.placement == "post" and blocks[0][1] > base:
+            # a post-LN block's output has its norm's scale, whatever its input's: a stack input
+            # below the first block's output (ELECTRA's embeddings_project, embedding_size <
+            # hidden_size: RMS 0.11 at init into a first LayerNorm that gives 1.0) is no growth
+            # along depth. Measured from the first block then; where the input is ~1 (every
+            # run GROWTH_ENVELOPE was set on) the two bases are ~equal and so is G.
+            base = blocks[0][1]
         g = top / base
         self.max_growth[stack] = max(self.max_growth.get(stack, 0.0), g)
         limit = GROWTH_FACTOR * GROWTH_ENVELOPE[self.placement]
@@ -249,7 +257,8 @@ class VarianceDrift(Probe):
                            f"(healthy {self.placement}-LN runs stay within "
                            f"{GROWTH_ENVELOPE[self.placement]:.0f}x)",
                 where=stack, step=step,
-                evidence={"growth": round(g, 3), "rms_top": round(top, 4), "rms_input": round(base, 4),
+                evidence={"growth": round(g, 3), "rms_top": round(top, 4), "rms_input": round(pts[0][4], 4),
+                          "rms_base": round(base, 4),
                           "at": ds.module_path(name), "placement": self.placement,
                           "healthy_envelope": GROWTH_ENVELOPE[self.placement],
                           "threshold": limit},
