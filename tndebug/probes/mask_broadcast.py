@@ -1,6 +1,7 @@
 """mask-broadcast: exact step-0 tests of the masks, and which attention breaks them."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,11 @@ NOTE = {k: FAULT_NOTES[k][2] for k in ("mask_inverted", "pad_mask_query_axis", "
                                         "causal_transposed", "mask_after_softmax", "no_memory_mask",
                                         "softmax_wrong_dim", "view_without_transpose")}
 
+
+# behaviour tests whose difference a PE indexed by the padded shape makes at the embedding
+# output (`_embed_moves`): mask-broadcast then defers to positional-encoding
+AT_EMBEDDING = {"tgt_pad_length": "tgt_pad_length", "enc_pad_length": "src_pad_length",
+                "src_pad_length": "src_pad_length", "batch": "batch", "enc_batch": "batch"}
 
 OUTSIDE_FIX = ("The masks are right; something else moves information between positions. Look "
                "for a head split or merge without the transpose (q.view(B, T, h, d_k)"
@@ -304,6 +310,7 @@ class MaskBroadcast(Probe):
         "tgt-pad-leak": "target pads change the logits at real positions",
         "head-split": "heads split or merged without the transpose",
         "positions-mixed": "a behaviour test fails while every mask holds: positions mix outside the softmax",
+        "at-embedding": "a behaviour test fails already at the embedding output: positional-encoding's (info)",
         "encoder-causal": "encoder-only: the outputs at <= t ignore the tokens after t (causal mask)",
         "encoder-one-sided": "encoder-only: the outputs at >= t ignore the tokens before t (triu mask)",
     }
@@ -331,6 +338,7 @@ class MaskBroadcast(Probe):
             if odd:
                 self.skip(f"non-finite outputs made these tests inconclusive: {', '.join(odd)}",
                           where="" if len(odd) == len(checks) else None)
+            self._moved = functools.cache(lambda: self._embedding_moved(s))   # 3 traces, once
             self._verdict(checks, modules, lambda: self._fit_heads(s, modules))
             if not s.has_target:
                 _bidirectional.report(self, sides)
@@ -407,6 +415,34 @@ class MaskBroadcast(Probe):
         for m in modules:
             m.fit = fits.get(m.site)
 
+    @staticmethod
+    def _embedding_moved(s: Subject) -> dict:
+        """`_embed_moves.embedding_moves`, {} if it raises."""
+        from tndebug.probes._embed_moves import embedding_moves
+        try:
+            return embedding_moves(s)
+        except Exception:  # noqa: BLE001 - the behaviour tests above ran on these inputs
+            return {}
+
+    def _at_embedding(self, where: str, tests: list[str], checks) -> list[str]:
+        """The failing tests whose difference is already in the embedding output at real
+        positions (before any attention: a PE indexed by the padded shape, positional-encoding's
+        finding), reported here as one info; returns the tests it does not explain."""
+        moved = getattr(self, "_moved", lambda: {})() if any(t in AT_EMBEDDING for t in tests) else {}
+        explained = [t for t in tests if AT_EMBEDDING.get(t) in moved]
+        rest = [t for t in tests if t not in explained]
+        if explained and not rest:
+            m = moved[AT_EMBEDDING[explained[0]]]
+            self.report("info", f"{where}: {', '.join(explained)} fails, but the difference is already "
+                        f"in the embedding output ({m['site']} moves by {m['delta']:.3g} at real "
+                        f"positions, before any attention): the embedding (a positional encoding "
+                        f"indexed by the padded shape or the batch) is positional-encoding's "
+                        f"finding, not a mask", where=where,
+                        step=0, evidence={"behaviour": {t: vars(checks[t]) for t in explained},
+                                          "embedding": moved, "deferred_to": "positional-encoding"},
+                        code="at-embedding")
+        return rest
+
     def _verdict(self, checks: dict[str, Check], modules: list[Module], fit_heads=lambda: None) -> None:
         failed = {k for k, c in checks.items() if c.failed}
         enc_ok = "enc_pad_length" in checks and not checks["enc_pad_length"].failed \
@@ -428,7 +464,8 @@ class MaskBroadcast(Probe):
             seen = [m for m in modules if m.kind == kind]
             masks_ok = bool(seen) and all(m.stats and not m.problem for m in seen)
             self._report_kind(kind, mods, tests[kind], checks, masks_ok)
-        if "batch" in failed and not any(tests.values()) and not self.findings:
+        if "batch" in failed and not any(tests.values()) and not self.findings \
+                and self._at_embedding("batch axis", ["batch"], checks):
             c = checks["batch"]
             self.report("error", f"an example's logits change by {c.delta:.3g} with its batch "
                         f"companions (something mixes the batch axis)", where="batch axis", step=0,
@@ -456,6 +493,10 @@ class MaskBroadcast(Probe):
                                             for m in mods},
               "thresholds": {"behaviour": f"max|change| > {REL_TOL:g}*(1+max|ref|)",
                              "forbidden_mass": MASS_TOL, "row_sum": SUM_TOL, "head_split_fit": FIT_TOL}}
+        if not mods:
+            tests = self._at_embedding(KIND_WORDS[kind], tests, checks)
+            if not tests:
+                return
         if mods:
             first = mods[0]
             tail = f" (+{len(mods) - 1} more {KIND_WORDS[kind]} modules)" if len(mods) > 1 else ""

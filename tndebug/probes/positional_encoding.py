@@ -75,6 +75,7 @@ class PositionalEncodingProbe(Probe):
         "no-pe-one-side": "one side adds no positional encoding while the other does",
         "pe-rows-reused": "positions past the table reuse its rows",
         "emb-scale": "the token embedding scale off the paper's (no sqrt(d_model)): info when harmless",
+        "padded-shape": "the embedding output at real positions depends on the padded length or the batch",
     }
     reads = ("embed",)
     fix = _fix("no_pos_encoding")
@@ -98,6 +99,7 @@ class PositionalEncodingProbe(Probe):
             self.cover("", "not applicable", "decoder-only: no source to permute; a causal stack "
                        "tells positions apart without a PE, so order is not an invariance there")
         if subject.capture is not None:
+            self._padded_shape_test(subject)
             self._overflow_test(subject)
         if self._order == "ignores order":     # the harm is shown now: the positions are lost
             self._report_scale("warning")
@@ -256,6 +258,34 @@ class PositionalEncodingProbe(Probe):
                             f"{', '.join(with_pe)} does", where=site, step=0,
                             evidence={"rms_pe_over_rms_tok": 0.0, "threshold": ZERO_PE,
                                       "sites_with_pe": with_pe}, code="no-pe-one-side")
+
+    # -- 2b. PE rows that depend on the padded shape ----------------------------------------------
+    def _padded_shape_test(self, subject: Subject) -> None:
+        """The embedding output at real positions must not change when pad columns are appended
+        or when the example is alone (exact, `_embed_moves`). A PE indexed by the padded shape
+        moves it; reported unless this probe already named an error at setup (the order test on
+        `x + pe[:, T]`, which adds one row to every position), so the PE is named once."""
+        from tndebug.probes._embed_moves import embedding_moves
+        try:
+            moved = embedding_moves(subject)
+        except Exception as e:  # noqa: BLE001 - the behaviour tests name a model that raises
+            self.cover("", "no verdict", f"padded-shape test could not run: {first_reason(e)}")
+            return
+        if not moved or any(f.severity == "error" for f in self.findings):
+            return
+        what = {"src_pad_length": "source pad columns are appended",
+                "tgt_pad_length": "target pad columns are appended", "batch": "the example is run alone"}
+        test, m = next(iter(moved.items()))
+        self.report("error", f"{m['site']}: the embedding output at real positions changes by "
+                    f"{m['delta']:.3g} when {what[test]} (before any attention): the positional "
+                    f"encoding added (or something else in the embedding) depends on the padded "
+                    f"{'batch' if test == 'batch' else 'length'}, not on each position",
+                    where=m["site"], step=0,
+                    fix="Index the PE by position: x + pe[:, :x.size(1)] for a [1, max_len, d] table "
+                        "(x [B, T, d]), not pe[:, x.size(1)] (one row) nor pe[:x.size(0)] (the batch "
+                        "axis); with sequence-first tensors, pe[:x.size(0)] of a [max_len, 1, d] table",
+                    evidence={"moved": moved, "threshold": "max|change| > 1e-5*(1+max|embedding|)"},
+                    code="padded-shape")
 
     # -- 3. positions past the table -------------------------------------------------------------
     def _overflow_test(self, subject: Subject) -> None:
