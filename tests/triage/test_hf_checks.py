@@ -173,3 +173,27 @@ def test_untied_head_that_does_not_fit_the_trained_body(tmp_path):
     untrained = _untied_copy_bart(tmp_path / "untrained", 0)           # both at initialisation
     report = triage_hf(TriageOptions(str(untrained), probes="missing-scale"))
     assert not _unfit(report), describe(report.findings)
+
+
+def test_t5_v1_1_head_declared_untied_is_not_a_tie_error(tmp_path):
+    """config.json "tie_word_embeddings": false with its own lm_head (T5 v1.1, mT5, Flan-T5):
+    transformers 5's T5Config forces the tie in the class and unties on load; the head is the
+    design, not a stray copy, and triage runs it as transformers does."""
+    from safetensors.torch import load_file, save_file
+    torch.manual_seed(0)
+    folder = tmp_path / "t5v11"
+    transformers.AutoModelForSeq2SeqLM.from_config(config("t5")).save_pretrained(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    raw["tie_word_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(raw))
+    sd = load_file(str(folder / "model.safetensors"))
+    torch.manual_seed(1)
+    sd["lm_head.weight"] = torch.randn_like(sd["shared.weight"])
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    seen = {}
+
+    def look(model, adapter):
+        seen["head"] = torch.equal(model.lm_head.weight.detach(), sd["lm_head.weight"])
+    report = triage_hf(TriageOptions(str(folder), probes="missing-scale"), patch=look)
+    assert not _checks(report), describe(report.findings)
+    assert seen["head"]                                     # the saved head, as transformers runs it

@@ -58,6 +58,9 @@ def _tied_differs(model: nn.Module, sd: dict[str, torch.Tensor]) -> list[Finding
         return []
     head.weight = nn.Parameter(head.weight.detach().clone())          # untied, as transformers does
     model.config.tie_word_embeddings = False
+    if not _tie_declared(model.config):
+        return []           # T5 v1.1 / mT5 / Flan-T5: config.json unties; transformers 5 ties the
+                            # class anyway and unties on load: the saved head is the design
     diff = (h - e).abs().max().item()
     return [Finding("checkpoint", "error",
                     f"{head_key} in the file differs from {emb_key}, to which config.json ties it "
@@ -68,6 +71,19 @@ def _tied_differs(model: nn.Module, sd: dict[str, torch.Tensor]) -> list[Finding
                               "embedding_norm": e.norm().item(), "max_abs_difference": diff,
                               "tied_group": group, "triaged": "untied, as transformers loads it",
                               "threshold": "torch.equal(head, embedding) when config.json ties them"}, code="checkpoint/tied-head-differs")]
+
+
+def _tie_declared(config) -> bool:
+    """Whether config.json itself ties the head (`tie_word_embeddings`, true when absent). The
+    loaded config may not say: transformers 5's T5Config forces tie_word_embeddings = True and
+    keeps the file's false only as scale_decoder_outputs = False."""
+    import json
+    from pathlib import Path
+    try:
+        raw = json.loads((Path(config._name_or_path) / "config.json").read_text())
+        return raw.get("tie_word_embeddings", True) is not False
+    except (OSError, ValueError, TypeError, AttributeError):
+        return getattr(config, "scale_decoder_outputs", True) is not False
 
 
 ID_FIELDS = (("pad_token_id", "pad_token_id"), ("eos_token_id", "eos_token_id"))
