@@ -41,6 +41,13 @@ from tndebug.findings import Finding
 # sd is <= 0.2 for >= 16 rows, and the median of many layers is tighter still, so 2 is far
 # outside any initialisation. Trained BART copy models (lr 3e-3, 40-400 steps): 2.85-5.38; a T5
 # still learning (loss 2.7-5.2 of ln 96 = 4.6 after 40-400 steps): 1.05-1.13, not judged.
+# Why not lower: 10 steps into training a healthy head is only as far from its draw as the
+# body is (Marian: body 1.77, head z +5.2; mBART: 1.45, +7.1), so a lower bar would flag a
+# head that is merely learning; from 2 on, healthy heads are at z >= 24.
+# Held out (other sizes, tasks, optimisers, dropout 0.1): BART V=512 copy AdamW 1e-3 (body 6.7,
+# healthy head z +150, re-drawn -1.1: found), mBART V=256 sort (5.0, +191, +0.1: found); SGD
+# (momentum 0.9, lr 0.05) moves the body little: Pegasus shift 1.04, BART sort 1.34 (healthy
+# heads z +244, +179), so a re-drawn head there is missed (no verdict), never a false alarm.
 BODY_TRAINED = 2.0
 # The head is independent of its states when A < 1 + HEAD_NULL_Z * s0. 600 random heads on
 # fixed states (BART V=20/96, T5 V=96) gave z = (A - 1) / s0 with sd 0.73-0.85, range
