@@ -40,6 +40,7 @@ from tndebug.findings import Finding
 # 1 ± 0.02 (BART V=20/96 and T5 from_config, 32 layers each: 0.99-1.01); each layer's own null
 # sd is <= 0.2 for >= 16 rows, and the median of many layers is tighter still, so 2 is far
 # outside any initialisation. Trained BART copy models (lr 3e-3, 40-400 steps): 2.85-5.38; a T5
+# (its head tied: transformers 5's T5Config ties the class, so only its body counts here)
 # still learning (loss 2.7-5.2 of ln 96 = 4.6 after 40-400 steps): 1.05-1.13, not judged.
 # Why not lower: 10 steps into training a healthy head is only as far from its draw as the
 # body is (Marian: body 1.77, head z +5.2; mBART: 1.45, +7.1), so a lower bar would flag a
