@@ -131,8 +131,9 @@ def test_safetensors_and_a_different_bin(bart, tmp_path):
 
 
 # -- an untied head that does not fit the trained body (tndebug/triage/hf_head.py) -----------------
-def _untied_copy_bart(folder: Path, steps: int) -> Path:
-    """A tiny untied BART (tie_word_embeddings false) trained `steps` Adam steps on copying."""
+def _untied_copy_bart(steps: int):
+    """A tiny untied BART (tie_word_embeddings false) trained `steps` Adam steps on copying, and
+    a held-out batch of the same task (src, tgt_in led by decoder start 2, tgt_out)."""
     torch.manual_seed(0)
     model = transformers.BartForConditionalGeneration(transformers.BartConfig(
         vocab_size=20, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -140,39 +141,35 @@ def _untied_copy_bart(folder: Path, steps: int) -> Path:
         max_position_embeddings=32, dropout=0.0, attention_dropout=0.0, tie_word_embeddings=False))
     opt = torch.optim.Adam(model.parameters(), 3e-3)
     g = torch.Generator().manual_seed(1)
+
+    def batch(n):
+        src = torch.randint(3, 20, (n, 8), generator=g)
+        tgt = torch.cat([torch.full((n, 1), 2), src, torch.full((n, 1), 2)], 1)
+        return src, tgt[:, :-1], tgt[:, 1:]
     for _ in range(steps):
-        src = torch.randint(3, 20, (32, 8), generator=g)
-        tgt = torch.cat([torch.full((32, 1), 2), src, torch.full((32, 1), 2)], 1)
-        loss = model(input_ids=src, decoder_input_ids=tgt[:, :-1], labels=tgt[:, 1:].contiguous()).loss
+        src, tgt_in, tgt_out = batch(32)
+        loss = model(input_ids=src, decoder_input_ids=tgt_in, labels=tgt_out.contiguous()).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
-    model.save_pretrained(folder)
-    return folder
+    return model.eval(), batch(24)
 
 
-def _unfit(report):
-    return [f for f in report.findings if f.code == "checkpoint/head-unfit"]
-
-
-def test_untied_head_that_does_not_fit_the_trained_body(tmp_path):
-    trained = _untied_copy_bart(tmp_path / "trained", 150)
-    report = triage_hf(TriageOptions(str(trained), probes="missing-scale"))
-    assert not _unfit(report), describe(report.findings)              # healthy trained: nothing
-    redrawn = _copy(trained, tmp_path, "redrawn")
-    from safetensors.torch import load_file, save_file
-    sd = load_file(str(redrawn / "model.safetensors"))
+def test_untied_head_that_does_not_fit_the_trained_body():
+    from tndebug.triage.hf_head import head_unfit_on_data
+    model, (src, tgt_in, tgt_out) = _untied_copy_bart(150)
+    pad = model.config.pad_token_id
+    assert head_unfit_on_data(model, src, tgt_in, tgt_out, pad) == []      # healthy trained
     torch.manual_seed(3)
-    sd["lm_head.weight"] = torch.randn_like(sd["lm_head.weight"]) * 0.02    # re-initialised head
-    save_file(sd, str(redrawn / "model.safetensors"), metadata={"format": "pt"})
-    report = triage_hf(TriageOptions(str(redrawn), probes="missing-scale"))
-    got = _unfit(report)
-    assert got and got[0].severity == "warning" and got[0].where == "lm_head.weight", describe(report.findings)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.02)                              # re-initialised head
+    got = head_unfit_on_data(model, src, tgt_in, tgt_out, pad)
+    assert [(f.code, f.severity, f.where) for f in got] == [("checkpoint/head-unfit", "error", "lm_head.weight")]
     ev = got[0].evidence
     assert ev["body_alignment_median"] >= 2 and ev["head_z"] < 10, ev
-    untrained = _untied_copy_bart(tmp_path / "untrained", 0)           # both at initialisation
-    report = triage_hf(TriageOptions(str(untrained), probes="missing-scale"))
-    assert not _unfit(report), describe(report.findings)
+    assert ev["refit_head_accuracy"] - ev["saved_head_accuracy"] >= 0.25, ev
+    untrained, (src, tgt_in, tgt_out) = _untied_copy_bart(0)               # both at initialisation
+    assert head_unfit_on_data(untrained, src, tgt_in, tgt_out, pad) == []
 
 
 def test_t5_v1_1_head_declared_untied_is_not_a_tie_error(tmp_path):

@@ -41,7 +41,7 @@ OTHER_CODES = {
     "checkpoint/inferred-config": "what the weights could not say, settled from held-out loss",
     "checkpoint/unsafe-pickle": "a checkpoint holding pickled code (its globals listed, not run)",
     "checkpoint/tied-head-differs": "HF: the saved head differs from the embedding it is tied to",
-    "checkpoint/head-unfit": "HF: an untied head as independent of the trained body as a fresh draw",
+    "checkpoint/head-unfit": "HF (--data): an untied head that does not fit the trained body",
     "checkpoint/id-vs-tokenizer": "HF: a config id the saved tokenizer contradicts",
     "checkpoint/start-id-ordinary": "HF: decoder_start_token_id is an ordinary token",
     "checkpoint/id-vs-data": "HF: a config id the targets of --data/--text contradict",

@@ -5,8 +5,8 @@ break a model while every tensor looks normal. Findings under probe "checkpoint"
   embedding config.json ties it to. transformers then unties them and predicts with the saved
   head (issue 19 measured a BART with a stray lm_head at 0.4% held-out accuracy); the model is untied here
   too, so triage examines what transformers runs.
-  Else, an untied head that does not fit the trained body (a re-initialised or replaced
-  lm_head): `hf_head.untrained_head`, decided from the saved weights' behaviour.
+  (An untied head that does not fit the trained body needs the user's data:
+  `hf_head.head_unfit_on_data`.)
 * `ids_vs_tokenizer`: pad / eos / decoder-start ids of config.json against the tokenizer saved
   in DIR (transformers' shift_tokens_right, generate() and the embeddings' padding_idx read the
   config's ids; the tokenizer writes its own).
@@ -31,10 +31,8 @@ FIX_TIE = ("save the model again after model.tie_weights() (the head then is the
 
 def tied_head(model: nn.Module, sd: dict[str, torch.Tensor]) -> list[Finding]:
     """triage's check of the output head, before loading `sd` into the fresh `model`: a saved
-    head that differs from the embedding it is tied to (untied here, as transformers does), else
-    an untied head that does not fit the trained body (tndebug/triage/hf_head.py)."""
-    from tndebug.triage.hf_head import untrained_head
-    return _tied_differs(model, sd) or untrained_head(model, sd)
+    head that differs from the embedding it is tied to (untied here, as transformers does)."""
+    return _tied_differs(model, sd)
 
 
 def _tied_differs(model: nn.Module, sd: dict[str, torch.Tensor]) -> list[Finding]:
