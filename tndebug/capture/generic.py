@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from tndebug.capture.trace import Trace
 from tndebug.capture.patching import _patched
 from tndebug.capture.recording import _State
+from tndebug.capture.streams import is_norm
 from tndebug.capture.structure import _FFN, _FFN_OUT, _LAYER, _STACK, _is_positional, _owner_layer, _stack_of, is_attention
 
 
@@ -116,6 +117,7 @@ class GenericCapture:
                           if re.search(r"sublayer|residual", type(m).__name__, re.I)
                           and _owner_layer(n, self.layers) is not None}
         self.positional = {n for n, m in modules.items() if n and _is_positional(n, m)}
+        self.norms = {n for n, m in modules.items() if is_norm(m) and _owner_layer(n, self.layers)}
         self.tok_wrappers = self._token_embedding_modules(modules)
         self.ffn_out = self._ffn_outputs(modules)
         mhas = [m for m in modules.values() if isinstance(m, nn.MultiheadAttention)]
@@ -327,8 +329,8 @@ class GenericCapture:
         if reads & {"embed", "grad.stream"}:            # what enters each stack, and from where
             paths |= self.positional | set(self.stacks)
             paths |= {n for n, (_, i) in self.layers.items() if i == 0}
-        if "grad.stream" in reads:
-            paths |= set(self.layers) | self.sublayers
+        if "grad.stream" in reads:      # the norms: a Post-LN stream point may be one's output
+            paths |= set(self.layers) | self.sublayers | self.norms
         return [n for n, _ in self.model.named_modules() if n in paths]
 
     @contextmanager

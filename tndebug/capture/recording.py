@@ -80,6 +80,8 @@ class _State(_Streams):
         self.streams: list[tuple[str, str, int | None, str, torch.Tensor]] = []
         self.last_add = self.normed = None      # post-norm streams (streams._Streams)
         self.post_norm_stacks: set[str] = set()
+        self.norm_outs: list = []               # the last normalisation outputs, with (weight, bias)
+        self.stream_norm: dict[int, tuple] = {}   # stream index -> its norm's (weight, bias)
         self.records: list[tuple[_AttnCall, AttentionRecord]] = []
         self.seen_sites: dict[str, int] = {}
 
@@ -136,8 +138,10 @@ class _State(_Streams):
             if name in cap.positional and args and isinstance(args[0], torch.Tensor) \
                     and args[0].is_floating_point() and args[0].shape == x.shape:
                 self.pos_calls.append((name, args[0].detach(), x))
-            if args and self.last_add is not None and is_norm(module):
-                self._norm_called(args[0], out)
+            if is_norm(module):
+                self._norm_output(module, out)
+                if args and self.last_add is not None:
+                    self._norm_called(args[0], out)
             if name in cap.layers:
                 stack, i = cap.layers[name]
                 self._stream(name, stack, i, "layer", out)
@@ -388,6 +392,7 @@ class _State(_Streams):
         self.calls, self.records, self.pos_calls, self.streams = [], [], [], []
         self.tok, self.tok_site, self.stack_in = {}, {}, {}
         self.last_add = self.normed = None
+        self.norm_outs, self.stream_norm = [], {}
 
     def finalise(self) -> None:
         t = self.trace
@@ -404,8 +409,8 @@ class _State(_Streams):
                 rec.probs = rec.probs
         t.order = [(n, self._bt(x) if x.dim() == 3 and x.is_floating_point() else x) for n, x in t.order]
         self._renorm_ends()
-        for name, stack, layer, kind, x in self.streams:
-            t.streams.append(StreamPoint(name, stack, layer, kind, self._bt(x)))
+        for i, (name, stack, layer, kind, x) in enumerate(self.streams):
+            t.streams.append(StreamPoint(name, stack, layer, kind, self._bt(x), norm=self.stream_norm.get(i)))
         for name, x in list(t.ffn_hidden.items()):
             t.ffn_hidden[name] = self._bt(x)
         if self.reads & {"embed", "stream", "grad.stream", "all"}:

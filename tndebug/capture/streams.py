@@ -44,10 +44,33 @@ class _Streams:
         if out.dim() != 3 or not out.is_floating_point():
             return
         self.streams.append((name, stack, layer, kind, out.detach()))
+        self._note_norm(len(self.streams) - 1, out)
         live = self._grad_hook(name, out)
         if kind == "sublayer":
             self._renorm_ends()               # a norm on the last sum that no residual took
             self.last_add = (len(self.streams) - 1, out, live)
+
+    def _norm_output(self, module: nn.Module, out) -> None:
+        """Keep the last few normalisation outputs with the module's per-feature weight and
+        bias, so a stream point that *is* one of them can be checked by undoing the norm."""
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() < 2:
+            return
+        d = out.shape[-1]
+        affine = []
+        for attr in ("weight", "bias"):
+            p = getattr(module, attr, None)
+            ok = isinstance(p, torch.Tensor) and p.dim() == 1 and p.shape[0] == d
+            affine.append(p.detach() if ok else None)
+        if getattr(module, "weight", None) is not None and affine[0] is None:
+            return                            # a weight of another shape: cannot be undone
+        self.norm_outs = [*self.norm_outs[-3:], (out, tuple(affine))]
+
+    def _note_norm(self, i: int, out: torch.Tensor) -> None:
+        hit = next((aff for t, aff in self.norm_outs if t is out), None)
+        if hit is not None:
+            self.stream_norm[i] = hit
+        else:
+            self.stream_norm.pop(i, None)
 
     def _grad_hook(self, name: str, out: torch.Tensor) -> dict:
         """trace.grads[name] := d loss / d out, while the returned switch is on."""
@@ -86,6 +109,7 @@ class _Streams:
         i, _, live = last_add
         name, stack, layer, kind, _ = self.streams[i]
         self.streams[i] = (name, stack, layer, kind, normed.detach())
+        self._note_norm(i, normed)
         live["on"] = False
         self._grad_hook(name, normed)
 

@@ -75,6 +75,9 @@ class StreamPoint:
     layer: int | None
     kind: str                    # "embed" | "sublayer" | "layer" | "stack"
     x: torch.Tensor              # [B, T, d_model]
+    # x is the output of a normalisation module: its (weight, bias) per feature (either None
+    # when the module has none), so the norm can be undone and checked (_depth_stats)
+    norm: tuple | None = None
 
 
 @dataclass

@@ -188,6 +188,33 @@ def is_normalised(sig: NormSignature) -> bool | None:
     return False
 
 
+def undoes_to_normalised(x: torch.Tensor, keep: torch.Tensor, norm: tuple) -> bool | None:
+    """A stream point that is a normalisation module's output, checked by undoing the module's
+    own affine: z = (x - bias) / weight. True: z is a LayerNorm's or an RMSNorm's (one rms for
+    every token); None: it is not, or cannot be undone
+    (a zero weight). Exact where the statistics of x alone cannot tell (a rank-deficient
+    stream: Marian's trained Post-LN blocks have two near-null directions), whatever the
+    number of tokens. Never False: a module whose weight means something else (a gain of
+    1 + w) leaves the question open rather than wrongly answered."""
+    weight, bias = norm
+    X = x.detach()[keep].to("cpu", torch.float64)                       # [N, d]
+    X = X[X.isfinite().all(-1)]
+    if X.shape[0] < 2:
+        return None
+    if bias is not None:
+        X = X - bias.detach().to("cpu", torch.float64)
+    if weight is not None:
+        w = weight.detach().to("cpu", torch.float64)
+        if bool((w.abs() < 1e-12).any()):
+            return None
+        X = X / w
+    rms = X.pow(2).mean(-1).sqrt()
+    # a LayerNorm's z (mean 0, std sqrt(var / (var + eps))) and an RMSNorm's have one rms for
+    # every token, up to eps's spread (SPHERE_TOL's reason); a stream that is not normalised
+    # spreads it by tens of % (the tokens' norms differ)
+    return True if float(rms.std(unbiased=False) / rms.mean().clamp(min=1e-30)) < SPHERE_TOL else None
+
+
 def signature_at(trace: Trace, sp: StreamPoint, stack: str | None = None) -> NormSignature:
     return norm_signature(sp.x, token_keep(trace, stack or sp.stack, sp.x))
 
@@ -225,6 +252,9 @@ def _detect_placement(trace: Trace) -> tuple[str, dict]:
     for sp in block_points(trace):
         sig = signature_at(trace, sp)
         v = is_normalised(sig)
+        if v is None and sp.norm is not None:
+            with _one_thread():
+                v = undoes_to_normalised(sp.x, token_keep(trace, sp.stack, sp.x), sp.norm)
         verdicts.append(v)
         if v is True and sig.null_ratio == sig.null_ratio:
             worst_null_post = max(worst_null_post, sig.null_ratio)
