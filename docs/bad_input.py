@@ -123,6 +123,7 @@ CASES = [
 LIBRARY_CASES = [
     ("a criterion that is not callable", 'tndebug.watch(model, opt, criterion="cross_entropy")', True),
     ("an empty probe selection", 'tndebug.watch(model, opt, probes="")', True),
+    ("a budget that is no fraction", 'tndebug.watch(model, opt, budget=3)', True),
     ("an empty probe list", "tndebug.check(model, probes=[])", True),
     ("a probe that needs a training run, in check", 'tndebug.check(model, probes="lr-schedule")', True),
     ("a negative pad id", "tndebug.watch(model, opt, pad_id=-1).__enter__()", True),

@@ -279,7 +279,8 @@ def test_capture_only_on_steps_a_probe_reads_the_model():
                              and (m._forward_hooks or m._forward_pre_hooks)})
     model.enc[0].register_forward_pre_hook(seen)
     probes = make_probes("all")
-    with tndebug.watch(model, opt, forward=M.fused_forward, quiet=True, probes=probes) as dbg:
+    with tndebug.watch(model, opt, forward=M.fused_forward, quiet=True, probes=probes,
+                       budget=None) as dbg:            # every scheduled step (test_budget thins)
         holder.append(dbg)
         M.train("sdpa", model, opt, 24)
     expected = [any(p.reads and p.schedule(s) for p in probes) for s in range(24)]

@@ -33,6 +33,15 @@ def count(value: Any, where: str, name: str, *, least: int, none: bool = True) -
                          + (" or None" if none else ""))
 
 
+def fraction_or_none(value: Any, where: str, name: str) -> None:
+    """`value` is None or a number in (0, 1]."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise UsageError(f"{where}: {name}={_shown(value)}; expected a fraction in (0, 1] "
+                         f"(0.03: the probes may cost 3% of the step time) or None")
+
+
 def probe_spec(spec: Any, where: str) -> str | list:
     """`probes=`: "all", "none", "a,b", or a non-empty list of names (or, for watch, of Probe
     objects). An empty selection ("", [], ",") checks nothing and is refused: "none" says

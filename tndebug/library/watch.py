@@ -47,6 +47,7 @@ from tndebug.library.live import declared_schedule, default_batch, live_subject,
     set_max_len, unwrap
 from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext, StepInfo
+from tndebug.probes.budget import DEFAULT_FRACTION, Budget
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.schedule import never
 from tndebug.report import Report
@@ -71,7 +72,8 @@ class Watch:
                  fail_on: str = "error", tensorboard: bool = True, quiet: bool = False,
                  src_vocab: int | None = None, tgt_vocab: int | None = None,
                  hook_optimizer: bool = True, dist: Any = None, overwrite: bool = False,
-                 max_len: int | None = None, select=None, ignore=None) -> None:
+                 max_len: int | None = None, select=None, ignore=None,
+                 budget: float | None = DEFAULT_FRACTION) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(_inner_optimizer(optimizer), torch.optim.Optimizer):
@@ -84,6 +86,8 @@ class Watch:
         A.callable_or_none(criterion, "watch", "criterion", "a function (logits [N, V], target "
                            "[N]) -> loss, e.g. torch.nn.CrossEntropyLoss(ignore_index=pad_id)")
         A.count(start_step, "watch", "start_step", least=0, none=False)
+        A.fraction_or_none(budget, "watch", "budget")
+        self._budget = budget
         A.count(total_steps, "watch", "total_steps", least=1)
         probes = A.probe_spec(probes, "watch")
         self._overwrite = bool(overwrite)
@@ -166,7 +170,9 @@ class Watch:
                          lr_schedule=self._schedule, compute_dtype=dtype, device=str(self._device),
                          total_steps=self._total_steps, mode="train")
         self._engine = ProbeEngine(probes, run, sinks=getattr(self._session, "sinks", ()),
-                                   reducer=self._dist.reducer if self._dist is not None else None)
+                                   reducer=self._dist.reducer if self._dist is not None else None,
+                                   budget=Budget(self._budget) if self._budget is not None
+                                   and (self._dist is None or not self._dist.active) else None)
         self._rng_devices = [self._device] if self._device.type == "cuda" else []
         self._state = "open"
         self._call(self._engine.setup, full=True)
@@ -255,6 +261,7 @@ class Watch:
         self._batch = got
         src, tgt_in = (got[0], got[1]) if got is not None else (None, None)
         self._busy = True
+        self._step_t0 = time.perf_counter()       # the step's time, for the probes' budget
         try:
             self._capture.step_mode = True
             trace = self._engine.begin_step(self._step, src, tgt_in)
@@ -358,6 +365,10 @@ class Watch:
                     self._session.log_scalars(step, {"train/loss": value, "train/lr": lr})
         if loss is not None and (self._recording or loss.device.type == "cpu"):
             self._check_finite(step, loss, self._batch, lr)
+        if self._engine.budget is not None and self._step_t0 is not None:
+            self._engine.budget.record(time.perf_counter() - self._step_t0, probed=self._recording,
+                                       own=self._own_s)
+            self._step_t0, self._own_s = None, 0.0
         self._logits = None
 
     def _check_finite(self, step: int, loss: torch.Tensor, batch, lr: float | None = None) -> None:
@@ -381,6 +392,8 @@ class Watch:
         self._forward_seen: int | None = None
         self._moment_done = False
         self._open = self._recording = self._output_seen = False
+        self._step_t0: float | None = None
+        self._own_s = getattr(self, "_own_s", 0.0)   # seconds in our hooks since the last record
         self._loss: torch.Tensor | None = None
         self._logits = None
         self._lr: float | None = None
@@ -502,7 +515,10 @@ class Watch:
                "wall_s": round(time.perf_counter() - self._t0, 3),
                "probe_s": round(engine.probe_seconds, 3),
                "probe_s_by_probe": {k: round(v, 3) for k, v in engine.seconds_by_probe.items()}}
-        notes = [n for n in (self._schedule_note, self._info.get("adapter_note")) if n]
+        if engine.budget is not None:
+            run["probe_budget"] = engine.budget.summary()
+        notes = [n for n in (self._schedule_note, self._info.get("adapter_note"),
+                             _thinned_note(engine.budget)) if n]
         if opt is None:
             notes.append("no optimizer: steps are the dbg.step() calls; the lr is dbg.step(lr=) "
                          "or unknown, so lr-schedule has nothing to compare")
@@ -567,6 +583,10 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kw
             --codes`), as ruff's --select / --ignore.
         max_len: the longest sequence your model takes (default: its config's
             max_position_embeddings, else found by calling it); the probes' batches fit it.
+        budget: the share of your own step time the probed steps may cost (0.03: <= 1.03x);
+            over it, scheduled looks are skipped (each probe still looks once; run.probe_budget
+            says what was spent and skipped). None: every scheduled look (one process only:
+            under DDP the ranks must probe the same steps, so no budget applies).
     Raises:
         tndebug.errors.UsageError on entering, for a model or forward it cannot use.
     """
@@ -584,6 +604,7 @@ class _Hook:
         w = self.ref()
         if w is None or w._state != "open":
             return None
+        t0 = time.perf_counter()
         try:
             return getattr(w, self.method)(*args)
         except UsageError:
@@ -591,6 +612,8 @@ class _Hook:
         except Exception as e:  # noqa: BLE001 - the user's training goes on
             w._own_error(self.method, e)
             return None
+        finally:
+            w._own_s += time.perf_counter() - t0     # every step's cost of the watch (budget)
 
 
 class _Shielded:
@@ -702,6 +725,14 @@ def _inner_optimizer(opt):
             isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer) and seen < 4:
         opt, seen = opt.optimizer, seen + 1
     return opt
+
+
+def _thinned_note(budget: Budget | None) -> str | None:
+    if budget is None or not budget.thinned:
+        return None
+    each = ", ".join(f"{name} {n}" for name, n in sorted(budget.thinned.items()))
+    return (f"probes thinned to keep their cost within {budget.fraction:.0%} of your step time "
+            f"(budget=): scheduled steps skipped: {each}; each probe still looked at least once")
 
 
 def _dist_from_env():

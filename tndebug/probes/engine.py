@@ -21,6 +21,7 @@ import torch
 from tndebug.findings import Finding
 from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
+from tndebug.probes.budget import Budget
 from tndebug.capture.trace import Trace
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
@@ -38,8 +39,9 @@ def failure_reason(what: str, e: BaseException) -> str:
 
 class ProbeEngine:
     def __init__(self, probes: Iterable[Probe], run: RunContext, sinks: Iterable[Any] = (),
-                 reducer: Reducer | None = None) -> None:
+                 reducer: Reducer | None = None, budget: Budget | None = None) -> None:
         self.probes = list(probes)
+        self.budget = budget            # thins probed steps to a share of the step time (watch)
         self.run = run
         self.sinks = list(sinks)
         self.reducer = reducer          # all-reduce of the packed statistics (DDP), or None
@@ -114,8 +116,11 @@ class ProbeEngine:
 
     def begin_step(self, step: int, src: torch.Tensor | None = None,
                    tgt: torch.Tensor | None = None) -> Trace | None:
-        self._due = [p for p in self.probes if p.schedule(step)]
+        due = [p for p in self.probes if p.schedule(step)]
         final = self._final_snapshot(step)
+        if self.budget is not None:
+            due = self._within_budget(due, final)
+        self._due = due
         self.host_only = bool(self._due) and not final and all(p.host_only for p in self._due)
         if not self._due and not final:
             return None
@@ -125,6 +130,18 @@ class ProbeEngine:
             self._stack.enter_context(self.run.subject.capture.recording(reads, trace))
         self._trace = trace
         return trace
+
+    def _within_budget(self, due: list[Probe], final: bool) -> list[Probe]:
+        """The due probes this step can afford: over budget, only first observations and the
+        probes that capture nothing (the loss, the lr: a sync at most) stay (budget.py; the
+        front-end times the step and records it)."""
+        if not final and any(p.reads for p in due) and not self.budget.allows():
+            kept = [p for p in due if not p.reads or p.observed_steps == 0]
+            for p in due:
+                if p not in kept:
+                    self.budget.thin(p.name)
+            due = kept
+        return due
 
     def _final_snapshot(self, step: int) -> bool:
         """The last training step is captured for the sinks (the figures show the model as it

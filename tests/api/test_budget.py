@@ -1,0 +1,81 @@
+"""The probes' cost budget on a user's own loop (probes/budget.py, `watch(budget=)`): probed
+steps are thinned so that they cost at most the given share of the user's own step time; each
+probe still looks at least once, and the probes that capture nothing are never thinned."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import models as M
+import tndebug
+from tndebug.errors import UsageError
+from tndebug.probes.budget import MIN_PLAIN, Budget
+
+
+def _clock(budget: Budget, pattern, step_s=0.010, cost_s=0.100):
+    """Feed `budget` step times: pattern[i] True = step i was probed (costs cost_s more)."""
+    for probed in pattern:
+        budget.record(step_s + (cost_s if probed else 0.0), probed)
+
+
+def test_the_budget_learns_the_step_time_and_refuses_what_does_not_fit():
+    b = Budget(0.03)
+    assert b.allows()                                  # nothing known yet: never thin
+    _clock(b, [False] * MIN_PLAIN + [True])
+    assert b.step_s == pytest.approx(0.010)
+    assert b.spent_s == pytest.approx(0.100)
+    # 0.100 s spent + 0.100 expected > 3% of 0.010 s x 7 steps: refused ...
+    assert not b.allows()
+    # ... until enough plain steps have passed: 0.2 <= 0.03 * 0.01 * (n + 1) from n = 666
+    _clock(b, [False] * 700)
+    assert b.allows()
+    s = b.summary()
+    assert s["fraction"] == 0.03 and s["spent_fraction"] == pytest.approx(0.100 / (0.010 * s["steps_measured"]), abs=1e-4)
+
+
+def test_a_plain_steps_median_ignores_one_slow_step():
+    b = Budget(0.03)
+    for dt in [0.01] * 9 + [5.0] + [0.01] * 9:            # a checkpoint save in one step
+        b.record(dt, False)
+    assert b.step_s == pytest.approx(0.01)
+
+
+def _watched(budget, steps=120):
+    build, forward = M.MODELS["sdpa"]
+    torch.manual_seed(0)
+    model = build()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with tndebug.watch(model, opt, forward=forward, quiet=True, total_steps=steps,
+                       budget=budget) as dbg:
+        M.train("sdpa", model, opt, steps)
+    return dbg.report
+
+
+def test_a_tight_budget_thins_the_costly_looks_and_keeps_every_verdict():
+    """A tiny model's step is a few ms and a captured step tens of ms: at 1% most of the
+    scheduled captures are skipped. Every probe still has its verdict, loss-health (which
+    captures nothing) looked at every one of its steps, and the report says what was done."""
+    full, thin = _watched(None), _watched(0.01)
+    assert "probe_budget" not in full.run
+    budget = thin.run["probe_budget"]
+    assert budget["fraction"] == 0.01 and budget["thinned"], budget
+    assert any("thinned" in n for n in thin.run.get("notes", []))
+    for name, entry in full.probes.items():
+        assert thin.probes[name]["status"] == entry["status"], (name, thin.probes[name], entry)
+    assert thin.verdict == full.verdict == "clean"
+    assert thin.probes["loss-health"]["steps_observed"] == full.probes["loss-health"]["steps_observed"]
+    assert "loss-health" not in budget["thinned"]
+    looks = lambda r: sum(e.get("steps_observed", 0) for e in r.probes.values())  # noqa: E731
+    assert looks(thin) < looks(full)
+    for name in budget["thinned"]:                    # each looked once at least
+        assert thin.probes[name]["status"] != "no verdict"
+        if "steps_observed" in thin.probes[name]:
+            assert thin.probes[name]["steps_observed"] >= 1
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, -0.1, "3%", True])
+def test_a_budget_that_is_no_fraction_is_refused(bad):
+    model = M.MODELS["sdpa"][0]()
+    with pytest.raises(UsageError, match="budget="):
+        tndebug.watch(model, torch.optim.Adam(model.parameters()), forward=M.MODELS["sdpa"][1],
+                      budget=bad)

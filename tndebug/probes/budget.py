@@ -1,0 +1,76 @@
+"""A cost budget for the probes on a user's own loop (`tndebug.watch`): the probed steps may
+cost at most `fraction` of the user's own step time, the way a sampling profiler bounds its
+overhead, whatever the model's size and the probes' schedules.
+
+Measured, not estimated: the front-end times each step of the user's model from its forward
+to the update (forward, loss, backward and, on a probed step, the probes' recording and their
+work; not the data loading or an evaluation between steps, so the budget errs on the strict
+side) and hands it to `record()`, with the time spent in tndebug's own hooks (every step pays
+it, and it is spent from the budget too). The steps no probe captured give the user's own step time
+(their median: a garbage collection in one step does not move it); a probed step's time beyond
+that median is what the probes cost. Before a probed step, `allows()` says whether its expected
+cost (the median of the last probed steps' costs) still fits in `fraction` of the user's time
+so far.
+
+What is never thinned: a probe's first observation (each probe judges at least once, so the
+budget never turns a verdict into "no verdict"), probes that capture nothing (loss-health,
+lr-schedule, label-smoothing, ...: the loss and the lr, a sync at most, so divergence is seen
+when it happens), the last step's snapshot for the figures, and the setup's exact tests (they
+run before the first step, outside any budget).
+"""
+from __future__ import annotations
+
+import statistics
+
+DEFAULT_FRACTION = 0.03     # issue 20's target for watch: <= 1.03x the user's own loop
+# Steps no probe captured, before the budget judges: the first steps of a loop are slow
+# (allocator, autotuning, lazy init) and mostly probed (log-spaced schedules), so the user's
+# step time is not known before a few plain steps; until then nothing is thinned.
+MIN_PLAIN = 5
+WINDOW = 50                 # the last plain intervals / probed costs the medians are taken over
+
+
+class Budget:
+    def __init__(self, fraction: float = DEFAULT_FRACTION) -> None:
+        self.fraction = fraction
+        self._plain: list[float] = []
+        self._costs: list[float] = []
+        self.steps = 0               # intervals measured
+        self.spent_s = 0.0           # the probed steps' cost beyond the user's own step time
+        self.thinned: dict[str, int] = {}
+
+    def record(self, seconds: float, probed: bool, own: float = 0.0) -> None:
+        """One step of the user's model took `seconds`, `own` of them in tndebug's hooks (which
+        every step pays, probed or not); `probed`: the probes captured on it."""
+        self.steps += 1
+        if probed:
+            cost = max(seconds - self.step_s, own) if self._plain else own
+            self._costs = [*self._costs[-(WINDOW - 1):], cost]
+            self.spent_s += cost
+        else:
+            self._plain = [*self._plain[-(WINDOW - 1):], max(seconds - own, 0.0)]
+            self.spent_s += own
+
+    @property
+    def step_s(self) -> float:
+        """The user's own step time: the median plain interval (0 before any)."""
+        return statistics.median(self._plain) if self._plain else 0.0
+
+    def allows(self) -> bool:
+        """Whether one more probed step fits: spent + its expected cost <= fraction of the
+        user's time over the steps so far and this one."""
+        if len(self._plain) < MIN_PLAIN or not self._costs:
+            return True
+        expected = statistics.median(self._costs[-WINDOW:])
+        return self.spent_s + expected <= self.fraction * self.step_s * (self.steps + 1)
+
+    def thin(self, name: str) -> None:
+        self.thinned[name] = self.thinned.get(name, 0) + 1
+
+    def summary(self) -> dict:
+        """What the report says about the budget (run.probe_budget)."""
+        user = self.step_s * self.steps
+        return {"fraction": self.fraction, "user_step_s": round(self.step_s, 6),
+                "steps_measured": self.steps, "spent_s": round(self.spent_s, 4),
+                "spent_fraction": round(self.spent_s / user, 4) if user > 0 else None,
+                "thinned": dict(self.thinned)}
