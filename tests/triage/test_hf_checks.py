@@ -194,3 +194,23 @@ def test_t5_v1_1_head_declared_untied_is_not_a_tie_error(tmp_path):
     report = triage_hf(TriageOptions(str(folder), probes="missing-scale"), patch=look)
     assert not _checks(report), describe(report.findings)
     assert seen["head"]                                     # the saved head, as transformers runs it
+
+
+def test_triage_with_data_names_an_untied_head_that_does_not_fit(tmp_path):
+    """The same check through `tndebug triage DIR --data`: the directory as save_pretrained
+    writes it, the user's held-out pairs as {"src", "tgt"} (tgt led by the decoder start)."""
+    model, (src, tgt_in, tgt_out) = _untied_copy_bart(150)
+    data = tmp_path / "held_out.pt"
+    torch.save({"src": src, "tgt": torch.cat([tgt_in, tgt_out[:, -1:]], 1)}, data)
+    healthy = tmp_path / "healthy"
+    model.save_pretrained(healthy)
+    report = triage_hf(TriageOptions(str(healthy), data=str(data)))
+    assert not [f for f in report.findings if f.code == "checkpoint/head-unfit"], describe(report.findings)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.02)
+    broken = tmp_path / "broken"
+    model.save_pretrained(broken)
+    report = triage_hf(TriageOptions(str(broken), data=str(data)))
+    got = [f for f in report.findings if f.code == "checkpoint/head-unfit"]
+    assert [(f.severity, f.where) for f in got] == [("error", "lm_head.weight")], describe(report.findings)

@@ -315,6 +315,12 @@ def triage_hf(opts, patch=None, sinks=()):
     data, source, data_checks = held_out(opts, folder, ids, ids["marker"], config)
     if data is not None:
         check_vocab(data, src_v, tgt_v, source)
+        if kind == "seq2seq":             # an untied head that does not fit the trained body
+            from tndebug.triage.hf_head import head_unfit_on_data
+            t_in = data.tgt_in.clone()
+            t_in[:, 0] = ids["start"]      # as the model is called: led by the decoder start
+            data_checks = data_checks + head_unfit_on_data(model, data.src, t_in, data.tgt_out,
+                                                           ids["pad"])
     batch = random_batch(HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"],
                                    src_vocab=hi, tgt_vocab=hi, first_content=lo,
                                    kind=kind))                                 # the probes' pass
