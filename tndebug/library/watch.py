@@ -23,7 +23,8 @@ removes on exit:
 * leaving: `finish`, the Report, report.json / report.md / TensorBoard (`out=`), the exit code.
 
 Nothing outlives the block: hooks are removed, the engine, subject and batch references
-dropped; the hooks hold the watch through a weak reference. A probe that raises is switched
+dropped; the hooks hold the watch through a weak reference. The per-step hooks are
+`watch_hooks._WatchHooks` (a mixin of Watch), the pieces they hook in `watch_parts`. A probe that raises is switched
 off and reported (an info finding); an error of tndebug's own stops probing, never training.
 """
 from __future__ import annotations
@@ -43,21 +44,22 @@ from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library import args as A
-from tndebug.library.live import declared_schedule, default_batch, live_subject, pad_id_findings, \
-    set_max_len, unwrap
+from tndebug.library.live import declared_schedule, live_subject, set_max_len, unwrap
+from tndebug.library.watch_hooks import _WatchHooks
+from tndebug.library.watch_parts import (_BACKWARD, _Hook, _Shielded, _StepCapture, _dist_from_env,
+                                         _inner_optimizer, _quiet, _thinned_note)
 from tndebug.probes._raised import by_tndebug, raised_in
-from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext, StepInfo
+from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext
 from tndebug.probes.budget import DEFAULT_FRACTION, Budget
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.schedule import never
 from tndebug.report import Report
-from tndebug.capture.adapters import first_tensor
 
 MOMENTS = ("setup", "observe", "update", "finish", "on_divergence", "on_resume")
 SEVERITIES = ("info", "warning", "error", "never")
 
 
-class Watch:
+class Watch(_WatchHooks):
     """A probed training run around the user's own loop. Use `tndebug.watch(...)`.
 
     After the block: `report` (a `tndebug.report.Report`), `exit_code` (0, or 1 with findings
@@ -244,161 +246,6 @@ class Watch:
                 self._loss = t               # before optimizer.step(): this step's loss
         elif t is not None and t.device.type == "cpu":   # after it: the step just taken
             self._check_finite(self._step - 1, t, self._prev_batch)   # (no sync on a GPU)
-
-    # -- hooks (through weak references) ----------------------------------------------------------
-    def _on_forward(self, module, args, kwargs):
-        if self._busy or self._stopped() or not module.training or not torch.is_grad_enabled():
-            return None
-        if self._forward_seen == self._step:          # gradient accumulation: one batch a step
-            return None
-        self._forward_seen = self._step
-        got = (self._user_batch(args, kwargs) if self._batch_fn is not None
-               else default_batch(args, kwargs, self._pad_id, self._start_id, self._subject.kind))
-        if got is not None and len(got) == 2:
-            got = (got[0], got[1], None)
-        if self._data_findings is None:                   # the first batch seen: its pads
-            self._data_findings = pad_id_findings(got, self._pad_id, self._step)
-        self._batch = got
-        src, tgt_in = (got[0], got[1]) if got is not None else (None, None)
-        self._busy = True
-        self._step_t0 = time.perf_counter()       # the step's time, for the probes' budget
-        try:
-            self._capture.step_mode = True
-            trace = self._engine.begin_step(self._step, src, tgt_in)
-        except Exception as e:  # noqa: BLE001 - never break the user's forward
-            self._own_error("begin_step", e)
-            return None
-        finally:
-            self._capture.step_mode = False
-            self._busy = False
-        if trace is not None:
-            self._open = True
-            self._recording = self._capture.is_recording
-        # the loss: on a probed step, and on every CPU step (the NaN check costs nothing there)
-        if self._recording or (self._loss is None and self._device.type == "cpu"):
-            _BACKWARD.watch(self)
-        return None
-
-    def _user_batch(self, args, kwargs):
-        """`batch=`'s value for the model's call, checked: at its first call a bad one (None, a
-        wrong shape, or the function raising) is a UsageError out of the user's forward; later,
-        a step whose value does not fit is a step with no batch."""
-        first, self._batch_checked = not self._batch_checked, True
-        try:
-            got = self._batch_fn(args, kwargs)
-        except Exception as e:  # noqa: BLE001 - the user's function may raise anything
-            if not first:
-                return None
-            raise UsageError(f"watch: batch= raised {type(e).__name__}: {e} (it is called as "
-                             f"batch(args, kwargs) with the model's positional and keyword "
-                             f"arguments)") from None
-        try:
-            return A.user_batch(got)
-        except UsageError:
-            if first:
-                raise
-            return None
-
-    def _on_output(self, module, args, kwargs, output):
-        if not self._open or self._output_seen or self._busy:
-            return None
-        self._output_seen = True          # the recording stays open until backward starts:
-                                          # closing it here would unhook modules mid-dispatch
-        self._on_logits(module, args, kwargs, output)
-        loss = getattr(output, "loss", None)
-        if isinstance(loss, torch.Tensor) and loss.dim() == 0 and self._loss is None:
-            self._loss = loss.detach()
-        return None
-
-    def _on_logits(self, module, args, kwargs, output):
-        if not self._open or self._logits is not None or self._busy:
-            return None
-        logits = first_tensor(output)
-        tgt_in = self._batch[1] if self._batch is not None else None
-        if logits is not None and tgt_in is not None and logits.dim() == 3 \
-                and tuple(logits.shape[:2]) == tuple(tgt_in.shape) \
-                and logits.shape[-1] == self._subject.tgt_vocab:
-            self._logits = logits.detach()
-        return None
-
-    def _on_opt_step(self, optimizer, args, kwargs):
-        self._moment()
-        return None
-
-    def _on_opt_done(self, optimizer, args, kwargs):
-        self._advance(self._step + 1)
-        return None
-
-    def _saw_backward(self, tensors) -> None:
-        t = tensors if isinstance(tensors, torch.Tensor) else (
-            tensors[0] if isinstance(tensors, (tuple, list)) and tensors else None)
-        if self._loss is None and isinstance(t, torch.Tensor) and t.numel() == 1:
-            self._loss = t.detach().reshape(())
-        _BACKWARD.unwatch(self)
-        self._capture.stop()              # forward done: backward fills the gradients only
-
-    # -- the probes' moment ---------------------------------------------------------------------
-    def _moment(self) -> None:
-        """After backward, before the update: end_step (on probed steps) and the NaN check."""
-        if self._moment_done or self._state != "open":
-            return
-        self._moment_done = True
-        _BACKWARD.unwatch(self)
-        self._capture.stop()
-        step, loss = self._step, self._loss
-        lr = self._lr if self._lr is not None else self._optimizer_lr()
-        self._steps_seen += 1
-        if self._open:
-            self._open = False
-            # a step of host_only probes (lr-schedule's every step) needs no batch: no target
-            src, tgt_in, tgt_out = (None, None, None) if self._engine.host_only \
-                else _complete(self._batch, self._pad_id)
-            info = StepInfo(step, lr=lr, loss=loss, logits=self._logits, src=src, tgt_in=tgt_in,
-                            tgt_out=tgt_out)
-            self._call(self._engine.end_step, info, full=self._recording)
-            if loss is not None and self._recording:
-                value = float(loss)            # this step synced for the probes already
-                self._history["step"].append(step)
-                self._history["loss"].append(value)
-                self._history["lr"].append(lr)
-                if self._session is not None:
-                    self._session.log_scalars(step, {"train/loss": value, "train/lr": lr})
-        if loss is not None and (self._recording or loss.device.type == "cpu"):
-            self._check_finite(step, loss, self._batch, lr)
-        if self._engine.budget is not None and self._step_t0 is not None:
-            self._engine.budget.record(time.perf_counter() - self._step_t0, probed=self._recording,
-                                       own=self._own_s)
-            self._step_t0, self._own_s = None, 0.0
-        self._logits = None
-
-    def _check_finite(self, step: int, loss: torch.Tensor, batch, lr: float | None = None) -> None:
-        if self.diverged is not None or self._stopped() or (self._dist is not None and self._dist.active):
-            return                            # under DDP the ranks' losses differ: loss-health judges
-        if math.isfinite(float(loss)):          # a scalar: on the CPU, or a step synced already
-            return
-        self.diverged = step
-        src, tgt_in, tgt_out = _complete(batch, self._pad_id)
-        self._call(self._engine.diverged, StepInfo(step, lr=lr, loss=loss, src=src, tgt_in=tgt_in,
-                                                   tgt_out=tgt_out), full=True)
-
-    def _advance(self, step: int) -> None:
-        if not self._moment_done and self._forward_seen == self._step:
-            self._moment()                      # a step that never reached the optimizer hook
-        self._prev_batch = self._batch
-        self._reset_step(step)
-
-    def _reset_step(self, step: int) -> None:
-        self._step = step
-        self._forward_seen: int | None = None
-        self._moment_done = False
-        self._open = self._recording = self._output_seen = False
-        self._step_t0: float | None = None
-        self._own_s = getattr(self, "_own_s", 0.0)   # seconds in our hooks since the last record
-        self._loss: torch.Tensor | None = None
-        self._logits = None
-        self._lr: float | None = None
-        if not hasattr(self, "_batch"):
-            self._batch = self._prev_batch = None
 
     # -- engine calls ----------------------------------------------------------------------------
     def _call(self, fn, *args, full: bool = True):
@@ -591,167 +438,3 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kw
         tndebug.errors.UsageError on entering, for a model or forward it cannot use.
     """
     return Watch(model, optimizer, **kwargs)
-
-
-# -- helpers --------------------------------------------------------------------------------------
-class _Hook:
-    """A hook that holds the watch weakly: the model never keeps a watch alive."""
-
-    def __init__(self, ref, method: str) -> None:
-        self.ref, self.method = ref, method
-
-    def __call__(self, *args):
-        w = self.ref()
-        if w is None or w._state != "open":
-            return None
-        t0 = time.perf_counter()
-        try:
-            return getattr(w, self.method)(*args)
-        except UsageError:
-            raise                         # a bad argument of the user's (batch=): refused, clearly
-        except Exception as e:  # noqa: BLE001 - the user's training goes on
-            w._own_error(self.method, e)
-            return None
-        finally:
-            w._own_s += time.perf_counter() - t0     # every step's cost of the watch (budget)
-
-
-class _Shielded:
-    def __init__(self, ref, name: str, what: str, fn) -> None:
-        self.ref, self.name, self.what, self.fn = ref, name, what, fn
-        self.__name__ = what
-
-    def __call__(self, *args):
-        w = self.ref()
-        if w is not None and self.name in w._failed:
-            return {} if self.what == "observe" else None
-        try:
-            return self.fn(*args)
-        except Exception as e:
-            if w is not None:
-                w._probe_failed(self.name, self.what, e)
-            raise
-
-
-class _StepCapture:
-    """The subject's capture, with the step's recording closeable at the end of the forward
-    (its gradient hooks live on the tensors and still fire in backward)."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.step_mode = False
-        self._open = None
-
-    @property
-    def is_recording(self) -> bool:
-        return self._open is not None
-
-    @contextlib.contextmanager
-    def recording(self, reads, trace=None):
-        if not self.step_mode:
-            with self.inner.recording(reads, trace) as t:
-                yield t
-            return
-        cm = self.inner.recording(reads, trace)
-        t = cm.__enter__()
-        self._open = cm
-        try:
-            yield t
-        finally:
-            self.stop()
-
-    def stop(self) -> None:
-        cm, self._open = self._open, None
-        if cm is not None:
-            cm.__exit__(None, None, None)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-class _BackwardTap:
-    """`torch.autograd.backward` patched only between a probed step's forward and its
-    optimizer step: the tensor backward is called on is the step's loss."""
-
-    def __init__(self) -> None:
-        self._orig = None
-        self._watch = None
-
-    def watch(self, w: Watch) -> None:
-        if self._orig is not None:
-            return
-        self._watch = weakref.ref(w)
-        self._orig = orig = torch.autograd.backward
-        tap = self
-
-        def backward(tensors, *args, **kwargs):
-            target = tap._watch() if tap._watch is not None else None
-            if target is not None:
-                try:
-                    target._saw_backward(tensors)
-                except Exception:  # noqa: BLE001
-                    pass
-            return orig(tensors, *args, **kwargs)
-        self._patched = backward
-        torch.autograd.backward = backward
-
-    def unwatch(self, w: Watch | None = None) -> None:
-        if self._orig is None or (w is not None and self._watch is not None and self._watch() is not w):
-            return
-        if torch.autograd.backward is self._patched:
-            torch.autograd.backward = self._orig
-        self._orig = self._watch = self._patched = None
-
-
-_BACKWARD = _BackwardTap()
-
-
-def _complete(batch, pad_id: int):
-    """(src, tgt_in, tgt_out): the target, when the call gave none, is tgt_in shifted left
-    (computed here, on the steps that need it, not in every forward)."""
-    if batch is None:
-        return None, None, None
-    src, tgt_in, tgt_out = batch
-    if tgt_out is None and isinstance(tgt_in, torch.Tensor) and tgt_in.dim() == 2:
-        from tndebug.library.live import shift_left
-        tgt_out = shift_left(tgt_in, pad_id)
-    return src, tgt_in, tgt_out
-
-
-def _inner_optimizer(opt):
-    """accelerate's / Lightning's wrapper -> the torch optimizer whose hooks fire."""
-    seen = 0
-    while not type(opt).__module__.startswith("torch.optim") and \
-            isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer) and seen < 4:
-        opt, seen = opt.optimizer, seen + 1
-    return opt
-
-
-def _thinned_note(budget: Budget | None) -> str | None:
-    if budget is None or not budget.thinned:
-        return None
-    each = ", ".join(f"{name} {n}" for name, n in sorted(budget.thinned.items()))
-    return (f"probes thinned to keep their cost within {budget.fraction:.0%} of your step time "
-            f"(budget=): scheduled steps skipped: {each}; each probe still looked at least once")
-
-
-def _dist_from_env():
-    """The process group the user started (DDP), as the trainer's Dist; None in one process."""
-    import torch.distributed as tdist
-    if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() < 2:
-        return None
-    from tndebug.train.distributed import Dist
-    backend = tdist.get_backend()
-    # host-side ints and objects (the reducer's size check, gathered findings) go over gloo;
-    # every rank enters the watch at the same point, so this collective is matched
-    control = tdist.new_group(backend="gloo") if backend == "nccl" else None
-    return Dist(rank=tdist.get_rank(), world=tdist.get_world_size(), backend=backend,
-                control=control)
-
-
-def _quiet(session_cls):
-    class QuietSession(session_cls):
-        """Files only: no summary on the console."""
-        def _print(self, report, md, paths):
-            return None
-    return QuietSession

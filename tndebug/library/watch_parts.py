@@ -1,0 +1,181 @@
+"""The pieces `tndebug.watch` hooks into the user's model, optimizer and autograd (watch.py is
+the block and its report, watch_hooks.py what runs on each step): the weak-reference hook and
+probe shield, the step-scoped capture, the one backward tap, and small helpers.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+
+from tndebug.errors import UsageError
+from tndebug.probes.budget import Budget
+
+if TYPE_CHECKING:
+    from tndebug.library.watch import Watch
+
+
+class _Hook:
+    """A hook that holds the watch weakly: the model never keeps a watch alive."""
+
+    def __init__(self, ref, method: str) -> None:
+        self.ref, self.method = ref, method
+
+    def __call__(self, *args):
+        w = self.ref()
+        if w is None or w._state != "open":
+            return None
+        t0 = time.perf_counter()
+        try:
+            return getattr(w, self.method)(*args)
+        except UsageError:
+            raise                         # a bad argument of the user's (batch=): refused, clearly
+        except Exception as e:  # noqa: BLE001 - the user's training goes on
+            w._own_error(self.method, e)
+            return None
+        finally:
+            w._own_s += time.perf_counter() - t0     # every step's cost of the watch (budget)
+
+
+class _Shielded:
+    def __init__(self, ref, name: str, what: str, fn) -> None:
+        self.ref, self.name, self.what, self.fn = ref, name, what, fn
+        self.__name__ = what
+
+    def __call__(self, *args):
+        w = self.ref()
+        if w is not None and self.name in w._failed:
+            return {} if self.what == "observe" else None
+        try:
+            return self.fn(*args)
+        except Exception as e:
+            if w is not None:
+                w._probe_failed(self.name, self.what, e)
+            raise
+
+
+class _StepCapture:
+    """The subject's capture, with the step's recording closeable at the end of the forward
+    (its gradient hooks live on the tensors and still fire in backward)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.step_mode = False
+        self._open = None
+
+    @property
+    def is_recording(self) -> bool:
+        return self._open is not None
+
+    @contextlib.contextmanager
+    def recording(self, reads, trace=None):
+        if not self.step_mode:
+            with self.inner.recording(reads, trace) as t:
+                yield t
+            return
+        cm = self.inner.recording(reads, trace)
+        t = cm.__enter__()
+        self._open = cm
+        try:
+            yield t
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        cm, self._open = self._open, None
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class _BackwardTap:
+    """`torch.autograd.backward` patched only between a probed step's forward and its
+    optimizer step: the tensor backward is called on is the step's loss."""
+
+    def __init__(self) -> None:
+        self._orig = None
+        self._watch = None
+
+    def watch(self, w: Watch) -> None:
+        if self._orig is not None:
+            return
+        self._watch = weakref.ref(w)
+        self._orig = orig = torch.autograd.backward
+        tap = self
+
+        def backward(tensors, *args, **kwargs):
+            target = tap._watch() if tap._watch is not None else None
+            if target is not None:
+                try:
+                    target._saw_backward(tensors)
+                except Exception:  # noqa: BLE001
+                    pass
+            return orig(tensors, *args, **kwargs)
+        self._patched = backward
+        torch.autograd.backward = backward
+
+    def unwatch(self, w: Watch | None = None) -> None:
+        if self._orig is None or (w is not None and self._watch is not None and self._watch() is not w):
+            return
+        if torch.autograd.backward is self._patched:
+            torch.autograd.backward = self._orig
+        self._orig = self._watch = self._patched = None
+
+
+_BACKWARD = _BackwardTap()
+
+
+def _complete(batch, pad_id: int):
+    """(src, tgt_in, tgt_out): the target, when the call gave none, is tgt_in shifted left
+    (computed here, on the steps that need it, not in every forward)."""
+    if batch is None:
+        return None, None, None
+    src, tgt_in, tgt_out = batch
+    if tgt_out is None and isinstance(tgt_in, torch.Tensor) and tgt_in.dim() == 2:
+        from tndebug.library.live import shift_left
+        tgt_out = shift_left(tgt_in, pad_id)
+    return src, tgt_in, tgt_out
+
+
+def _inner_optimizer(opt):
+    """accelerate's / Lightning's wrapper -> the torch optimizer whose hooks fire."""
+    seen = 0
+    while not type(opt).__module__.startswith("torch.optim") and \
+            isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer) and seen < 4:
+        opt, seen = opt.optimizer, seen + 1
+    return opt
+
+
+def _thinned_note(budget: Budget | None) -> str | None:
+    if budget is None or not budget.thinned:
+        return None
+    each = ", ".join(f"{name} {n}" for name, n in sorted(budget.thinned.items()))
+    return (f"probes thinned to keep their cost within {budget.fraction:.0%} of your step time "
+            f"(budget=): scheduled steps skipped: {each}; each probe still looked at least once")
+
+
+def _dist_from_env():
+    """The process group the user started (DDP), as the trainer's Dist; None in one process."""
+    import torch.distributed as tdist
+    if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() < 2:
+        return None
+    from tndebug.train.distributed import Dist
+    backend = tdist.get_backend()
+    # host-side ints and objects (the reducer's size check, gathered findings) go over gloo;
+    # every rank enters the watch at the same point, so this collective is matched
+    control = tdist.new_group(backend="gloo") if backend == "nccl" else None
+    return Dist(rank=tdist.get_rank(), world=tdist.get_world_size(), backend=backend,
+                control=control)
+
+
+def _quiet(session_cls):
+    class QuietSession(session_cls):
+        """Files only: no summary on the console."""
+        def _print(self, report, md, paths):
+            return None
+    return QuietSession
