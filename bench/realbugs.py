@@ -168,7 +168,9 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
            if "code_changed_during_run" in meta["provenance"] else []),
          f"* tndebug imported from `{meta['tndebug_from']}`; its uncommitted changes: "
          f"{meta['tndebug_uncommitted'] or 'none'}",
-         "* Evaluation only: no threshold of tndebug was set on this corpus (written after them).", "",
+         "* Evaluation, except two rules set on this corpus (docs/thresholds.md): `_residual.DEGENERATE` "
+         "(8c02423) and the error severity of a residual that carries the normalised input (6d03794); "
+         "every other threshold was set before the corpus was written.", "",
          "## Summary", "",
          f"* Behaviour-changing runs caught by their probe: **{len(caught)}/{len(changing)}**; "
          f"with a collateral error from another probe: {len(coll)}/{len(changing)}",
