@@ -31,6 +31,8 @@ NOT_THRESHOLDS = {
     ("tndebug/probes/mask_broadcast.py", "EXTRA_PADS"): "pad columns appended in the test input",
     ("tndebug/probes/positional_encoding.py", "MAX_PROBE_LEN"): "longest test sequence (cost)",
     ("tndebug/probes/zero_grad.py", "TRACKED"): "parameters watched; the test itself is exact",
+    ("tndebug/probes/budget.py", "MIN_PLAIN"): "plain steps timed before the budget judges",
+    ("tndebug/probes/budget.py", "WINDOW"): "steps the budget's medians are taken over",
     ("tndebug/capture/recording.py", "MAX_RECOMPUTED"): "memory cap on recomputed SDPA scores",
     ("tndebug/triage/fresh.py", "SEED"): "the fresh initialisation's seed",
     ("tndebug/triage/hf.py", "PROBE_VOCAB"): "logit columns the probes see (exact for those ids)",

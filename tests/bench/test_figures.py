@@ -37,7 +37,7 @@ LEGACY = {
     "bench/results/ddp_overhead.json", "bench/results/ddp_overhead_small.json",
     "bench/results/triage_speed.json", "bench/results/hf_triage.json",
     "bench/results/foreign_at_b735d21.md", "bench/results/foreign_at_b735d21.json",
-    "bench/results/watch_overhead.json", "bench/results/watch_breakdown_sdpa.json",
+    "bench/results/watch_breakdown_sdpa.json",
     "bench/results/watch_breakdown_bart.json", "bench/results/detection.md", "bench/results/detection.json",
     "bench/results/detection.jsonl",
 }
