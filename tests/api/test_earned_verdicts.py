@@ -125,7 +125,7 @@ def test_a_model_that_raises_on_a_probe_input_gets_an_error_naming_the_input():
     raised = [f for f in report.findings if f.probe == "mask-broadcast" and f.severity == "error"]
     assert raised, report.findings
     f = raised[0]
-    from tndebug.probes.mask_broadcast import INPUTS
+    from tndebug.probes._mask_tests import INPUTS
     assert f.code == "mask-broadcast/model-raised" and f.evidence["input"] in INPUTS.values()
     assert "without padding" in f.evidence["input"]          # the rows whose every key it masks
     assert "inverted key padding mask" in f.message and "True at the pads" in f.fix

@@ -121,7 +121,7 @@ def test_dropout_left_on_in_eval_is_named_not_read_as_a_leak():
 
 
 def test_softmax_over_the_batch_axis_is_named():
-    from tndebug.probes.mask_broadcast import _normalised_axis
+    from tndebug.probes._mask_tests import _normalised_axis
     p = torch.randn(4, 2, 5, 5).softmax(0)
     assert _normalised_axis(p) == "batch"
     assert _normalised_axis(torch.randn(4, 2, 5, 5).softmax(1)) == "heads"

@@ -22,7 +22,7 @@ import torch
 
 from tndebug.probes._raised import call as _call
 from tndebug.probes._attn_stats import as_heads
-from tndebug.probes.mask_broadcast import MASS_TOL, REL_TOL, Check, _other, compare
+from tndebug.probes._mask_tests import MASS_TOL, REL_TOL, Check, _other, compare
 from tndebug.subject import Subject
 
 SIDE = {"later": ("the tokens after t", "the outputs at positions <= t", "causal"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from tndebug.probes._attn_stats import probe_batch
-from tndebug.probes.mask_broadcast import EXTRA_PADS as EXTRA, REL_TOL as REL   # the same exact test
+from tndebug.probes._mask_tests import EXTRA_PADS as EXTRA, REL_TOL as REL   # the same exact test
 from tndebug.subject import Subject
 
 

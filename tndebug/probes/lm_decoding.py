@@ -24,7 +24,7 @@ import torch
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._raised import ModelRaised, call as _call
 from tndebug.probes.base import Probe, RunContext, not_decoder_only
-from tndebug.probes.mask_broadcast import Check, compare
+from tndebug.probes._mask_tests import Check, compare
 from tndebug.probes.schedule import never
 from tndebug.subject import Subject
 
