@@ -117,7 +117,7 @@ class GenericCapture:
                           if re.search(r"sublayer|residual", type(m).__name__, re.I)
                           and _owner_layer(n, self.layers) is not None}
         self.positional = {n for n, m in modules.items() if n and _is_positional(n, m)}
-        self.norms = {n for n, m in modules.items() if is_norm(m) and _owner_layer(n, self.layers)}
+        self.norms = {n for n, m in modules.items() if n and is_norm(m)}   # told once, not per call
         self.tok_wrappers = self._token_embedding_modules(modules)
         self.ffn_out = self._ffn_outputs(modules)
         mhas = [m for m in modules.values() if isinstance(m, nn.MultiheadAttention)]

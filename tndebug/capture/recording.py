@@ -11,7 +11,7 @@ import torch
 
 from tndebug.capture.trace import AttentionRecord, StreamPoint, Trace
 from tndebug.capture.projections import _find_projection, _looks_like_probs, _same, _same_map, masked_by_addition
-from tndebug.capture.streams import _Streams, is_norm
+from tndebug.capture.streams import _Streams
 from tndebug.capture.structure import _CROSS_NAME, _layer_index, _owner_layer, _stack_of
 
 from typing import TYPE_CHECKING
@@ -138,7 +138,7 @@ class _State(_Streams):
             if name in cap.positional and args and isinstance(args[0], torch.Tensor) \
                     and args[0].is_floating_point() and args[0].shape == x.shape:
                 self.pos_calls.append((name, args[0].detach(), x))
-            if is_norm(module):
+            if name in cap.norms:
                 self._norm_output(module, out)
                 if args and self.last_add is not None:
                     self._norm_called(args[0], out)

@@ -169,7 +169,6 @@ class _WatchHooks:
         self._moment_done = False
         self._open = self._recording = self._output_seen = False
         self._step_t0: float | None = None
-        self._own_s = getattr(self, "_own_s", 0.0)   # seconds in our hooks since the last record
         self._loss: torch.Tensor | None = None
         self._logits = None
         self._lr: float | None = None
