@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _provenance import Provenance, provenance_line  # noqa: E402
 
 import tndebug  # noqa: E402
-from tndebug.triage.run import TRIAGE_PROBES  # noqa: E402
+from tndebug.probes import TRIAGE_PROBES  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "foreign"
 PROBES = list(TRIAGE_PROBES) + ["checkpoint"]

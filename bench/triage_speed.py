@@ -111,7 +111,7 @@ def probe_breakdown(paths: dict) -> dict:
     from tndebug.probes import make_probes
     from tndebug.probes.base import RunContext
     from tndebug.subject import tndebug_subject
-    from tndebug.triage.run import TRIAGE_PROBES
+    from tndebug.probes import TRIAGE_PROBES
     from tndebug.triage.loading import load_checkpoint
 
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ import pytest
 
 from tndebug import driver
 from tndebug.cli import main
-from tndebug.commands.probes import all_codes
+from tndebug.probes.codes import all_codes
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, group_findings
 from tndebug.probes import PROBE_NAMES, make_probes, probe_class

@@ -42,7 +42,7 @@ NOT_THRESHOLDS = {
     ("tndebug/triage/hf_data.py", "TEXT_MAX_TOKENS"): "--text truncation length",
     ("tndebug/triage/run.py", "HELD_OUT"): "held-out sequences for the loss comparisons",
     ("tndebug/triage/userdata.py", "MAX_SEQS"): "--data sequences used (cost of 13 sweep forwards)",
-    ("tndebug/triage/userdata.py", "PLACES_SHOWN"): "(row, position) pairs quoted in a message",
+    ("tndebug/padding.py", "PLACES_SHOWN"): "(row, position) pairs quoted in a message",
 }
 
 

@@ -40,17 +40,23 @@ class ProbeResult:
 
 
 def probe_once(subject: Subject, names: Iterable[str], batch, *,
-               compute_dtype: torch.dtype = torch.float32, sinks: Iterable[Any] = ()) -> ProbeResult:
+               compute_dtype: torch.dtype = torch.float32, sinks: Iterable[Any] = (),
+               token_names: dict[int, str] | None = None) -> ProbeResult:
     """Run the probes `names` on `subject` in triage mode: every probe's setup (the exact tests),
     one recorded forward and backward of the first `PROBE_BATCH` sequences of `batch`
     (src, tgt_in, tgt_out), no optimizer step, then every probe's finish.
 
     `sinks` (objects with `on_trace(step, trace)` / `on_metric(step, tag, value)`) see the step as
     the last one of a run: the figures' reads are recorded too. The model's mode is restored and
-    its gradients cleared."""
+    its gradients cleared. `token_names` ({id: token}, from a saved tokenizer) go to the sinks
+    that label tokens (`on_tokens`: the Recorder, for the figures' axes); this recorded batch
+    is the only one the sinks see, so every figure of the pass shows it."""
     probes = make_probes(list(names))
     pad_id = subject.pad_id
     sinks = list(sinks)
+    for sink in sinks:
+        if token_names and hasattr(sink, "on_tokens"):
+            sink.on_tokens(dict(token_names))
     run = RunContext(subject=subject, optimizer=None, mode="triage", compute_dtype=compute_dtype,
                      criterion=lambda lg, t: F.cross_entropy(lg.float(), t, ignore_index=pad_id),
                      device=str(subject.device), total_steps=1 if sinks else None)
@@ -137,7 +143,7 @@ def make_report(run: dict, findings: list[Finding], statuses: dict[str, dict], *
 def codes_option(value, who: str = "--select") -> list[str]:
     """Finding codes or probe names ("a/b,c" or a list), each known to `tndebug probes
     --codes`; a UsageError names an unknown one."""
-    from tndebug.commands.probes import all_codes
+    from tndebug.probes.codes import all_codes
     from tndebug.errors import UsageError
     if value is None:
         return []

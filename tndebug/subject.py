@@ -56,7 +56,8 @@ class Subject:
 
     def __init__(self, model: nn.Module, forward: ForwardFn | LMForwardFn, *, pad_id: int = 0,
                  bos_id: int = 1, src_vocab: int, tgt_vocab: int, encode=None, capture=None,
-                 max_len: int | None = None, kind: str = "seq2seq", incremental=None) -> None:
+                 max_len: int | None = None, kind: str = "seq2seq", incremental=None,
+                 first_content: int | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"Subject kind {kind!r}; expected one of {KINDS}")
         if kind in ("decoder", "encoder") and encode is not None:
@@ -70,6 +71,7 @@ class Subject:
         self.pad_id, self.bos_id = pad_id, bos_id
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.max_len = max_len              # the longest sequence the model takes (None: unknown)
+        self._first = first_content         # None: the ids after pad and BOS
         self._limit: int | None = None      # the longest length that runs, when one raised (`fit`)
         self._runs_at = 0                   # the longest length seen to run
 
@@ -81,8 +83,9 @@ class Subject:
 
     @property
     def first_content(self) -> int:
-        """The smallest token id that is neither pad nor BOS."""
-        return max(self.pad_id, self.bos_id) + 1
+        """The smallest id of the probes' random content: neither pad nor BOS, and above every
+        special id a model's config declares when it was given (`first_content`, Hugging Face)."""
+        return self._first if self._first is not None else max(self.pad_id, self.bos_id) + 1
 
     def fit(self, n: int) -> int:
         """`n`, or less when the model takes no sequence that long: `max_len` when it is known

@@ -12,7 +12,8 @@ import torch
 import models as M
 import tndebug
 from tndebug.errors import UsageError
-from tndebug.triage.userdata import mid_sequence_pads, to_batch
+from tndebug.padding import mid_sequence_pads
+from tndebug.triage.userdata import to_batch
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +105,7 @@ def test_check_refuses_probes_that_need_a_training_run(model, spec):
 
 
 def test_check_all_means_the_probes_check_can_run(model):
-    from tndebug.triage.run import TRIAGE_PROBES
+    from tndebug.probes import TRIAGE_PROBES
     report = tndebug.check(model, M.fused_forward, probes="all")
     assert report.run["probes_run"] == list(TRIAGE_PROBES)
 

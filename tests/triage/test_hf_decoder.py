@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from tndebug.cli import main                                          # noqa: E402
 from tndebug.triage.hf import triage_hf                               # noqa: E402
-from tndebug.triage.hf_decoder import choose_lm_ids, make_lm_adapter, positions  # noqa: E402
+from tndebug.capture.hf_decoder import choose_lm_ids, make_lm_adapter, positions  # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -10,6 +10,7 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug.model import make_model
+from tndebug.probes._head_weights import duplicate_heads
 from tndebug.triage import hygiene
 from tndebug.triage.loading import Checkpoint
 
@@ -55,10 +56,10 @@ def attn_weights(cfg):
 
 
 def test_duplicate_heads_in_weights():
-    assert hygiene.duplicate_heads([attn_weights(ModelConfig.tiny())]) == []
-    (f,) = hygiene.duplicate_heads([attn_weights(ModelConfig.tiny().with_faults("identical_head_init"))])
+    assert duplicate_heads([attn_weights(ModelConfig.tiny())]) == []
+    (f,) = duplicate_heads([attn_weights(ModelConfig.tiny().with_faults("identical_head_init"))])
     assert f.probe == "head-collapse" and f.severity == "error" and f.evidence["duplicated"] == 4
-    (f,) = hygiene.duplicate_heads([attn_weights(ModelConfig.tiny().with_faults("shared_qkv"))])
+    (f,) = duplicate_heads([attn_weights(ModelConfig.tiny().with_faults("shared_qkv"))])
     assert f.evidence == {"shared": "qkv"}
 
 
@@ -66,8 +67,8 @@ def test_zero_query_and_key_weights_are_not_shared_or_duplicated():
     """W_Q = W_K = 0 (an attention that ended up attending uniformly): torch.equal holds and the
     heads agree, but from a zero weight, not from one projection or one draw (issue 19)."""
     where, wq, wk, wv, h = attn_weights(ModelConfig.tiny())
-    assert hygiene.duplicate_heads([(where, torch.zeros_like(wq), torch.zeros_like(wk), wv, h)]) == []
-    (f,) = hygiene.duplicate_heads([(where, wq, wq.clone(), wv, h)])     # the pair: equal, non-zero
+    assert duplicate_heads([(where, torch.zeros_like(wq), torch.zeros_like(wk), wv, h)]) == []
+    (f,) = duplicate_heads([(where, wq, wq.clone(), wv, h)])     # the pair: equal, non-zero
     assert f.evidence == {"shared": "qk"}
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from tndebug.probes import PROBE_NAMES, probe_class
+from tndebug.probes.codes import all_codes
 
 
 def add_parser(sub) -> None:
@@ -32,38 +33,3 @@ def when(doc: str) -> str:
     if doc == "never":
         return "at setup only"
     return "runs " + doc.replace("every 1 steps", "every step")
-
-
-# Findings that are not a probe's own: triage's checks of the file and weights, and the front-ends'.
-OTHER_CODES = {
-    "checkpoint/nonfinite-weights": "non-finite values in the saved weights",
-    "checkpoint/config-mismatch": "the saved config disagrees with the weights' shapes",
-    "checkpoint/inferred-config": "what the weights could not say, settled from held-out loss",
-    "checkpoint/unsafe-pickle": "a checkpoint holding pickled code (its globals listed, not run)",
-    "checkpoint/tied-head-differs": "HF: the saved head differs from the embedding it is tied to",
-    "checkpoint/head-unfit": "HF (--data): an untied head that does not fit the trained body",
-    "checkpoint/id-vs-tokenizer": "HF: a config id the saved tokenizer contradicts",
-    "checkpoint/start-id-ordinary": "HF: decoder_start_token_id is an ordinary token",
-    "checkpoint/id-vs-data": "HF: a config id the targets of --data/--text contradict",
-    "checkpoint/weight-files-differ": "HF: two weight files with different weights",
-    "lr-schedule/no-resume-state": "no optimizer state or step in the file (advisory)",
-    "positional-encoding/stored-pe": "a stored PE table that is not the paper's sinusoids",
-    "positional-encoding/emb-ratio": "the embedding/PE ratio from the weights out of range",
-    "head-collapse/shared-projection": "W_Q and W_K (and W_V) the same weights",
-    "head-collapse/duplicated-heads": "heads duplicated in the weights",
-    "missing-scale/sweep-not-applicable": "the temperature sweep on your own code (advisory)",
-    "missing-scale/sweep-inconclusive": "the sweep on data the checkpoint does not solve",
-    "missing-scale/sweep-mismatch": "the checkpoint was trained with another scale",
-    "missing-scale/sweep-skipped": "HF: no in-distribution data for the sweep",
-    "mask-broadcast/tndebug-masks": "the built-in adapter built the masks, not your code",
-    "pad-id/mid-sequence": "watch: the pad id occurs mid-sequence in your batches",
-    "watch/stopped": "watch: tndebug stopped probing (a tndebug bug)",
-    "<probe>/probe-failed": "watch: a probe raised and was switched off",
-}
-
-
-def all_codes() -> list[tuple[str, str]]:
-    """Every finding code with its meaning: each probe's declared kinds, then the others."""
-    out = [(f"{name}/{kind}", meaning) for name in PROBE_NAMES
-           for kind, meaning in probe_class(name).codes.items()]
-    return out + sorted(OTHER_CODES.items())

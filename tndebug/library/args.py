@@ -69,7 +69,7 @@ def probe_spec(spec: Any, where: str) -> str | list:
 
 def training_only(names: list[str], where: str) -> None:
     """`check` runs one forward and backward: the probes that judge a training run refused."""
-    from tndebug.triage.run import TRAINING_ONLY
+    from tndebug.probes import TRAINING_ONLY
     asked = [n for n in names if n in TRAINING_ONLY]
     if asked:
         raise UsageError(f"{where}: probes {', '.join(asked)} judge a training run (the optimizer's "
@@ -138,7 +138,7 @@ def _not_ids(t) -> str:
 def user_data(tensors: dict[str, Any], pad_id: int, src_vocab: int, tgt_vocab: int) -> None:
     """`check(data=)`: 2-D integer tensors with one row count, ids inside the model's vocabulary,
     and the pad id only at the ends of a row (else it is a real token: the pad id is wrong)."""
-    from tndebug.triage.userdata import mid_sequence_pads, pad_text
+    from tndebug.padding import mid_sequence_pads, pad_text
     rows = None
     for name, t in tensors.items():
         what = _not_ids(t)

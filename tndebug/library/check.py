@@ -64,7 +64,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                                           probes=probes, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                                           max_len=max_len, sinks=session.sinks,
                                           select=select, ignore=ignore))
-    from tndebug.triage import hygiene
+    from tndebug.probes._head_weights import duplicate_heads
     from tndebug.capture import projection_weights
     t0 = time.perf_counter()
     names = _names(probes)
@@ -78,12 +78,12 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         probed = driver.probe_once(subject, names, batch, compute_dtype=dtype, sinks=sinks)
     findings, statuses, seconds = probed.findings, probed.statuses, probed.seconds
     if info["hf"]:
-        from tndebug.triage import hf
-        from tndebug.triage.hf_findings import hf_fix, hf_where
-        findings += hygiene.duplicate_heads(hf.attention_weights(model))
+        from tndebug.capture.hf import attention_weights
+        from tndebug.probes.hf_fixes import hf_fix, hf_where
+        findings += duplicate_heads(attention_weights(model))
         findings = driver.dedupe([hf_where(hf_fix(f), model) for f in findings])
     else:
-        findings += hygiene.duplicate_heads(projection_weights(model))
+        findings += duplicate_heads(projection_weights(model))
         findings = driver.dedupe(findings)
     if info.get("adapter_note"):
         findings.append(Finding("mask-broadcast", "info", f"{info['adapter_note']}; the mask tests "
@@ -108,7 +108,7 @@ def _names(spec) -> list[str]:
     an empty selection, and a probe that needs a training run, are refused."""
     from tndebug.probes import parse_probe_spec
     from tndebug.probes.base import ProbeError
-    from tndebug.triage.run import TRIAGE_PROBES
+    from tndebug.probes import TRIAGE_PROBES
     if spec is None:
         return list(TRIAGE_PROBES)
     spec = A.probe_spec(spec, "check")

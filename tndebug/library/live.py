@@ -83,7 +83,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     first_content = None
     kind, incremental, lm_forward = "seq2seq", None, None
     if forward is None and is_hf_causal(model):
-        from tndebug.triage.hf_decoder import choose_lm_ids, make_lm_adapter
+        from tndebug.capture.hf_decoder import choose_lm_ids, make_lm_adapter
         in_v = model.get_input_embeddings().num_embeddings
         ids = choose_lm_ids(model.config, in_v)
         lm_forward, incremental = make_lm_adapter()
@@ -98,7 +98,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         incremental = lambda m, ids, pad, split: m.incremental(ids, split)  # noqa: E731
         kind, adapter = "decoder", Adapter("tndebug", _ignoring_src(lm_forward))
     elif forward is None and is_hf_seq2seq(model):
-        from tndebug.triage.hf import choose_ids, make_adapter
+        from tndebug.capture.hf import choose_ids, make_adapter
         in_v = model.get_input_embeddings().num_embeddings
         out_emb = model.get_output_embeddings()
         out_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or in_v
@@ -190,11 +190,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         adapter = Adapter(adapter.name, lm_forward, None, adapter.note)   # the Subject's call
     else:
         kw["encode"] = adapter.encode
-    if first_content is not None:
-        from tndebug.triage.hf import HFSubject
-        subject = HFSubject(model, adapter.forward, first_content=first_content, **kw)
-    else:
-        subject = Subject(model, adapter.forward, **kw)
+    subject = Subject(model, adapter.forward, first_content=first_content, **kw)
     info.update(adapter=adapter.name, attention_modules=sorted(capture.attention),
                 logits_module=logits_module.get("path"), pad_id=pad_id, bos_id=bos_id,
                 src_vocab=src_v, tgt_vocab=tgt_v)
@@ -347,7 +343,7 @@ def declared_schedule(spec):
 def pad_id_findings(batch, pad_id: int, step: int) -> list[Finding]:
     """A warning when the pad id occurs mid-sequence in `batch` (src, tgt_in, ...) of the user's
     loop: then it is a real token, and every mask verdict judged the wrong positions. [] if not."""
-    from tndebug.triage.userdata import mid_sequence_pads, pad_text
+    from tndebug.padding import mid_sequence_pads, pad_text
     if batch is None:
         return []
     found = mid_sequence_pads({"src": batch[0], "tgt_in": batch[1]}, pad_id)

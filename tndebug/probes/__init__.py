@@ -24,6 +24,11 @@ _MODULES = {
     "lm-decoding": "lm_decoding",
 }
 PROBE_NAMES = tuple(_MODULES)
+# Probes that judge weights and code from one forward/backward (triage, `check`); the others need
+# a training run (an optimizer, a declared schedule, the user's criterion, a loss curve).
+TRAINING_ONLY = ("lr-schedule", "label-smoothing", "loss-health", "zero-grad", "train-mode",
+                 "label-shift")
+TRIAGE_PROBES = tuple(n for n in PROBE_NAMES if n not in TRAINING_ONLY)
 
 
 def probe_class(name: str) -> type[Probe]:
@@ -55,4 +60,5 @@ def make_probes(spec: str | list[str] | None) -> list[Probe]:
 
 
 __all__ = ["Probe", "ProbeError", "ResumeInfo", "RunContext", "StepInfo", "PROBE_NAMES",
+           "TRAINING_ONLY", "TRIAGE_PROBES",
            "probe_class", "parse_probe_spec", "make_probes"]

@@ -67,7 +67,7 @@ def resolve(path: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load safely (weights_only=True); a foreign or unsafe file is a one-line UsageError."""
-    from tndebug.triage.loading import describe_load_error, unsafe_globals
+    from tndebug.safeload import describe_load_error, unsafe_globals
     p = resolve(path)
     if p.stat().st_size == 0:
         raise UsageError(f"{p} is empty (0 bytes); the save was probably interrupted")

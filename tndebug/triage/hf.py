@@ -5,7 +5,7 @@
 1. config.json -> AutoConfig (local files only, HF_HUB_OFFLINE=1: never a network call); an
    unknown model_type or a shape that is none of the three below is a one-line UsageError;
 2. the model from `AutoModelForSeq2SeqLM.from_config` (a decoder-only model, GPT2, Llama, ...:
-   `AutoModelForCausalLM`, called as hf_decoder.py says; an encoder-only one, Bert, Roberta, ...:
+   `AutoModelForCausalLM`, called as capture/hf_decoder.py says; an encoder-only one, Bert, Roberta, ...:
    `AutoModelForMaskedLM`, as hf_encoder.py says), the weights read with safetensors (or
    torch.load(weights_only=True) for .bin), sharded or not, and loaded tie-aware: a missing key
    is accepted only when it shares storage with a loaded one after `tie_weights()`;
@@ -15,7 +15,7 @@
 4. the probes run on random ids from the model's vocabulary (special ids excluded); the
    temperature sweep needs in-distribution data (--data, or --text FILE tokenised with the
    tokenizer saved in DIR) and is skipped, with a note, without it;
-5. findings keep HF's module naming; fixes are rewritten for HF code (hf_findings.py).
+5. findings keep HF's module naming; fixes are rewritten for HF code (probes/hf_fixes.py).
    --text / --data: hf_data.py.
 
 transformers is imported only inside functions: the core package never needs it.
@@ -34,7 +34,8 @@ from tndebug.data import Batch
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
-from tndebug.triage.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
+from tndebug.capture.hf import attention_weights, choose_ids, make_adapter
+from tndebug.capture.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
 from tndebug.triage.hf_encoder import MLM_CALLS, MLM_LOSS, make_mlm_adapter, mlm_ids_note
 from tndebug.triage.hf_weights import (WEIGHTS, _line, load_tied, read_weights,  # noqa: F401
                                        renamed, sliced_output, weight_files)
@@ -130,71 +131,7 @@ def build_model(tf, config, attn: str | None, kind: str = "seq2seq") -> nn.Modul
                          f"{f' with --attn {attn}' if attn else ''}: {_line(e)}") from None
 
 
-# -- ids, the subject and the adapter --------------------------------------------------------------
-def special_ids(config) -> dict[str, int]:
-    return {k: v for k, v in sorted(vars(config).items())
-            if k.endswith("_token_id") and isinstance(v, int) and not isinstance(v, bool) and v >= 0}
-
-
-def choose_ids(config, vocab: int) -> dict:
-    """pad, the decoder-start id, the id the probes put in column 0, the content range."""
-    spec = special_ids(config)
-    pad = spec.get("pad_token_id", 0)
-    start_from = next((k for k in ("decoder_start_token_id", "bos_token_id", "pad_token_id",
-                                   "eos_token_id") if k in spec), None)
-    start = spec[start_from] if start_from else 0
-    specials = sorted({v for v in spec.values() if v < vocab})
-    low = [s for s in specials if s < vocab // 2]
-    high = [s for s in specials if s >= vocab // 2]
-    lo, hi = (max(low) + 1 if low else 0), (min(high) if high else vocab)
-    # probes tell padding by id: when decoder start == pad (T5, Marian, Pegasus) they get another
-    # special id in column 0, which the adapter turns back into decoder_start_token_id
-    marker = start
-    if start == pad:
-        marker = next((s for s in specials if s != pad), lo)
-        lo = max(lo, marker + 1) if marker < vocab // 2 else lo
-    if hi - lo < 4:
-        raise UsageError(f"config.json leaves fewer than 4 ordinary token ids ({lo}..{hi - 1}) "
-                         f"in a vocabulary of {vocab}")
-    return {"pad": pad, "start": start, "start_from": start_from, "marker": marker,
-            "content": (lo, hi), "specials": spec}
-
-
-class HFSubject(Subject):
-    """A Subject whose random content avoids the model's special ids (range [lo, hi))."""
-
-    def __init__(self, *a, first_content: int, **kw) -> None:
-        super().__init__(*a, **kw)
-        self._first = first_content
-
-    @property
-    def first_content(self) -> int:
-        return self._first
-
-
-def make_adapter(start: int, marker: int):
-    """forward(model, src, tgt, pad_id) and encode(model, src, pad_id) as transformers users call
-    the model; column 0 holding `marker` becomes decoder_start_token_id."""
-    def decoder_ids(tgt):
-        if marker == start:
-            return tgt
-        dec = tgt.clone()
-        dec[:, 0] = torch.where(tgt[:, 0] == marker, torch.full_like(tgt[:, 0], start), tgt[:, 0])
-        return dec
-
-    def forward(model, src, tgt, pad_id):
-        out = model(input_ids=src, attention_mask=(src != pad_id).long(),          # 1 = keep
-                    decoder_input_ids=decoder_ids(tgt),
-                    decoder_attention_mask=(tgt != pad_id).long(), use_cache=False)
-        return out.logits                                                            # [B, T, V]
-
-    def encode(model, src, pad_id):
-        return model.get_encoder()(input_ids=src, attention_mask=(src != pad_id).long()
-                                   ).last_hidden_state                               # [B, S, d]
-    forward.decoder_ids = decoder_ids               # for callers that wrap it (tests)
-    return forward, encode
-
-
+# -- ids and the adapter: tndebug/capture/hf.py ---------------------------------------------------
 def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
     """Random content ids, BOS (marker)-led targets, about a third of the rows right-padded; an
     encoder-only subject's targets are its ids (hf_encoder.MLM_LOSS)."""
@@ -207,34 +144,20 @@ def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
     return Batch(src.cpu(), tgt_in.cpu(), tgt_out.cpu())
 
 
-def attention_weights(model: nn.Module) -> list:
-    """(path, W_Q, W_K, W_V, heads) for BART-family (q_proj/k_proj/v_proj), T5 (q/k/v), the BERT
-    family (query/key/value) and DistilBert (q_lin/k_lin/v_lin)."""
-    out = []
-    for name, m in model.named_modules():
-        names = next((t for t in (("q_proj", "k_proj", "v_proj"), ("q", "k", "v"),
-                                  ("query", "key", "value"), ("q_lin", "k_lin", "v_lin"))
-                      if all(isinstance(getattr(m, a, None), nn.Linear) for a in t)), None)
-        h = next((getattr(m, a) for a in ("num_heads", "n_heads", "num_attention_heads")
-                  if isinstance(getattr(m, a, None), int)),
-                 None) or getattr(getattr(m, "config", None), "num_attention_heads", None)
-        if names and isinstance(h, int):
-            out.append((name, *(getattr(m, a).weight.detach() for a in names), h))
-    return out
-
-
 # -- triage ------------------------------------------------------------------------------------------
 def triage_hf(opts, patch=None, sinks=()):
     """Triage a save_pretrained directory. `patch(model, adapter)` (tests): change the loaded
     model in place, or return (forward, encode) to call it differently."""
     from tndebug import driver
     from tndebug.triage import hygiene
+    from tndebug.probes._head_weights import duplicate_heads
     from tndebug.triage import run as R
     from tndebug.capture import GenericCapture
     from tndebug.triage.fresh import SEED, apart_from_weights, seeded
     from tndebug.triage import hf_checks
     from tndebug.triage.hf_data import held_out
-    from tndebug.triage.hf_findings import hf_fix, hf_where, resume_state
+    from tndebug.probes.hf_fixes import hf_fix, hf_where
+    from tndebug.triage.hf_findings import resume_state
     from tndebug.triage.userdata import check_vocab
 
     t0 = time.perf_counter()
@@ -292,7 +215,7 @@ def triage_hf(opts, patch=None, sinks=()):
     def make_subject(model, forward, second):
         role = ({"kind": kind, "incremental": second} if decoder else {"kind": kind} if encoder
                 else {"encode": second})
-        subject = HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
+        subject = Subject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
                             tgt_vocab=hi, capture=GenericCapture(model, kind=kind),
                             max_len=getattr(opts, "max_len", None)
                             or getattr(config, "max_position_embeddings", None), first_content=lo,
@@ -321,7 +244,7 @@ def triage_hf(opts, patch=None, sinks=()):
             t_in[:, 0] = ids["start"]      # as the model is called: led by the decoder start
             data_checks = data_checks + head_unfit_on_data(model, data.src, t_in, data.tgt_out,
                                                            ids["pad"])
-    batch = random_batch(HFSubject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"],
+    batch = random_batch(Subject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"],
                                    src_vocab=hi, tgt_vocab=hi, first_content=lo,
                                    kind=kind))                                 # the probes' pass
     subject = make_subject(model, forward, second)
@@ -341,7 +264,7 @@ def triage_hf(opts, patch=None, sinks=()):
     checked, statuses = apart_from_weights(probed, probe_fresh, probe_names, sd, how)
     findings += checked
     lap("probes")
-    findings += hygiene.duplicate_heads(attention_weights(model))
+    findings += duplicate_heads(attention_weights(model))
     if data is not None:
         sweep, sweep_ev = hygiene.temperature_sweep(
             lambda s, t: subject.logits(s, t), subject.capture.scaling, data, ids["pad"], tgt_v,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +26,8 @@ from tndebug.triage.loading import Checkpoint
 # [1/sqrt 2, sqrt 2] -> error.
 SWEEP_K = range(-6, 7)
 ALPHA_LOW, ALPHA_HIGH = 2 ** -0.5, 2 ** 0.5
-# SOLVED, DUP_COS: no run (docs/severity.md; random |cos| < 0.05); sweep: no held-out corpus.
+# SOLVED: no run (docs/severity.md); sweep: no held-out corpus.
 SOLVED = 0.5            # the sweep is judged only if the best loss < SOLVED * ln V
-DUP_COS = 0.99          # FAILURE_MODES 4b: per-head slice cosine
 
 FIX_RESUME = ("save {'model': model.state_dict(), 'optimizer': opt.state_dict(), 'step': step} "
               "and restore all three, so the warmup and Adam's moments continue [note 000]")
@@ -129,43 +128,6 @@ def embedding_scale(lut: torch.Tensor, scale: float, where: str, rho_low: float 
 
 
 # -- weights ------------------------------------------------------------------------------------
-def duplicate_heads(sites: Iterable[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, int]]) -> list[Finding]:
-    """sites: (module path, W_Q, W_K, W_V [d, d] each, heads). Shared W_Q = W_K, or two heads
-    whose Q/K/V slices have cosine > 0.99."""
-    out = []
-    for where, wq, wk, wv, h in sites:
-        if not (wq.any() and wk.any()):
-            # a zero W_Q or W_K: every score is the same, the heads attend uniformly whatever
-            # their draw, so neither sharing nor duplicated heads can be told from these weights
-            continue
-        if wq.shape == wk.shape and torch.equal(wq, wk):
-            same_v = wv.shape == wq.shape and torch.equal(wq, wv)
-            out.append(_f("head-collapse", "error",
-                          f"{where}: W_Q and W_K{' and W_V' if same_v else ''} are the same weights "
-                          f"(torch.equal): on one input (self-attention) every head's scores are "
-                          f"symmetric", where=where,
-                          evidence={"shared": "qkv" if same_v else "qk"},
-                          fix="give Q, K and V their own projections (nn.Linear each)", code="head-collapse/shared-projection"))
-            continue
-        if h < 2 or wq.shape[0] % h:
-            continue
-        per_head = torch.cat([w.reshape(h, -1) for w in (wq, wk, wv)], dim=1).double()  # [h, 3 d_k d]
-        unit = per_head / per_head.norm(dim=1, keepdim=True).clamp_min(1e-30)
-        cos = unit @ unit.T                                                             # [h, h]
-        cos.fill_diagonal_(-1.0)
-        worst = float(cos.max())
-        if worst > DUP_COS:
-            i, j = divmod(int(cos.argmax()), h)
-            n_dup = int((cos > DUP_COS).any(1).sum())
-            out.append(_f("head-collapse", "error",
-                          f"{where}: {n_dup} of {h} heads are copies of each other in the weights "
-                          f"(heads {i} and {j}: cosine {worst:.4f})", where=where,
-                          evidence={"max_cosine": worst, "heads": [i, j], "duplicated": n_dup,
-                                    "threshold": DUP_COS},
-                          fix="initialise each head independently (no deepcopy of one head)", code="head-collapse/duplicated-heads"))
-    return out
-
-
 # -- behaviour: the temperature sweep ------------------------------------------------------------
 ScaleCtx = Callable[[float], "contextmanager"]
 

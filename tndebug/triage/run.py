@@ -30,8 +30,9 @@ from tndebug.errors import UsageError
 from tndebug.report import Report
 from tndebug import driver
 from tndebug.findings import Finding
-from tndebug.probes import PROBE_NAMES, parse_probe_spec
+from tndebug.probes import TRIAGE_PROBES, parse_probe_spec
 from tndebug.probes.base import COVERAGE, ProbeError
+from tndebug.probes._head_weights import duplicate_heads
 from tndebug.subject import Subject, tndebug_subject
 from tndebug.triage import hygiene, layouts
 from tndebug.capture.adapters import (build_user_model, load_weights, parse_config,
@@ -41,11 +42,6 @@ from tndebug.triage.fresh import SEED, apart_from_weights, seeded
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.userdata import check_vocab as check_data_vocab, load_data
 
-# Probes that judge weights and code from one forward/backward; the others need a training run
-# (an optimizer, a declared schedule, the user's criterion, a loss curve).
-TRAINING_ONLY = ("lr-schedule", "label-smoothing", "loss-health", "zero-grad", "train-mode",
-                 "label-shift")
-TRIAGE_PROBES = tuple(n for n in PROBE_NAMES if n not in TRAINING_ONLY)
 HELD_OUT = 16           # held-out sequences for the loss comparisons (heads, norm, sweep)
 
 
@@ -119,7 +115,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     findings += checked
     probe_seconds = probed.seconds
     lap("probes")
-    findings += hygiene.duplicate_heads(target.attention_weights)
+    findings += duplicate_heads(target.attention_weights)
     sweep, sweep_evidence = hygiene.temperature_sweep(
         lambda s, t: subject.logits(s, t), target.scaled, batch, opts.pad_id, subject.tgt_vocab,
         own_code=bool(opts.model), data="--data" if opts.data else "--task")

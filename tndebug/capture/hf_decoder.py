@@ -33,6 +33,15 @@ def make_lm_adapter():
         return model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
                      use_cache=False).logits                                   # [B, T, V]
 
+    def shift_positions(model, ids, pad_id, offset):
+        """forward with every position + offset (lm-decoding's rotary test: relative positions
+        leave the logits unchanged)."""
+        mask = (ids != pad_id).long()
+        return model(input_ids=ids, attention_mask=mask, position_ids=positions(mask) + offset,
+                     use_cache=False).logits                                   # [B, T, V]
+
+    forward.shift_positions = shift_positions
+
     def incremental(model, ids, pad_id, split):
         """The prefix ids[:, :split] once with use_cache=True, then each later token alone with
         past_key_values, the attention mask grown by one column and position_ids continuing:

@@ -1,0 +1,90 @@
+"""What is wrong with a file torch.load refused, told without running it: the globals a pickle
+would import (read statically, never executed) and one line for a truncated, corrupt or foreign
+file. Used by every reader of a checkpoint (triage/loading.py, train/checkpoint.py's --resume)."""
+from __future__ import annotations
+
+import pickletools
+import zipfile
+from pathlib import Path
+
+import torch
+
+
+def unsafe_globals(p: Path) -> list[str]:
+    """Globals the pickle would import, read statically; nothing is executed."""
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(str(p)))
+    except Exception:  # noqa: BLE001 - legacy (non-zip) format: scan the pickle opcodes
+        return _scan_legacy_globals(p)
+
+
+def _scan_legacy_globals(p: Path) -> list[str]:
+    found: list[str] = []
+    strings: list[str] = []
+    try:
+        with open(p, "rb") as f:
+            for _ in range(4):   # magic, protocol, sys_info, then the object
+                for op, arg, _pos in pickletools.genops(f):
+                    if op.name == "GLOBAL":
+                        found.append(str(arg).replace(" ", "."))
+                    elif op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+                        strings.append(str(arg))
+                    elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                        found.append(f"{strings[-2]}.{strings[-1]}")
+                    if op.name == "STOP":
+                        break
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+    safe_prefixes = ("torch.", "collections.OrderedDict", "builtins.set", "_codecs.encode",
+                     "numpy.core.multiarray._reconstruct")
+    return sorted({g for g in found if not g.startswith(safe_prefixes)})
+
+
+def describe_load_error(p: Path, e: Exception) -> str:
+    """One line saying what is wrong with a file torch.load refused (not an unsafe global)."""
+    msg = _first_sentence(e)
+    if isinstance(e, EOFError) and not str(e):
+        msg = "the file ends before the pickle does"
+    if "TorchScript" in msg:
+        return (f"{p} is a TorchScript archive (torch.jit.save), which holds code; save the "
+                f"weights with torch.save(model.state_dict(), ...) and triage that")
+    if zipfile.is_zipfile(p) or "zip archive" in msg or "central directory" in msg:
+        return (f"{p} is truncated or corrupt ({msg}); copy or save it again "
+                f"(torch.save writes the whole file at the end)")
+    head = p.read_bytes()[:64]
+    if head[:1] == b"\x80" or head[:2] == b"PK":
+        return f"{p} is truncated or corrupt ({msg}); copy or save it again"
+    # Neither a zip archive (torch.save) nor a pickle: unpickling such bytes fails with
+    # whatever opcode they happen to spell (KeyError: 544502645, pop from empty list), which
+    # says nothing to the user; say what the bytes are instead.
+    return (f"{p} is not a PyTorch checkpoint: neither a zip archive (torch.save) nor a pickle; "
+            f"it begins with {_describe_head(head)}; pass a file written by torch.save or a "
+            f".safetensors file")
+
+
+def _describe_head(head: bytes) -> str:
+    text = head.split(b"\n", 1)[0][:40]
+    try:
+        shown = text.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = ""
+    if shown and shown.isprintable():
+        return f"the text {shown!r}"
+    return f"the bytes {head[:8].hex(' ')}"
+
+
+def _first_sentence(e: Exception, limit: int = 160) -> str:
+    """The first sentence of an exception's first line, cut at a word, never mid-word."""
+    s = first_line(e)
+    for stop in (". ", "; "):
+        if stop in s:
+            s = s.split(stop, 1)[0]
+    s = s.rstrip(".")
+    if len(s) > limit:
+        s = s[:limit].rsplit(" ", 1)[0] + " ..."
+    return s
+
+
+def first_line(e: Exception) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
