@@ -37,7 +37,8 @@ def plain_subject(m, incremental=None) -> Subject:
 
 def test_it_is_registered_with_its_codes():
     assert "lm-decoding" in PROBE_NAMES
-    assert set(LMDecoding.codes) == {"left-pad", "kv-cache", "no-pad-mask"}
+    assert set(LMDecoding.codes) == {"left-pad", "kv-cache", "no-pad-mask", "rotary-shift",
+                                     "rotary-values"}
 
 
 @pytest.mark.parametrize("norm", ("pre", "post"))
@@ -45,7 +46,9 @@ def test_a_healthy_decoder_passes_both_tests(norm):
     p = probe(tndebug_subject(model(norm=norm)))
     assert p.findings == []
     assert p.status() == "pass"
-    assert p.coverage == {"": {"status": "checked"}, "kv cache": {"status": "checked"}}
+    assert {k: v for k, v in p.coverage.items() if k != "rotary"} == {
+        "": {"status": "checked"}, "kv cache": {"status": "checked"}}
+    assert p.coverage["rotary"]["status"] == "not applicable"      # sinusoidal: absolute positions
 
 
 @pytest.mark.parametrize("norm", ("pre", "post"))

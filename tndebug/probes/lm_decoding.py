@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from tndebug.notes import FAULT_NOTES
+from tndebug.probes import _rotary
 from tndebug.probes._raised import ModelRaised, call as _call
 from tndebug.probes.base import Probe, RunContext, not_decoder_only
 from tndebug.probes._mask_tests import Check, compare
@@ -98,6 +99,9 @@ class LMDecoding(Probe):
         "kv-cache": "the logits decoded through the KV cache differ from the full forward's",
         "no-pad-mask": "the model masks no pad key: left-padded batches change its logits "
                        "(info: only matters where the user left-pads)",
+        "rotary-shift": "positions inside attention are not relative: the same tokens later in "
+                        "the sequence (or every position + c) change the scores or the logits",
+        "rotary-values": "the first attention's values depend on position (rotary applied to v)",
     }
     reads = ("attn.probs", "embed")
     fix = NOTE["positions_ignore_left_pad"]
@@ -122,8 +126,53 @@ class LMDecoding(Probe):
                 self.skip("the model's eval outputs are not repeatable (mask-broadcast/"
                           "not-repeatable), so no comparison can decide", where="")
                 return
-            self._left_pad(s)
+            rotary_bug = self._rotary(s)
+            if rotary_bug:
+                # positions that are not relative move a left-padded row however its pads are
+                # masked: that finding is the rotary one, not a padding one
+                self.cover("", "no verdict", "left padding not judged: " + rotary_bug)
+            else:
+                self._left_pad(s)
             self._kv_cache(s)
+
+    # -- rotary / relative positions ----------------------------------------------------
+    def _rotary(self, s: Subject) -> str:
+        """The rotary tests (_rotary.py); returns the finding's code, "" when none."""
+        v = _rotary.periodic(s, self.reads + ("attn.scores", "attn.v", "stream")) \
+            if s.capture is not None else _rotary.Verdict("no verdict", "the model's internals "
+                                                          "cannot be traced")
+        shifted = getattr(s._forward, "shift_positions", None)   # the adapter's, where it has one
+        moved = None
+        if shifted is not None and v.status != "not applicable" and not v.code:
+            try:
+                moved = _rotary.shift(s, shifted)
+            except Exception as e:  # noqa: BLE001 - the periodic test decides without it
+                v.evidence["shift_raised"] = f"{type(e).__name__}: {str(e)[:120]}"
+        if moved is not None:
+            v.evidence["shift"] = {"offset": 5, **vars(moved)}
+            if v.status == "no verdict" and not moved.failed:
+                v.status, v.reason = "checked", ""
+        place = v.where or _rotary.PLACE
+        if v.code:
+            self.report("error", v.message, where=v.where, step=0, code=v.code, fix=v.fix,
+                        evidence={**v.evidence, "threshold": THRESHOLD})
+            self.cover(place, "checked")
+            return v.code
+        if moved is not None and moved.failed and v.status == "no verdict":
+            # the embedding was not seen: absolute positions there would move the logits too
+            v.reason += f"; position_ids + 5 moves the logits by {moved.delta:.3g}, but whether " \
+                        f"positions are added at the embedding (absolute by design) was not seen"
+        if moved is not None and moved.failed and v.status == "checked":
+            self.report("error", f"moving every position by 5 (position_ids + 5) changes the "
+                        f"logits by {moved.delta:.3g} (tolerance {moved.tol:.2g}), though nothing "
+                        f"positional is added at the embedding: a later layer's rotary is applied "
+                        f"inconsistently (q only, v too, another pairing, per-chunk positions)",
+                        where="", step=0, code="rotary-shift", fix=_rotary.ROPE_FIX,
+                        evidence={**v.evidence, "threshold": THRESHOLD})
+            self.cover(place, "checked")
+            return "rotary-shift"
+        self.cover(place, v.status, v.reason)
+        return ""
 
     # -- left padding --------------------------------------------------------------------
     def _left_pad(self, s: Subject) -> None:
