@@ -98,7 +98,7 @@ def periodic(s: Subject, reads, period: int = 3, repeats: int = 4) -> Verdict:
     if rec.scores is not None and rec.scores.shape == rec.probs.shape:
         S, from_ = rec.scores.float(), "scores"
     elif not rec.head_averaged:
-        S, from_ = rec.probs.float().clamp_min(1e-30).log(), "log-probabilities"
+        S, from_ = rec.probs.float().clamp_min(1e-30).log(), "log-probabilities"   # underflow floor
     else:
         return Verdict("no verdict", "the first attention exposes only head-averaged "
                        "probabilities, whose ratios are not the scores'", where=rec.site)
