@@ -22,10 +22,10 @@ from torch import nn
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library.args import forward_vocab, ids_in_vocabulary
-from tndebug.subject import Subject
 from tndebug.capture.adapters import Adapter, adapter_kind, as_logits, builtin_adapter, first_tensor, \
     guess_adapter
 from tndebug.capture import GenericCapture
+from tndebug.capture.subjects import fed_tables, make_subject, token_tables, vocab_rule
 
 
 def is_hf_seq2seq(model: nn.Module) -> bool:
@@ -41,16 +41,15 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def _embedding_vocab(model: nn.Module) -> int | None:
-    sizes = [m.num_embeddings for n, m in model.named_modules() if isinstance(m, nn.Embedding)
-             and not any(w in n.lower() for w in ("pos", "wpe"))]
+    """The ids every token table can look up (before the first call: its ids must fit)."""
+    sizes = [v for _, v in token_tables(model)]
     return min(sizes) if sizes else None
 
 
 def _vocab_sizes(model: nn.Module, heads: bool = True) -> set[int]:
     """The sizes a model's logits can have: its token embeddings' rows (and, with `heads`, its
     Linear layers' outputs)."""
-    sizes = {m.num_embeddings for n, m in model.named_modules() if isinstance(m, nn.Embedding)
-             and not any(w in n.lower() for w in ("pos", "wpe"))}
+    sizes = {v for _, v in token_tables(model)}
     if heads:
         sizes |= {m.out_features for m in model.modules() if isinstance(m, nn.Linear)}
     return sizes
@@ -169,8 +168,8 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         forward_vocab(logits.shape[-1], given=tgt_vocab, from_module=logits_module["path"] is not None,
                       sizes=_vocab_sizes(model), tokens=_vocab_sizes(model, heads=False),
                       name=adapter.name)
-    tgt_v = tgt_vocab or logits.shape[-1]
-    src_v = src_vocab or vocab or tgt_v
+    src_v, tgt_v = vocab_rule(model, logits.shape[-1], logits_module.pop("fed"), kind,
+                              src_vocab, tgt_vocab)
     if user_ids:
         ids_in_vocabulary(pad_id, bos_id, min(src_v, tgt_v), tgt_v)
     capture.discover(lambda: adapter.forward(model, src, tgt, pad_id))
@@ -181,16 +180,14 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
             f"scaled_dot_product_attention call. tndebug's probes are for encoder-decoder "
             f"Transformers; to watch only the training pass "
             f"probes='loss-health,lr-schedule,gradient-flow'")
-    kw = dict(pad_id=pad_id, bos_id=bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
-              capture=capture,
-              max_len=getattr(getattr(model, "config", None), "max_position_embeddings", None)
-              or getattr(getattr(model, "cfg", None), "max_len", None))
     if kind == "decoder":
-        kw.update(kind="decoder", incremental=incremental)
         adapter = Adapter(adapter.name, lm_forward, None, adapter.note)   # the Subject's call
-    else:
-        kw["encode"] = adapter.encode
-    subject = Subject(model, adapter.forward, first_content=first_content, **kw)
+    subject = make_subject(
+        model, adapter.forward, incremental if kind == "decoder" else adapter.encode, kind=kind,
+        capture=capture, pad_id=pad_id, bos_id=bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
+        first_content=first_content,
+        max_len=getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        or getattr(getattr(model, "cfg", None), "max_len", None))
     info.update(adapter=adapter.name, attention_modules=sorted(capture.attention),
                 logits_module=logits_module.get("path"), pad_id=pad_id, bos_id=bos_id,
                 src_vocab=src_v, tgt_vocab=tgt_v)
@@ -251,7 +248,7 @@ def _call_once(model: nn.Module, adapter: Adapter, src, tgt, pad_id: int) -> dic
     was = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with fed_tables(model, src, tgt) as fed, torch.no_grad():
             logits = adapter.forward(model, src, tgt, pad_id)
     except UsageError:
         raise
@@ -266,7 +263,7 @@ def _call_once(model: nn.Module, adapter: Adapter, src, tgt, pad_id: int) -> dic
             h.remove()
     path = next((n for n, t in outputs if t is logits), None)
     outputs.clear()
-    return {"logits": logits, "path": path}
+    return {"logits": logits, "path": path, "fed": fed}
 
 
 # -- the batch of the user's own call --------------------------------------------------------------

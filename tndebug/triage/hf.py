@@ -35,6 +35,7 @@ from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
 from tndebug.capture.hf import attention_weights, choose_ids, make_adapter
+from tndebug.capture import subjects
 from tndebug.capture.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
 from tndebug.triage.hf_encoder import MLM_CALLS, MLM_LOSS, make_mlm_adapter, mlm_ids_note
 from tndebug.triage.hf_weights import (WEIGHTS, _line, load_tied, read_weights,  # noqa: F401
@@ -213,13 +214,11 @@ def triage_hf(opts, patch=None, sinks=()):
         return fwd(model, src, tgt, ids["pad"])
 
     def make_subject(model, forward, second):
-        role = ({"kind": kind, "incremental": second} if decoder else {"kind": kind} if encoder
-                else {"encode": second})
-        subject = Subject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
-                            tgt_vocab=hi, capture=GenericCapture(model, kind=kind),
-                            max_len=getattr(opts, "max_len", None)
-                            or getattr(config, "max_position_embeddings", None), first_content=lo,
-                            **role)
+        subject = subjects.make_subject(
+            model, forward, None if encoder else second, kind=kind,
+            capture=GenericCapture(model, kind=kind), pad_id=ids["pad"], bos_id=ids["marker"],
+            src_vocab=hi, tgt_vocab=hi, first_content=lo,
+            max_len=getattr(opts, "max_len", None) or getattr(config, "max_position_embeddings", None))
         if hasattr(subject.capture, "discover"):   # attention sites by behaviour, whatever the class
             subject.capture.discover(lambda: call(forward, model, batch.src[:2], batch.tgt_in[:2]))
         return subject

@@ -38,6 +38,7 @@ from tndebug.triage import hygiene, layouts
 from tndebug.capture.adapters import (build_user_model, load_weights, parse_config,
                                      resolve_adapter)
 from tndebug.capture import GenericCapture, projection_weights
+from tndebug.capture.subjects import fed_tables, make_subject, vocab_rule
 from tndebug.triage.fresh import SEED, apart_from_weights, seeded
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.userdata import check_vocab as check_data_vocab, load_data
@@ -389,10 +390,9 @@ def _call(adapter, model, src, tgt, pad_id):
 
 
 def _user_subject(model, adapter, capture, subject_kw: dict) -> Subject:
-    if adapter.kind == "decoder":
-        return Subject(model, adapter.forward, capture=capture, kind="decoder",
-                       incremental=adapter.incremental, **subject_kw)
-    return Subject(model, adapter.forward, encode=adapter.encode, capture=capture, **subject_kw)
+    second = adapter.incremental if adapter.kind == "decoder" else adapter.encode
+    return make_subject(model, adapter.forward, second, kind=adapter.kind, capture=capture,
+                        **subject_kw)
 
 
 def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
@@ -418,21 +418,11 @@ def _runs(adapter, model, src, tgt, pad_id) -> bool:
 
 
 def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int]:
+    """The vocabularies by capture/subjects.py's rule, from one call of the adapter on two
+    held-out rows; a call that raises or returns no logits [B, T, V] is a UsageError."""
     src, tgt_in, _ = batch
-    fed: dict[str, int] = {}                 # "src"/"tgt" -> size of the embedding fed those ids
-
-    def saw(module, args):
-        ids = args[0] if args else None
-        if not isinstance(ids, torch.Tensor) or ids.is_floating_point():
-            return
-        for role, ref in (("src", src[:2]), ("tgt", tgt_in[:2])):
-            if role not in fed and ids.dim() == 2 and (
-                    (ids.shape == ref.shape and torch.equal(ids, ref))
-                    or (ids.shape == ref.T.shape and torch.equal(ids, ref.T))):
-                fed[role] = module.num_embeddings
-    handles = [m.register_forward_pre_hook(saw) for m in model.modules() if isinstance(m, nn.Embedding)]
     try:
-        with torch.no_grad():
+        with fed_tables(model, src[:2], tgt_in[:2]) as fed, torch.no_grad():
             logits = _call(adapter, model, src[:2], tgt_in[:2], pad_id)
     except Exception as e:  # noqa: BLE001 - the user's adapter may raise anything
         width = max(src.shape[1], tgt_in.shape[1])
@@ -446,23 +436,11 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
         raise UsageError(f"the adapter {adapter.name} raised {type(e).__name__}: "
                          f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''} "
                          f"(it is called as {called})") from None
-    finally:
-        for h in handles:
-            h.remove()
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != tgt_in[:2].shape:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise UsageError(f"the adapter {adapter.name} returned {shape}; expected logits "
                          f"[B, T, V] = [2, {tgt_in.shape[1]}, V] (batch first)")
-    tgt_v = logits.shape[-1]
-    if adapter.kind == "decoder":            # one sequence: the table its ids were looked up in
-        v = min(tgt_v, fed.get("tgt", tgt_v))
-        return v, v
-    if "src" in fed:                         # behaviour: the table the source ids were looked up in
-        return fed["src"], min(tgt_v, fed.get("tgt", tgt_v))
-    embs = [(n, m.num_embeddings) for n, m in model.named_modules() if isinstance(m, nn.Embedding)
-            and not any(w in n.lower() for w in ("pos", "wpe"))]
-    src_v = next((v for n, v in embs if any(w in n.lower() for w in ("src", "enc", "source"))), None)
-    return src_v or (embs[0][1] if embs else tgt_v), tgt_v
+    return vocab_rule(model, logits.shape[-1], fed, adapter.kind)
 
 
 # -- findings -------------------------------------------------------------------------------------------
