@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tndebug from this checkout
 from _provenance import Provenance, provenance_line  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "hf_unseen"
@@ -102,7 +103,11 @@ def config(arch: str):
                                          num_attention_heads=H, **ids),
         "phi": lambda: T.PhiConfig(**dec),
         "phi3": lambda: T.Phi3Config(**dec, num_key_value_heads=2),
-        "gemma2": lambda: T.Gemma2Config(**dec, num_key_value_heads=2, head_dim=D // H, sliding_window=8),
+        # query_pre_attn_scalar = head_dim as in the released Gemma-2 2B/9B (the class default, 256,
+        # belongs to head_dim 256: left at 256 with head_dim 8 the model scales by 1/16, which
+        # missing-scale rightly calls a wrong constant)
+        "gemma2": lambda: T.Gemma2Config(**dec, num_key_value_heads=2, head_dim=D // H, sliding_window=8,
+                                         query_pre_attn_scalar=D // H),
         "gpt_neo": lambda: T.GPTNeoConfig(vocab_size=V, hidden_size=D, num_layers=L, num_heads=H,
                                           max_position_embeddings=64, window_size=8,
                                           attention_types=[[["global", "local"], 1]], **ids),
@@ -173,7 +178,7 @@ def train(model, shape: str, steps: int, seed: int = 0) -> float:
         loss.backward()
         opt.step()
     model.eval()
-    return float(loss)
+    return loss.item()
 
 
 def save_tokenizer(folder: Path) -> None:

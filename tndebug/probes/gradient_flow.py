@@ -49,6 +49,17 @@ WINDOW, MIN_HISTORY = 20, 5
 # (1000x once) is a spike, hence two probed steps in a row.
 EXPLODE, EXPLODE_RUN = 100.0, 2
 _NOTE = FAULT_NOTES["dead_relu_init"][2]
+# A unit fires when its activation is positive, or clearly negative: GELU and SiLU pass negative
+# values (GELU's minimum -0.17 at x = -0.75, SiLU's -0.28 at -1.28) with a gradient that still
+# flows, so a GELU unit whose input stays in [-3, 0] is alive, not dead (a trained RoFormer, GELU:
+# 53% of the units never positive, all of them down to -0.17..-0.006: bench/hf_unseen.py DEV).
+# Under -1e-3 in output their input is above ~-3.4 (GELU) / ~-9 (SiLU), where the derivative is
+# still >= ~1e-3; a ReLU never goes negative, so its test is h > 0 as before.
+NEG_FIRES = 1e-3
+
+
+def _fires(h: torch.Tensor) -> torch.Tensor:
+    return (h > 0) | (h < -NEG_FIRES)
 
 
 class GradientFlowProbe(Probe):
@@ -117,7 +128,7 @@ class GradientFlowProbe(Probe):
                         trace = subject.trace(src[rows:rows + SETUP_ROWS], tgt[rows:rows + SETUP_ROWS],
                                               reads=("ffn.hidden",))
                         for site, h in trace.ffn_hidden.items():
-                            act = (h > 0).reshape(-1, h.shape[-1]).any(0)          # [d_ff]
+                            act = _fires(h).reshape(-1, h.shape[-1]).any(0)        # [d_ff]
                             ever[site] = act if site not in ever else ever[site] | act
                         del trace
         except Exception as e:  # noqa: BLE001
@@ -147,7 +158,7 @@ class GradientFlowProbe(Probe):
         if info.grads_ready and self._groups:
             stats["grad_norm"], stats["grad_present"] = self._group_norms()
         for site, h in trace.ffn_hidden.items():
-            stats[f"active/{site}"] = (h > 0).reshape(-1, h.shape[-1]).any(0)  # [d_ff]
+            stats[f"active/{site}"] = _fires(h).reshape(-1, h.shape[-1]).any(0)  # [d_ff]
             stats[f"tokens/{site}"] = h.numel() // h.shape[-1]
         return stats
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from tndebug.notes import FAULT_NOTES
+from tndebug.probes._float64 import in_float64
 from tndebug.probes._misc_stats import first_reason, rel_diff, rms
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
@@ -25,6 +26,12 @@ from tndebug.capture.trace import Trace
 # PERM_TOL: harness tiny/small; PERM_VS_CONTROL: foreign's hf-marian at init (held out: x-transformers).
 PERM_TOL = 1e-4          # FAILURE_MODES 7a; healthy tiny/small encoders give rel 0.3-1.0
 PERM_TOL_LOW_PRECISION = 1e-2   # when the encoder does not compute in float32
+# An fp32 difference under PERM_TOL is rechecked in float64: an order-blind model is equivariant
+# there to summation-order rounding (~1e-15 x depth), while a weak but real order signal keeps
+# its size: a fresh RoFormer (rotary, 0.02-std init: near-uniform attention) gave 3e-5 in fp32
+# and the same in float64 (bench/hf_unseen.py DEV). 1e-9 leaves 1e5x over fp64 rounding and
+# sits 1e4x under the weakest real signal seen.
+FP64_BLIND = 1e-9
 PERM_VS_CONTROL = 1e-2   # order-blind only if permuting changes the output < 1% as much as other
                          # tokens do: a model whose output barely depends on the source (a random
                          # init with small weights) has a small permutation difference too, but an
@@ -150,6 +157,10 @@ class PositionalEncodingProbe(Probe):
         self.cover("", "checked")              # token order: the encoder (or the logits) as a whole
         self._order = "uses positions"
         if rel < tol and rel < PERM_VS_CONTROL * rel_ctrl:
+            rel64 = self._rel_in_float64(subject, src, src_p, gather, keep, tgt, what)
+            if rel64 is not None and rel64 >= FP64_BLIND:   # weak order signal, not rounding
+                self.metric(0, "pe/encoder/permutation_rel_diff_float64", rel64)
+                return
             blind = self._attention_blind(subject, src, tgt)
             if blind:
                 self._order = None
@@ -165,6 +176,22 @@ class PositionalEncodingProbe(Probe):
                         evidence={"rel_diff": rel, "threshold": tol, "compared": what,
                                   "control_rel_diff": rel_ctrl, "vs_control": PERM_VS_CONTROL,
                                   "sites_without_pe": list(self._no_pe_sites)}, code="order-ignored")
+
+    @staticmethod
+    def _rel_in_float64(subject, src, src_p, gather, keep, tgt, what: str) -> float | None:
+        """The permutation difference again with the model in float64; None when it cannot run
+        there (code that builds float32 tensors of its own, say). Only on the would-be error path."""
+        try:
+            with in_float64(subject.model), subject.evaluating():
+                if what == "encoder output":
+                    enc = subject.encode(src)
+                    out = subject.encode(src_p)[keep]
+                    ref = enc.gather(1, gather[..., None].expand_as(enc))[keep]
+                else:
+                    out, ref = subject.logits(src_p, tgt), subject.logits(src, tgt)
+        except Exception:  # noqa: BLE001 - the fp32 verdict stands
+            return None
+        return rel_diff(out, ref) if out.dtype == torch.float64 else None
 
     @staticmethod
     def _attention_blind(subject: Subject, src: torch.Tensor, tgt: torch.Tensor) -> str:
