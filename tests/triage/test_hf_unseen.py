@@ -102,3 +102,33 @@ def test_trained_gelu_encoder_has_no_dead_unit_warning(tmp_path):
     model.save_pretrained(tmp_path / "dead")
     report = triage_hf(TriageOptions(str(tmp_path / "dead")))
     assert ("warning", "gradient-flow/dead-units") in _codes(report, "gradient-flow")
+
+
+def _mvp(tmp_path):
+    torch.manual_seed(0)
+    cfg = transformers.MvpConfig(vocab_size=V, d_model=D, encoder_layers=2, decoder_layers=2,
+                                 encoder_attention_heads=4, decoder_attention_heads=4,
+                                 encoder_ffn_dim=2 * D, decoder_ffn_dim=2 * D, max_position_embeddings=64,
+                                 pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                 decoder_start_token_id=2, dropout=0.0)
+    transformers.AutoModelForSeq2SeqLM.from_config(cfg).save_pretrained(tmp_path / "mvp")
+    return tmp_path / "mvp"
+
+
+def test_scores_that_already_hold_the_mask_fill_are_fitted(tmp_path):
+    """MVP adds the padding mask (finfo.min) to the product before the capture point: the fit
+    leaves out the keys the softmax zeroed, so every attention is checked and the 1/sqrt(d_k)
+    it applies passes; with its scaling set to 1 missing-scale names it."""
+    folder = _mvp(tmp_path)
+    report = triage_hf(TriageOptions(str(folder)))
+    cov = report.probes["missing-scale"]["coverage"]
+    assert cov and all(c["status"] == "checked" for w, c in cov.items() if w), cov
+    assert not _codes(report, "missing-scale")
+
+    def unscaled(model, adapter):
+        for m in model.modules():
+            if hasattr(m, "scaling") and hasattr(m, "q_proj"):
+                m.scaling = 1.0
+    report = triage_hf(TriageOptions(str(folder)), patch=unscaled)
+    assert ("error", "missing-scale/absent") in _codes(report, "missing-scale"), \
+        [(f.code, f.message) for f in report.findings]

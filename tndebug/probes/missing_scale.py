@@ -41,6 +41,13 @@ def fit_sums(rec: AttentionRecord):
         use = y.isfinite() & qk.isfinite()
         if masked is not None:
             use &= ~masked
+        # a probability of exactly 0 is a key the mask removed, even when the captured scores
+        # already hold the mask's fill (MVP adds finfo.min to the product before the softmax,
+        # so scores == masked scores and `masked` is empty: bench/hf_unseen.py DEV). A finite
+        # unmasked score difference underflows to 0 only beyond ~100 nats, where the entry adds
+        # nothing the fit needs (the kept entries give c as well).
+        if rec.probs is not None and not rec.head_averaged and rec.probs.shape == qk.shape:
+            use &= rec.probs != 0
         if qk.shape[0] >= 2:
             n = use.sum(0, keepdim=True)                                   # [1, h, T, S]
             use &= n >= 2
