@@ -63,6 +63,11 @@ JOBS: tuple[Job, ...] = (
         (("bench/hf_triage.py",),),
         (("bench/hf_triage.py", "--reps", "1", "--out", "{out}/hf_triage.json"),),
         (R + "hf_triage.json",), 2.0),
+    Job("hf_unseen", "`tndebug triage DIR` on 24 Hugging Face architectures no test uses, healthy "
+        "(trained and init) and with injected bugs; DEV and HELD-OUT halves (issues 19, 21)",
+        (("bench/hf_unseen.py", "--half", "dev"), ("bench/hf_unseen.py", "--half", "held-out")),
+        (("bench/hf_unseen.py", "--archs", "phi", "--steps", "20", "--out", "{out}/hf_unseen"),),
+        (R + "hf_unseen.json", R + "hf_unseen.md"), 3.0),
     Job("hf_triage_sizes", "`tndebug triage DIR` at GPT-2-small and BART-base size: time and peak "
         "memory against 30 s and 3x the fp32 weights (issue 21)",
         (("bench/hf_triage.py", "--size", "gpt2-small"), ("bench/hf_triage.py", "--size", "bart-base")),
