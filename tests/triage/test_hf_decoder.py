@@ -184,12 +184,12 @@ def test_triage_offers_the_cache_to_the_probes(dirs):
     assert "adapter" in seen
 
 
-# -- refused ---------------------------------------------------------------------------------------
-def test_decoder_only_data_is_refused_as_not_yet(dirs, tmp_path, capsys):
+# -- refused (--data is read for decoder-only models: tests/triage/test_hf_figures_data.py) -------
+def test_decoder_only_missing_data_is_one_line(dirs, tmp_path, capsys):
     code = main(["triage", str(dirs["gpt2"]), "--data", str(tmp_path / "x.pt"),
                  "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("tndebug: error:") == 1 and "not yet" in err
+    assert code == 2 and err.count("tndebug: error:") == 1 and "no such file" in err
 
 
 def test_cli_exit_code_is_clean(dirs, tmp_path, capsys):

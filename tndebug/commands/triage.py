@@ -70,8 +70,12 @@ def add_parser(sub) -> None:
                    help="Hugging Face directory: the attention implementation to triage under "
                         "(default: the config's, else transformers' default)")
     p.add_argument("--text", metavar="FILE",
-                   help="Hugging Face directory: held-out source<TAB>target lines, tokenised with "
-                        "the tokenizer saved in the directory (for the temperature sweep)")
+                   help="Hugging Face directory: held-out text, tokenised with the tokenizer "
+                        "saved in the directory: source<TAB>target lines for an encoder-decoder, "
+                        "one sequence per line for a decoder-only or encoder-only model. It is "
+                        "the probes' recorded batch (every figure shows it, with its tokens on "
+                        "the axes) and the temperature sweep's data. --data for a directory: "
+                        "{'src', 'tgt'} (encoder-decoder) or {'ids': LongTensor[N,T]} (one stack)")
     p.add_argument("--max-len", type=positive_int, default=None, metavar="N",
                    help="the longest sequence your model takes (its position table); the probes' "
                         "batches fit it (default: the checkpoint's config, else found by calling "

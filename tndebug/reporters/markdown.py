@@ -62,6 +62,8 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
     if with_figures and rest:
         out += ["", "## Figures", ""] + (["The figures of the findings are shown with them, "
                                           "above.", ""] if placed else [])
+        if report.run.get("figures_batch"):          # one batch for every figure (triage)
+            out += [f"Every figure shows one batch: {_md(str(report.run['figures_batch']))}.", ""]
         for p in rest:
             if not p.name:
                 out += [f"*{p.title}: {p.caption}*", ""]

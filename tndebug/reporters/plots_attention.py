@@ -2,7 +2,9 @@
 of one attention site; the token labels on their axes."""
 from __future__ import annotations
 
+import functools
 import math
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +37,11 @@ def figure_attention_maps(rec: Recorder, kind: str, fig_dir: Path,
     T, S = recs[0].probs.shape[-2:]
     queries = _tokens(snap.src if kind == "enc_self" else snap.tgt, example, T)
     keys = _tokens(snap.tgt if kind == "dec_self" else snap.src, example, S)
-    q_labels = _token_labels(queries, snap, bos=kind != "enc_self") or [str(i) for i in range(T)]
-    k_labels = _token_labels(keys, snap, bos=kind == "dec_self") or [str(i) for i in range(S)]
+    names = rec.token_names
+    q_labels = _token_labels(queries, snap, bos=kind != "enc_self", names=names) \
+        or [str(i) for i in range(T)]
+    k_labels = _token_labels(keys, snap, bos=kind == "dec_self", names=names) \
+        or [str(i) for i in range(S)]
     grid = np.full((L * (T + 1) - 1, H * (S + 1) - 1), np.nan)          # NaN: the white gaps
     nonfinite = 0
     for i, a in enumerate(recs):
@@ -99,8 +104,10 @@ def figure_attention_maps(rec: Recorder, kind: str, fig_dir: Path,
     return Plot(name, f"Attention maps: {kind}",
                 f"One block per layer (rows) and head (columns), example {index} of the probe "
                 f"batch at step {snap.step}" + (f" ({note})" if note else "") +
-                f"; query tokens down the side, key tokens along the bottom. Queries: "
-                f"{_fmt_tokens(queries, snap.pad_id)}; keys: {_fmt_tokens(keys, snap.pad_id)}. "
+                f"; query tokens down the side, key tokens along the bottom"
+                + (" (the saved tokenizer's tokens)" if names else "") +
+                f". Queries: {_fmt_tokens(queries, snap.pad_id, names)}; keys: "
+                f"{_fmt_tokens(keys, snap.pad_id, names)}. "
                 f"{marks}Mass on padding is a mask bug.", labels=labels)
 
 
@@ -109,12 +116,14 @@ def _every(cell: float) -> int:
     return max(1, math.ceil(LABEL_CELL / max(cell, 1e-6))) if cell < LABEL_CELL else 1
 
 
-def _token_labels(tokens: list[int] | None, snap: TraceSnapshot, bos: bool) -> list[str] | None:
-    """`BOS 5 7 ... pad`: token ids, `pad` for padding, `BOS` for a decoder input's first token
-    when every kept example starts with it."""
+def _token_labels(tokens: list[int] | None, snap: TraceSnapshot, bos: bool,
+                  names: dict[int, str] | None = None) -> list[str] | None:
+    """`BOS 5 7 ... pad`: token ids (or, with `names`, a saved tokenizer's tokens, shortened and
+    escaped: `token_label`), `pad` for padding, `BOS` for a decoder input's first token when
+    every kept example starts with it."""
     if tokens is None:
         return None
-    labels = ["pad" if t == snap.pad_id else str(t) for t in tokens]
+    labels = ["pad" if t == snap.pad_id else token_label(t, names) for t in tokens]
     first = snap.tgt[:, 0] if snap.tgt is not None and snap.tgt.dim() == 2 else None
     if bos and labels and first is not None and bool((first == first[0]).all()):
         labels[0] = "BOS"
@@ -165,8 +174,50 @@ def _first_pad(tokens: list[int] | None, pad_id: int) -> int | None:
     return i
 
 
-def _fmt_tokens(tokens: list[int] | None, pad_id: int) -> str:
+LABEL_CHARS = 8             # a token label's length at most: 8 characters fit a 6 pt tick at 80 tokens
+
+
+def token_label(t: int, names: dict[int, str] | None) -> str:
+    """The axis label of id `t`: its token from `names`, shortened to LABEL_CHARS (`…`), spaces
+    as `·`, control characters escaped (`\\n`), `$` escaped (matplotlib reads `$..$` as maths);
+    the id itself without a name, or where the figures' font has no glyph for a character."""
+    name = (names or {}).get(t)
+    if not name:
+        return str(t)
+    out = []
+    for ch in name:
+        if ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        elif unicodedata.category(ch)[0] in "CZ" and ch != " ":
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}")
+        elif ch == " ":
+            out.append("\u00b7")
+        elif ch == "$":
+            out.append("\\$")
+        elif not _has_glyph(ch):
+            return str(t)
+        else:
+            out.append(ch)
+    label = "".join(out)
+    return label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "\u2026"
+
+
+@functools.lru_cache(maxsize=1)
+def _font_chars() -> frozenset:
+    """The code points the figures' default font draws (a missing one is an empty box)."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+    return frozenset(FT2Font(font_manager.findfont(font_manager.FontProperties())).get_charmap())
+
+
+def _has_glyph(ch: str) -> bool:
+    return ord(ch) < 128 or ord(ch) in _font_chars()
+
+
+def _fmt_tokens(tokens: list[int] | None, pad_id: int, names: dict[int, str] | None = None) -> str:
     if tokens is None:
         return "(not recorded)"
-    shown = " ".join("pad" if t == pad_id else str(t) for t in tokens[:24])
+    shown = " ".join("pad" if t == pad_id else
+                     (repr(names[t])[1:-1].replace("`", "'") if names and t in names else str(t))
+                     for t in tokens[:24])
     return f"`{shown}{' ...' if len(tokens) > 24 else ''}`"

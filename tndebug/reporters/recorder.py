@@ -83,11 +83,16 @@ class Recorder:
         self.final_step: int | None = None           # the run's last step: always snapshotted
         self.grow = False                            # the run's length is unknown: see on_cadence
         self.last_step = 0
+        self.token_names: dict[int, str] = {}        # id -> the saved tokenizer's token (labels)
 
     # -- sink interface -------------------------------------------------------------------
     def on_metric(self, step: int, tag: str, value: float) -> None:
         self.metrics.setdefault(tag, []).append((step, float(value)))
         self.last_step = max(self.last_step, step)
+
+    def on_tokens(self, names: dict[int, str]) -> None:
+        """The tokens of the probe batch's ids (a saved tokenizer's): the figures' axis labels."""
+        self.token_names.update(names)
 
     def log_scalars(self, step: int, scalars: dict) -> None:
         for tag, value in scalars.items():

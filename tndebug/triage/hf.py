@@ -12,9 +12,11 @@
 3. the built-in adapter calls it as a user of transformers does (`input_ids`, `attention_mask`
    with 1 = keep, `decoder_input_ids`, `decoder_attention_mask`, `.logits`); pad and
    decoder-start ids come from the config;
-4. the probes run on random ids from the model's vocabulary (special ids excluded); the
-   temperature sweep needs in-distribution data (--data, or --text FILE tokenised with the
-   tokenizer saved in DIR) and is skipped, with a note, without it;
+4. the probes' recorded pass (their statistics, and every figure) runs on the user's data when
+   --data or --text FILE (tokenised with the tokenizer saved in DIR) is given, else on random
+   ids from the model's vocabulary (special ids excluded); the exact tests build their own
+   inputs. The temperature sweep needs in-distribution data and is skipped, with a note,
+   without it; the axis tokens of the figures are the saved tokenizer's where DIR has one;
 5. findings keep HF's module naming; fixes are rewritten for HF code (probes/hf_fixes.py).
    --text / --data: hf_data.py.
 
@@ -133,6 +135,15 @@ def build_model(tf, config, attn: str | None, kind: str = "seq2seq") -> nn.Modul
 
 
 # -- ids and the adapter: tndebug/capture/hf.py ---------------------------------------------------
+def probe_batch(data: Batch, keep: int | None, pad: int) -> Batch:
+    """The user's batch as the probes' recorded pass sees it: with the output layer sliced to
+    `keep` ids (PROBE_VOCAB), a target id at or above it is scored as pad (ignored), since its
+    logit is not computed; the inputs are the user's, whatever their ids."""
+    if keep is None:
+        return data
+    return Batch(data.src, data.tgt_in, data.tgt_out.masked_fill(data.tgt_out >= keep, pad))
+
+
 def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
     """Random content ids, BOS (marker)-led targets, about a third of the rows right-padded; an
     encoder-only subject's targets are its ids (hf_encoder.MLM_LOSS)."""
@@ -156,7 +167,9 @@ def triage_hf(opts, patch=None, sinks=()):
     from tndebug.capture import GenericCapture
     from tndebug.triage.fresh import SEED, apart_from_weights, seeded
     from tndebug.triage import hf_checks
-    from tndebug.triage.hf_data import held_out
+    from tndebug.triage.hf_data import held_out, mask_token_id, token_names
+    from tndebug.triage.hf_encoder import masked_lm_batch
+    from tndebug.driver import PROBE_BATCH
     from tndebug.probes.hf_fixes import hf_fix, hf_where
     from tndebug.triage.hf_findings import resume_state
     from tndebug.triage.userdata import check_vocab
@@ -176,9 +189,6 @@ def triage_hf(opts, patch=None, sinks=()):
     tf, config, kind = load_config(folder)
     decoder, encoder = kind == "decoder", kind == "encoder"
     one_stack = decoder or encoder                  # called with one sequence of ids
-    if one_stack and (opts.data or getattr(opts, "text", None)):
-        raise UsageError(f"{folder} holds a {kind}-only model: --data and --text are not yet "
-                         f"read for {kind}-only models (the probes run on random ids)")
     files = weight_files(folder)
     sd = read_weights(files)
     lap("load")
@@ -234,18 +244,22 @@ def triage_hf(opts, patch=None, sinks=()):
 
     forward, second = adapter(model)
 
-    data, source, data_checks = held_out(opts, folder, ids, ids["marker"], config)
+    data, source, data_checks = held_out(opts, folder, ids, ids["marker"], config, kind)
     if data is not None:
-        check_vocab(data, src_v, tgt_v, source)
+        check_vocab(Batch(data.tgt_in if decoder else data.src, data.tgt_in, data.tgt_out),
+                    src_v, tgt_v, source)
         if kind == "seq2seq":             # an untied head that does not fit the trained body
             from tndebug.triage.hf_head import head_unfit_on_data
             t_in = data.tgt_in.clone()
             t_in[:, 0] = ids["start"]      # as the model is called: led by the decoder start
             data_checks = data_checks + head_unfit_on_data(model, data.src, t_in, data.tgt_out,
                                                            ids["pad"])
-    batch = random_batch(Subject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"],
-                                   src_vocab=hi, tgt_vocab=hi, first_content=lo,
-                                   kind=kind))                                 # the probes' pass
+    # the probes' recorded pass, and so every figure: the user's data when given, else random
+    # ids (the exact tests build their own inputs either way)
+    batch = probe_batch(data, keep, ids["pad"]) if data is not None else random_batch(
+        Subject(model, forward, pad_id=ids["pad"], bos_id=ids["marker"], src_vocab=hi,
+                tgt_vocab=hi, first_content=lo, kind=kind))
+    names = token_names(folder, batch[:2]) if sinks else {}      # the figures' axis labels
     subject = make_subject(model, forward, second)
     if data is not None:
         R.refuse_longer(subject, (data.src, data.tgt_in), source)
@@ -255,7 +269,8 @@ def triage_hf(opts, patch=None, sinks=()):
     findings = hygiene.non_finite(sd) + checks + data_checks + resume_state(folder)
     with sliced_output(model, keep, lambda: call(forward, model, batch.src[:1, :3],
                                                   batch.tgt_in[:1, :3])) as keep:
-        probed = driver.probe_once(subject, probe_names, batch, compute_dtype=dtype, sinks=sinks)
+        probed = driver.probe_once(subject, probe_names, batch, compute_dtype=dtype, sinks=sinks,
+                                   token_names=names)
     statuses, probe_seconds = probed.statuses, probed.seconds
     auto = ("AutoModelForCausalLM" if decoder else "AutoModelForMaskedLM" if encoder
             else "AutoModelForSeq2SeqLM")
@@ -264,13 +279,21 @@ def triage_hf(opts, patch=None, sinks=()):
     findings += checked
     lap("probes")
     findings += duplicate_heads(attention_weights(model))
-    if data is not None:
+    swept, reason = data, ""
+    if data is not None and encoder:                  # scored as trained: masked positions
+        mask_id = mask_token_id(folder, config)
+        swept = None if mask_id is None else Batch(*masked_lm_batch(
+            data, mask_id, ids["pad"], ids["specials"].values()))
+        reason = ("" if mask_id is not None else "the masked-LM objective needs the mask id, "
+                  "which neither config.json (mask_token_id) nor a tokenizer in DIR gives")
+    if swept is not None:
         sweep, sweep_ev = hygiene.temperature_sweep(
-            lambda s, t: subject.logits(s, t), subject.capture.scaling, data, ids["pad"], tgt_v,
+            lambda s, t: subject.logits(s, t), subject.capture.scaling, swept, ids["pad"], tgt_v,
             data="--data")
     else:
-        reason = ("needs in-distribution data: " + (
-            f"--data and --text are not yet read for {kind}-only models" if one_stack else
+        reason = reason or ("needs in-distribution data: " + (
+            "pass --text FILE (one sequence per line, tokenised with the tokenizer in DIR) or "
+            "--data FILE.pt ({'ids': LongTensor[N, T]})" if one_stack else
             "pass --text FILE (source<TAB>target per line, tokenised with the tokenizer in DIR) "
             "or --data FILE.pt") + "; random ids cannot say whether the checkpoint was trained "
             "with the scale its code applies")
@@ -292,7 +315,15 @@ def triage_hf(opts, patch=None, sinks=()):
            "weight_files": [p.name for p in files], "tied_keys_restored": tied,
            **({"weight_files_note": files_note} if files_note else {}),
            "task": None, "data": source or "none (--text or --data: the temperature sweep needs it)",
-           "probe_data": f"random ids from the model's vocabulary ({lo}..{hi - 1}; special ids excluded)",
+           "probe_data": (f"{source}: its first {min(PROBE_BATCH, len(batch.tgt_out))} sequences "
+                          f"(the exact tests build their own inputs)" if data is not None else
+                          f"random ids from the model's vocabulary ({lo}..{hi - 1}; special ids "
+                          f"excluded)"),
+           "figures_batch": (f"{source} (the probes' recorded batch; axis tokens "
+                             f"{'decoded with the saved tokenizer' if names else 'as ids'})"
+                             if data is not None else
+                             f"the probes' random ids (axis tokens "
+                             f"{'decoded with the saved tokenizer' if names else 'as ids'})"),
            "held_out_sequences": int((data if data is not None else batch).src.shape[0]),
            "probes_see_logits_of_ids": f"0..{keep - 1} (of {tgt_v}; exact)" if keep else f"all {tgt_v}",
            "compute_dtype": str(dtype).removeprefix("torch."),

@@ -5,8 +5,17 @@
     --data held_out.pt    token ids, as for any triage (tndebug.triage.userdata), targets led by
                           the config's decoder_start_token_id
 
-Only the comparisons that need the model's own kind of text (the temperature sweep) use it; the
-probes' behavioural tests run on random ids.
+A decoder-only or encoder-only directory reads one sequence per line instead:
+
+    --text lines.txt      one sequence per line (the whole line, TABs included), tokenised with
+                          the saved tokenizer and its special tokens; a decoder-only row is led by
+                          the config's BOS where the tokenizer adds none (as the probes' rows are)
+    --data held_out.pt    torch.save({"ids": LongTensor[N, T]}): token ids, right-padded with the
+                          config's pad id, used as they are
+
+Given, it is the probes' recorded batch (their statistics and every figure: `run.figures_batch`)
+and the held-out data of the temperature sweep and the untied-head check; the exact behavioural
+tests keep their own inputs.
 """
 from __future__ import annotations
 
@@ -21,11 +30,14 @@ from tndebug.triage.hf import _line, _transformers
 TEXT_MAX_TOKENS = 64                                 # --text: longer lines are truncated
 
 
-def load_text(spec: str, folder: Path, ids: dict) -> dict:
-    """--text FILE: `source<TAB>target` per line -> {'src', 'tgt'} (tgt led by decoder start)."""
+def load_text(spec: str, folder: Path, ids: dict, kind: str = "seq2seq") -> dict:
+    """--text FILE: `source<TAB>target` per line -> {'src', 'tgt'} (tgt led by decoder start);
+    a decoder- or encoder-only `kind`: one sequence per line -> {'ids'}."""
     path = Path(spec)
     if not path.is_file():
         raise UsageError(f"--text: no such file {spec}")
+    if kind != "seq2seq":
+        return {"ids": _lines(path, spec, folder, ids, kind)}
     pairs = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -50,12 +62,86 @@ def load_text(spec: str, folder: Path, ids: dict) -> dict:
     return {"src": padded(src), "tgt": padded(tgt)}
 
 
+def _lines(path: Path, spec: str, folder: Path, ids: dict, kind: str) -> torch.Tensor:
+    """One sequence per non-blank line -> [N, T] right-padded with the pad id; a decoder-only
+    row led by BOS (ids['start']) where the tokenizer put none there."""
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if len(lines) < 2:
+        raise UsageError(f"--text {spec}: need at least 2 lines (one sequence each), found {len(lines)}")
+    encode = _tokenizer(folder, spec)
+    rows = [encode(ln, False)[:TEXT_MAX_TOKENS] for ln in lines]
+    if kind == "decoder":
+        rows = [r if r[:1] == [ids["start"]] else [ids["start"]] + r[:TEXT_MAX_TOKENS - 1]
+                for r in rows]
+    special = set(ids["specials"].values()) | {ids["pad"]}
+    if not any(i not in special for row in rows for i in row):
+        raise UsageError(f"--text {spec}: the tokenizer in {folder} gives only special ids for "
+                         f"every line (is it the model's tokenizer?)")
+    width = max(map(len, rows))
+    return torch.tensor([r + [ids["pad"]] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+def one_stack_batch(raw, pad: int, kind: str, spec: str) -> Batch:
+    """{'ids': [N, T]} -> the probes' Batch of a decoder-only model (src [N, 0], tgt_in = ids[:, :-1]
+    with pad where tgt_out = ids[:, 1:] is pad) or of an encoder-only one (ids three times, its
+    targets the ids: hf_encoder.MLM_LOSS); every problem one UsageError line."""
+    from tndebug.padding import mid_sequence_pads, pad_text
+    from tndebug.triage.userdata import MAX_SEQS
+    want = "{'ids': LongTensor[N, T]} (one sequence per row, right-padded with the config's pad id)"
+    t = raw.get("ids") if isinstance(raw, dict) else None
+    if not isinstance(t, torch.Tensor):
+        got = (f"the keys {', '.join(map(str, list(raw)[:8]))}" if isinstance(raw, dict) and raw
+               else "an empty dict" if isinstance(raw, dict) else f"a {type(raw).__name__}")
+        raise UsageError(f"{spec}: a {kind}-only model reads {want}; got {got}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.dim() != 2:
+        raise UsageError(f"{spec}: 'ids' is {str(t.dtype).removeprefix('torch.')} of shape "
+                         f"{tuple(t.shape)}; expected {want}")
+    t = t[:MAX_SEQS].long()
+    if t.shape[0] < 2 or t.shape[1] < 2:
+        raise UsageError(f"{spec}: need at least 2 sequences of at least 2 ids; got {tuple(t.shape)}")
+    if int(t.min()) < 0:
+        raise UsageError(f"{spec}: negative token id {int(t.min())}")
+    pads = mid_sequence_pads({"ids": t}, pad)
+    if pads:
+        raise UsageError(f"{spec}: {pad_text(pads, pad)}; rows are right-padded with the config's "
+                         f"pad id")
+    if kind == "encoder":
+        return Batch(t, t.clone(), t.clone())
+    out = t[:, 1:]                                                          # [N, T-1]
+    if not bool((out != pad).any()):
+        raise UsageError(f"{spec}: every token after the first is the pad id {pad}: nothing to compare")
+    return Batch(t.new_zeros((t.shape[0], 0)), t[:, :-1].masked_fill(out == pad, pad), out)
+
+
 def _tokenizer(folder: Path, spec: str):
     """encode(text, is_target) -> ids with the model's special tokens, from the tokenizer in DIR:
     a transformers tokenizer where `tokenizer_config.json` says which class it is (Marian's
     separate target vocabulary needs `text_target`), else `tokenizer.json` through `tokenizers`.
     (Without tokenizer_config.json, AutoTokenizer guesses the class from the model_type and may
     read a tokenizer.json of another kind into garbage ids.)"""
+    tok = _saved_tokenizer(folder, spec)
+    if hasattr(tok, "convert_ids_to_tokens"):                    # a transformers tokenizer
+        def encode(text, target):
+            return list(tok(text_target=text)["input_ids"] if target else tok(text)["input_ids"])
+        return encode
+    if tok is not None:
+        return lambda text, target: tok.encode(text).ids
+    raise UsageError(f"--text {spec}: no tokenizer saved in {folder} (tokenizer_config.json or "
+                     f"tokenizer.json: tokenizer.save_pretrained(DIR)), or pass --data with token ids")
+
+
+_TOKENIZERS: dict = {}                 # folder -> the tokenizer loaded (--text, then the labels)
+
+
+def _saved_tokenizer(folder: Path, spec: str):
+    """The tokenizer saved in `folder` (transformers' where tokenizer_config.json names it, else
+    tokenizer.json through `tokenizers`), loaded once; None when there is none."""
+    key = (str(folder.resolve()),) + tuple(
+        (folder / n).stat().st_mtime_ns if (folder / n).is_file() else None
+        for n in ("tokenizer_config.json", "tokenizer.json"))         # a re-saved one reloads
+    if key in _TOKENIZERS:
+        return _TOKENIZERS[key]
+    tok = None
     if (folder / "tokenizer_config.json").is_file():
         tf = _transformers()
         try:
@@ -63,24 +149,43 @@ def _tokenizer(folder: Path, spec: str):
         except Exception as e:  # noqa: BLE001 - missing vocab files, a missing sentencepiece, ...
             raise UsageError(f"--text {spec}: the tokenizer saved in {folder} does not load "
                              f"({_line(e)[:160]}); pass --data with token ids") from None
-
-        def encode(text, target):
-            return list(tok(text_target=text)["input_ids"] if target else tok(text)["input_ids"])
-        return encode
-    if (folder / "tokenizer.json").is_file():
+    elif (folder / "tokenizer.json").is_file():
         try:
             from tokenizers import Tokenizer
-            raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as e:  # noqa: BLE001
             raise UsageError(f"--text {spec}: {folder}/tokenizer.json is unreadable ({_line(e)})") from None
-        return lambda text, target: raw.encode(text).ids
-    raise UsageError(f"--text {spec}: no tokenizer saved in {folder} (tokenizer_config.json or "
-                     f"tokenizer.json: tokenizer.save_pretrained(DIR)), or pass --data with token ids")
+    _TOKENIZERS[key] = tok
+    return tok
 
 
-def held_out(opts, folder: Path, ids: dict, marker: int, config=None):
+def token_names(folder: Path, batch) -> dict[int, str]:
+    """{id: the saved tokenizer's token} for every id of `batch` (the figures' axis labels;
+    reporters shorten and escape them); {} when DIR holds no tokenizer that loads, and an id
+    the tokenizer cannot name is left out (the figure shows the id)."""
+    try:
+        tok = _saved_tokenizer(folder, "(labels)")
+    except UsageError:
+        return {}
+    if tok is None:
+        return {}
+    found = sorted({int(i) for t in batch for i in t.flatten().tolist()})
+    name = (tok.convert_ids_to_tokens if hasattr(tok, "convert_ids_to_tokens") else tok.id_to_token)
+    out = {}
+    for i in found:
+        try:
+            got = name(i)
+        except Exception:  # noqa: BLE001 - an id past the tokenizer's vocabulary
+            continue
+        if isinstance(got, str) and got:
+            out[i] = got
+    return out
+
+
+def held_out(opts, folder: Path, ids: dict, marker: int, config=None, kind: str = "seq2seq"):
     """(the user's in-distribution batch (column 0 = the probes' marker), its source, the
-    checkpoint findings of its ids against config.json), or (None, None, [])."""
+    checkpoint findings of its ids against config.json), or (None, None, []). A decoder- or
+    encoder-only `kind` reads one sequence per row (`one_stack_batch`)."""
     from tndebug.triage.hf_checks import ids_vs_data
     from tndebug.triage.userdata import _call, _read, to_batch
     if opts.data and getattr(opts, "text", None):
@@ -90,9 +195,11 @@ def held_out(opts, folder: Path, ids: dict, marker: int, config=None):
         raw = _call(opts.data) if sep and path_s.endswith(".py") and name else _read(Path(opts.data))
         source = f"--data {opts.data}"
     elif getattr(opts, "text", None):
-        raw, source = load_text(opts.text, folder, ids), f"--text {opts.text}"
+        raw, source = load_text(opts.text, folder, ids, kind), f"--text {opts.text}"
     else:
         return None, None, []
+    if kind != "seq2seq":
+        return one_stack_batch(raw, ids["pad"], kind, source), source, []
     findings, start = [], ids["start"]
     if isinstance(raw, dict) and all(isinstance(raw.get(k), torch.Tensor) and raw[k].dim() == 2
                                      and not raw[k].is_floating_point() for k in ("src", "tgt")):
@@ -104,3 +211,20 @@ def held_out(opts, folder: Path, ids: dict, marker: int, config=None):
     tgt_in = batch.tgt_in.clone()
     tgt_in[:, 0] = marker
     return Batch(batch.src, tgt_in, batch.tgt_out), source, findings
+
+
+def mask_token_id(folder: Path, config) -> int | None:
+    """The masked-LM's mask id: config.json's mask_token_id, else the saved tokenizer's
+    (`mask_token_id`, or `[MASK]` / `<mask>` in a bare tokenizer.json); None when neither says."""
+    got = getattr(config, "mask_token_id", None)
+    if isinstance(got, int) and not isinstance(got, bool) and got >= 0:
+        return got
+    try:
+        tok = _saved_tokenizer(folder, "(mask id)")
+    except UsageError:
+        return None
+    if tok is None:
+        return None
+    got = getattr(tok, "mask_token_id", None) if hasattr(tok, "convert_ids_to_tokens") else next(
+        (i for i in (tok.token_to_id(t) for t in ("[MASK]", "<mask>")) if i is not None), None)
+    return got if isinstance(got, int) and got >= 0 else None
