@@ -11,6 +11,9 @@ attention, the way a user's edit would (tests/probes/test_rotary.py):
     v_too       rotary applied to v as well (the scores stay relative, the outputs do not)
     pairing     q rotated with rotate_half, k with interleaved pairs (2i, 2i+1)
     chunks      positions restart every 4 tokens (arange(T) % 4)
+    kv_tiled    grouped-query attention (n_kv_head < n_head): the k/v heads tiled,
+                k.repeat(1, n_rep, 1, 1), where the weights were trained with repeat_interleave
+                (HF's repeat_kv: q head h reads kv head h // n_rep)
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-BUGS = ("q_only", "v_too", "pairing", "chunks")
+BUGS = ("q_only", "v_too", "pairing", "chunks")      # the rotary bugs; kv_tiled is GQA's
 VARIANTS = ("manual", "sdpa")
 
 
@@ -33,6 +36,7 @@ class GPTConfig:
     n_layer: int = 2
     n_head: int = 2
     n_embd: int = 32
+    n_kv_head: int | None = None        # grouped-query attention when < n_head
     variant: str = "manual"
     rope_base: float = 10000.0
 
@@ -65,7 +69,9 @@ def rope_interleaved(x, pos, base):
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.n_kv = config.n_kv_head or config.n_head
+        kv = self.n_kv * (config.n_embd // config.n_head)
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         self.n_head, self.n_embd, self.variant = config.n_head, config.n_embd, config.variant
         self.base = config.rope_base
@@ -84,15 +90,21 @@ class CausalSelfAttention(nn.Module):
     def rotate_v(self, v, pos):
         return v
 
+    def repeat_kv(self, x):
+        """(B, n_kv, T, hs) -> (B, nh, T, hs): q head h reads kv head h // n_rep."""
+        return x.repeat_interleave(self.n_head // self.n_kv, dim=1)
+
     def forward(self, x):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         hs = C // self.n_head
+        q, k, v = self.c_attn(x).split([C, self.n_kv * hs, self.n_kv * hs], dim=2)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)                    # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, hs).transpose(1, 2)
-        v = v.view(B, T, self.n_head, hs).transpose(1, 2)
+        k = k.view(B, T, self.n_kv, hs).transpose(1, 2)                      # (B, n_kv, T, hs)
+        v = v.view(B, T, self.n_kv, hs).transpose(1, 2)
         pos = self.positions(T, x.device)
         q, k, v = self.rotate_q(q, pos), self.rotate_k(k, pos), self.rotate_v(v, pos)
+        if self.n_kv != self.n_head:
+            k, v = self.repeat_kv(k), self.repeat_kv(v)                      # (B, nh, T, hs)
         if self.variant == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -158,7 +170,11 @@ def _chunked(self, T, device):
     return torch.arange(T, device=device) % 4
 
 
-_SUBSTITUTE = {"q_only": ("rotate_k", lambda self, k, pos: k), "v_too": ("rotate_v", _rotary_v),
+def _tiled(self, x):
+    return x.repeat(1, self.n_head // self.n_kv, 1, 1)
+
+
+_SUBSTITUTE = {"kv_tiled": ("repeat_kv", _tiled), "q_only": ("rotate_k", lambda self, k, pos: k), "v_too": ("rotate_v", _rotary_v),
                "pairing": ("rotate_k", _interleaved_k), "chunks": ("positions", _chunked)}
 
 

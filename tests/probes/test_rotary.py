@@ -19,7 +19,7 @@ from tndebug.capture.generic import GenericCapture
 from tndebug.capture.hf_decoder import make_lm_adapter
 from tndebug.config import ModelConfig
 from tndebug.data import Batch
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes import TRIAGE_PROBES
 from tndebug.probes.base import RunContext
 from tndebug.probes.lm_decoding import LMDecoding
@@ -196,3 +196,52 @@ def test_hf_chunked_positions_in_a_later_layer_are_seen_by_the_shift(attn):
     assert p.findings[0].evidence["shift"]["delta"] > p.findings[0].evidence["shift"]["tol"]
     s0 = hf_subject("llama", attn, 0, patch=_chunks_in(0))       # in the first: named there
     assert rotary_findings(s0)[1] == [("error", "lm-decoding/rotary-shift", "model.layers.0.self_attn")]
+
+
+# -- trained: properties that hold only at initialisation have drifted -----------------------
+_trained: dict = {}
+
+
+def trained(seed: int, **sizes):
+    """rotary_gpt trained 300 steps on copy as a language model (nanogpt_corpus.train)."""
+    from nanogpt_corpus import train
+    key = (seed, tuple(sorted(sizes.items())))
+    if key not in _trained:
+        torch.manual_seed(seed)
+        m = rotary_gpt.build(**sizes)
+        _trained[key] = (m.state_dict(), train(m, steps=300, seed=seed))
+    m = rotary_gpt.build(**sizes)
+    m.load_state_dict(_trained[key][0])
+    return m.eval(), _trained[key][1]
+
+
+def warnings_and_errors(s: Subject, gave_up=()) -> list:
+    g = torch.Generator().manual_seed(3)
+    seq = torch.randint(s.first_content, s.tgt_vocab, (8, 13), generator=g)
+    seq[:, 0] = s.bos_id
+    res = driver.probe_once(s, TRIAGE_PROBES, Batch(seq[:, :0], seq[:, :-1], seq[:, 1:]))
+    odd = {n: st for n, st in res.statuses.items() if st["status"] not in ("pass", "fail")
+           and not (n in gave_up and st["status"] == "no verdict")}
+    assert not odd, odd                                      # no probe broke or gave up
+    return [(f.severity, f.code, f.where) for f in res.findings if f.severity in ("warning", "error")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("sizes", ({}, {"n_head": 4, "n_kv_head": 2}), ids=("mha", "gqa"))
+def test_a_trained_rotary_model_is_clean_and_its_bugs_are_named(seed, sizes):
+    m, loss = trained(seed, **sizes)
+    assert loss < 1.0                                        # it learnt copy (chance: ~2.2)
+    s = user_subject(rotary_gpt, m)
+    # a known gap of the capture, not of the rotary test: with k and v repeated per group
+    # (repeat_interleave after the projection) q and k at the product are not traced to the
+    # projections, so missing-scale has no verdict on GQA user code
+    gave_up = ("missing-scale",) if sizes else ()
+    assert warnings_and_errors(s, gave_up) == []
+    p, _ = rotary_findings(s)
+    assert p.coverage["transformer.h.0.attn"]["status"] == "checked"
+    for bug in rotary_gpt.BUGS:                              # the trained weights in broken code
+        m, _ = trained(seed, **sizes)
+        s = user_subject(rotary_gpt, rotary_gpt.broken(m, bug))
+        assert warnings_and_errors(s, gave_up) == [("error", f"lm-decoding/{CODES[bug]}",
+                                           "transformer.h.0.attn")], (bug, seed)
