@@ -12,6 +12,10 @@ exact invariances, tested at setup (eval, fp32 as the model runs, Subject calls 
   split.. decoded through it must equal the full forward's. Checked only where the full forward
   is causal (its logits at t the same on ids[:, :t+1]): a forward that reads the future cannot be
   matched by any cache, and mask-broadcast names that leak.
+* `rotary-shift`, `rotary-values` (_rotary.py): positions inside attention must be relative. On a
+  periodic input the first attention's scores must repeat along the diagonal and its values
+  repeat, where the embedding adds nothing positional (else absolute by design: not applicable);
+  where the adapter moves positions (HF position_ids + c), the logits must not change.
 
 When a test fails, what the model's behaviour tells about the cause is said: which attention puts
 mass on the left pads, or the positional encoding that moved (from a trace); which earlier tokens
