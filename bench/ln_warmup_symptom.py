@@ -37,7 +37,7 @@ from _provenance import Provenance  # noqa: E402
 
 import tndebug  # noqa: E402
 from tndebug.config import ModelConfig  # noqa: E402
-from tndebug.model import make_model  # noqa: E402
+from tndebug.inject import make_model  # noqa: E402
 from tndebug.probes import ln_placement as lp  # noqa: E402
 from tndebug.probes.base import Probe  # noqa: E402
 from tndebug.probes.schedule import every  # noqa: E402

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import Provenance  # noqa: E402
 from tndebug.data import PAD, data_generator, get_task  # noqa: E402
-from tndebug.model import make_model  # noqa: E402
+from tndebug.inject import make_model  # noqa: E402
 from tndebug.train import model_config  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "notes_claims.json"

@@ -31,7 +31,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import Provenance  # noqa: E402
 from tndebug.config import ModelConfig  # noqa: E402
-from tndebug.model import make_model  # noqa: E402
+from tndebug.inject import make_model  # noqa: E402
 from tndebug.model.embedding import Embeddings  # noqa: E402
 from tndebug.model.transformer import Generator, count_parameters  # noqa: E402
 

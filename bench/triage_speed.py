@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import Provenance  # noqa: E402
 from tndebug.config import ModelConfig  # noqa: E402
-from tndebug.model import make_model  # noqa: E402
+from tndebug.inject import make_model  # noqa: E402
 from tndebug.triage import TriageOptions, triage  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ def _setup(d: Path) -> None:
 
     from tndebug.cli import main
     from tndebug.config import ModelConfig
-    from tndebug.model import make_model
+    from tndebug.inject import make_model
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         main(["run", *TINY, "--steps", "1", "--out", "run"])
     state = torch.load(d / "run" / "checkpoint.pt", weights_only=True)
@@ -150,7 +150,7 @@ def _library_namespace() -> dict:
 
     import tndebug
     from tndebug.config import ModelConfig
-    from tndebug.model import make_model
+    from tndebug.inject import make_model
     torch.manual_seed(0)
     model = make_model(ModelConfig.tiny())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

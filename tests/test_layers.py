@@ -16,7 +16,8 @@ LAYERS = {
     # types and utilities every stage uses
     "errors": 0, "notes": 0, "faults": 0, "config": 0, "data": 0, "findings": 0, "report": 0,
     "outputs": 0, "padding": 0, "safeload": 0,
-    "model": 1,                       # the paper model and its tap points
+    "model": 1,                       # the paper model and its tap points, healthy
+    "inject": 1,                      # the notes' faults, put into that model from outside
     "capture": 2, "subject": 2,       # a Trace from any model; the model as the probes call it
     "probes": 3, "harness": 3,        # the probes (harness: the probes on our model, for tests)
     "driver": 4,                      # drives the probes once, builds a Report
@@ -25,8 +26,10 @@ LAYERS = {
     "train": 6, "triage": 6, "library": 6, "commands": 6, "integrations": 6, "cli": 7,
     "pytest_plugin": 7, "__main__": 7, "__init__": 7,
 }
-# front-ends that must not import one another (the library and triage share only what lies below)
-APART = {("library", "triage"), ("triage", "library"), ("train", "triage"), ("train", "library")}
+# pairs that must not import one another: front-ends (the library and triage share only what lies
+# below), and the healthy model, which knows nothing of its faults
+APART = {("library", "triage"), ("triage", "library"), ("train", "triage"), ("train", "library"),
+         ("model", "inject")}
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:

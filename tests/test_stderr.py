@@ -3,7 +3,7 @@ import torch
 
 from tndebug.cli import main
 from tndebug.config import ModelConfig
-from tndebug.model import make_model
+from tndebug.inject import make_model
 
 
 def test_the_first_line_of_stderr_is_tndebugs_and_known_noise_is_dropped(capsys, tmp_path):

@@ -1,7 +1,9 @@
 """The fault catalogue: every failure mode of the notes, written the way people get it wrong.
 
 Faults are switched on through config (`ModelConfig.with_faults`) or, for the training-loop
-faults, through `TrainConfig`. The model and the trainer read them; probes never do.
+faults, through `TrainConfig`. tndebug/inject.py puts the model faults into the healthy model
+from outside it (tndebug/model/ reads none), the trainer reads the training faults; probes
+never read either.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tndebug.config import ModelConfig
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes import make_probes
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine

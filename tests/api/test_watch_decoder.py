@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import tndebug
 from tndebug.config import ModelConfig
 from tndebug.data import as_lm, data_generator, get_task, misshift
-from tndebug.model import make_model
+from tndebug.inject import make_model
 
 
 def decoder(seed=0):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tndebug.config import ModelConfig
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.model.attention import MultiHeadAttention
 
 TOL = dict(atol=1e-5, rtol=1e-5)

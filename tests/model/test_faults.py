@@ -11,7 +11,8 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug.faults import FAULTS, TRAINING_FAULTS
-from tndebug.model import PositionLimitError, make_model
+from tndebug.model import PositionLimitError
+from tndebug.inject import make_model, put_in
 from tndebug.model.attention import MultiHeadAttention
 
 MODEL_FAULTS = sorted(set(FAULTS) - TRAINING_FAULTS)
@@ -264,7 +265,7 @@ def test_fill_1e9_fp16():
     healthy.hook_scores.register_forward_hook(lambda *a: None)     # the explicit path
     assert healthy.fill_value(torch.float16) == torch.finfo(torch.float16).min
     assert torch.isfinite(healthy(x, x, keep)).all()
-    faulty = MultiHeadAttention(cfg.with_faults("fill_1e9_fp16")).half().eval()
+    faulty = put_in(MultiHeadAttention(cfg), "fill_1e9_fp16").half().eval()
     with pytest.raises(RuntimeError, match="overflow"):
         faulty(x, x, keep)
     with torch.no_grad():                                           # float32 hides it

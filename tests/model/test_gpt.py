@@ -6,7 +6,8 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug.data import BOS, EOS, PAD, as_lm, data_generator, get_task
-from tndebug.model import DecoderOnly, make_model
+from tndebug.model import DecoderOnly
+from tndebug.inject import make_model
 from tndebug.subject import tndebug_subject
 from tndebug.train.evaluate import greedy_decode
 

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from tndebug.config import ModelConfig
-from tndebug.model import HookPoint, make_model
+from tndebug.model import HookPoint
+from tndebug.inject import make_model
 from tndebug.model.attention import MultiHeadAttention
 
 B, S, T = 3, 7, 5

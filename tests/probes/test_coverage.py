@@ -7,7 +7,7 @@ from torch import nn
 from _misc_helpers import HandSeq2Seq, hand_subject, probed_loop, setup_only
 from tndebug.config import ModelConfig
 from tndebug.findings import Finding
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes.base import NO_STEP, Probe, ProbeError, RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.gradient_flow import GradientFlowProbe

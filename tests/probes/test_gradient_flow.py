@@ -6,7 +6,7 @@ from torch import nn
 from _misc_helpers import PAD, V, ReluCapture, hand_subject, kinds, probed_loop, setup_only
 from tndebug.config import ModelConfig
 from tndebug.harness import train_with_probes
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes.base import StepInfo
 from tndebug.probes.gradient_flow import (DEAD_SHARE, DEAD_SHARE_TRAINING, MIN_TOKENS, SPIKE,
                                           GradientFlowProbe)

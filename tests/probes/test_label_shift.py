@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tndebug.config import ModelConfig
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.label_shift import LabelShiftProbe
 from tndebug.subject import tndebug_subject

@@ -6,7 +6,7 @@ from torch import nn
 from _misc_helpers import PAD, V, kinds, setup_only
 from tndebug.config import ModelConfig
 from tndebug.harness import smoothed_loss, train_with_probes
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes.label_smoothing import LabelSmoothingProbe
 from tndebug.probes.schedule import every
 from tndebug.subject import tndebug_subject

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tndebug.config import ModelConfig
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes import PROBE_NAMES
 from tndebug.probes.base import RunContext
 from tndebug.probes.lm_decoding import LMDecoding

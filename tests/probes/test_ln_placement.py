@@ -10,7 +10,7 @@ from torch import nn
 
 from tndebug.config import ModelConfig
 from tndebug.harness import copy_batch, train_with_probes
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes import probe_class
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine

@@ -8,7 +8,7 @@ from torch import nn
 from _misc_helpers import PAD, V, hand_subject, kinds, probed_loop
 from tndebug.config import ModelConfig
 from tndebug.harness import train_with_probes
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes import loss_health
 from tndebug.probes.loss_health import PLATEAU_SHARE, LossHealthProbe
 from tndebug.probes.schedule import every

@@ -5,7 +5,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from _misc_helpers import ResumeInfo, kinds, probed_loop
 from tndebug.config import ModelConfig
 from tndebug.harness import noam, train_with_probes
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes.lr_schedule import RESUME_JUMP, LrScheduleProbe
 from tndebug.subject import tndebug_subject
 

@@ -105,7 +105,7 @@ def test_dropout_left_on_in_eval_is_named_not_read_as_a_leak():
     """Outputs that change between two identical eval calls make every comparison meaningless:
     one error that says so, and no mask story."""
     import torch.nn.functional as F
-    from tndebug.model import make_model
+    from tndebug.inject import make_model
     from tndebug.config import ModelConfig
     from tndebug.probes.mask_broadcast import MaskBroadcast
     from tndebug.probes.base import RunContext

@@ -5,7 +5,7 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug.harness import train_with_probes
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.nan_scores import NanScores
 from tndebug.subject import tndebug_subject

@@ -7,7 +7,7 @@ from torch import nn
 from _misc_helpers import EmbedCapture, HandSeq2Seq, hand_subject, kinds, setup_only, sinusoids
 from tndebug.config import ModelConfig
 from tndebug.harness import train_with_probes
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes.positional_encoding import PERM_TOL, RHO_LOW, PositionalEncodingProbe
 from tndebug.probes.schedule import every
 from tndebug.subject import tndebug_subject

@@ -8,7 +8,7 @@ from torch import nn
 import tndebug
 from tndebug.config import ModelConfig
 from tndebug.harness import copy_batch, train_with_probes
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes import probe_class
 from tndebug.probes.train_mode import TrainModeProbe
 

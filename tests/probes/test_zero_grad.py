@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import tndebug
 from tndebug.config import ModelConfig
 from tndebug.harness import copy_batch, train_with_probes
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes import probe_class
 from tndebug.probes.zero_grad import ZeroGradProbe
 

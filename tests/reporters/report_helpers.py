@@ -6,7 +6,7 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug.harness import copy_batch, noam, smoothed_loss
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
 from tndebug.probes.schedule import every, never

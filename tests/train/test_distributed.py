@@ -27,7 +27,7 @@ import torch
 from tndebug import driver
 from tndebug.data import Batch, data_generator, get_task
 from tndebug.findings import Finding
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.train import TrainConfig, distributed, model_config, run_training
 from tndebug.train.distributed import Dist, merge_findings, unwrap_state_dict
 

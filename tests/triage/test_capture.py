@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tndebug.config import ModelConfig
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.model.embedding import sinusoid_table
 from tndebug.subject import Subject, tndebug_subject
 from tndebug.capture.trace import ATTN_FIELDS, Trace

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tndebug.config import ModelConfig
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes._head_weights import duplicate_heads
 from tndebug.triage import hygiene
 from tndebug.triage.loading import Checkpoint

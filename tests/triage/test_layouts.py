@@ -7,7 +7,7 @@ import torch
 from tndebug.config import ModelConfig
 from tndebug.data import eval_set, get_task
 from tndebug.errors import UsageError
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.triage import layouts
 from tndebug.capture.adapters import annotated_forward
 from tndebug.triage.run import _config

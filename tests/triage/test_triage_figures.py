@@ -89,7 +89,7 @@ def test_causal_leak_gets_its_evidence_next_to_the_finding(tmp_path):
 
 def test_built_in_layout_gets_the_figures(tmp_path):
     from tndebug.config import ModelConfig
-    from tndebug.model import make_model
+    from tndebug.inject import make_model
     torch.manual_seed(0)
     cfg = ModelConfig.tiny(dropout=0.0)
     path = tmp_path / "own.pt"

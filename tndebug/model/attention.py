@@ -17,13 +17,6 @@ from tndebug.config import ModelConfig
 from tndebug.model.dropout import make_dropout
 from tndebug.model.hooks import HookPoint, tap
 
-# Faults in attention or its masks; any of them disables the fused path, so that the
-# faulted model computes the same numbers whether or not a probe is watching.
-_INTERNAL_FAULTS = ("no_scale", "scale_by_d_model", "mask_after_softmax", "softmax_wrong_dim",
-                    "view_without_transpose", "neg_inf_fill_all_masked", "fill_1e9_fp16",
-                    "mask_inverted", "pad_mask_query_axis", "no_causal_mask", "causal_transposed",
-                    "no_memory_mask")
-
 
 class MultiHeadAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -31,27 +24,14 @@ class MultiHeadAttention(nn.Module):
         self.h, self.d_k = cfg.n_heads, cfg.d_k
         d = cfg.d_model
         self.w_q = nn.Linear(d, d)
-        if cfg.has("shared_qkv"):     # fault: one projection serves as Q, K and V
-            self.w_k = self.w_v = self.w_q
-        else:
-            self.w_k = nn.Linear(d, d)
-            self.w_v = nn.Linear(d, d)
+        self.w_k = nn.Linear(d, d)
+        self.w_v = nn.Linear(d, d)
         self.w_o = nn.Linear(d, d)
         self.dropout = make_dropout(cfg)
-
-        if cfg.has("no_scale"):
-            self.scale = 1.0
-        elif cfg.has("scale_by_d_model"):
-            self.scale = 1.0 / math.sqrt(d)
-        else:
-            self.scale = 1.0 / math.sqrt(self.d_k)
-        self.fill = ("-inf" if cfg.has("neg_inf_fill_all_masked")
-                     else "1e9" if cfg.has("fill_1e9_fp16") else "finfo")
-        self.mask_after_softmax = cfg.has("mask_after_softmax")
-        self.softmax_dim = -2 if cfg.has("softmax_wrong_dim") else -1
-        self.view_bug = cfg.has("view_without_transpose")
-        self.invert_mask = cfg.has("mask_inverted")
-        self.fusable = not any(cfg.has(f) for f in _INTERNAL_FAULTS)
+        self.scale = 1.0 / math.sqrt(self.d_k)
+        # The fused path computes what the explicit one does (tests/model/test_equivalence.py);
+        # code that changes a step of the explicit path (tndebug/inject.py) turns it off.
+        self.fusable = True
 
         self.hook_q = HookPoint()              # [B, h, T, d_k]
         self.hook_k = HookPoint()              # [B, h, S, d_k]
@@ -66,21 +46,18 @@ class MultiHeadAttention(nn.Module):
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        if self.view_bug:   # fault: reinterpret memory without moving the head axis
-            return x.reshape(B, self.h, T, self.d_k)
         return x.view(B, T, self.h, self.d_k).transpose(1, 2)  # [B, h, T, d_k]
 
+    def merge_heads(self, z: torch.Tensor) -> torch.Tensor:
+        B, _, T, _ = z.shape
+        return z.transpose(1, 2).reshape(B, T, self.h * self.d_k)   # [B, T, d_model]
+
     def fill_value(self, dtype: torch.dtype) -> float:
-        if self.fill == "-inf":
-            return float("-inf")
-        if self.fill == "1e9":
-            return -1e9
+        """What masked scores are filled with: the dtype's most negative finite number, so a row
+        with every key masked stays finite (uniform) instead of NaN."""
         return torch.finfo(dtype).min
 
     def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-        B, T, _ = x_q.shape
-        if keep is not None and self.invert_mask:
-            keep = ~keep
         if self.fusable and not any(p.active for p in self._internal):
             # Fused path: same numbers as the explicit one (tests/model/test_equivalence.py),
             # taken only when no tap inside attention is observed.
@@ -97,11 +74,7 @@ class MultiHeadAttention(nn.Module):
             k = tap(self.hook_k, self.split_heads(self.w_k(x_kv)))   # [B, h, S, d_k]
             v = tap(self.hook_v, self.split_heads(self.w_v(x_kv)))   # [B, h, S, d_k]
             z = self.explicit(q, k, v, keep)
-        if self.view_bug:   # the buggy inverse of the buggy split
-            z = z.reshape(B, T, self.h * self.d_k)
-        else:
-            z = z.transpose(1, 2).reshape(B, T, self.h * self.d_k)   # [B, T, d_model]
-        return tap(self.hook_out, self.w_o(z))
+        return tap(self.hook_out, self.w_o(self.merge_heads(z)))      # [B, T, d_model]
 
     def project_fused(self, x_q: torch.Tensor, x_kv: torch.Tensor):
         """q, k, v from one matmul (self-attention) or two (cross: q, then k|v stacked).
@@ -123,12 +96,16 @@ class MultiHeadAttention(nn.Module):
 
     def explicit(self, q, k, v, keep):
         scores = tap(self.hook_scores, (q @ k.transpose(-2, -1)) * self.scale)   # [B, h, T, S]
-        if keep is not None and not self.mask_after_softmax:
-            scores = scores.masked_fill(~keep, self.fill_value(scores.dtype))
-        scores = tap(self.hook_masked_scores, scores)
-        probs = scores.softmax(dim=self.softmax_dim)
-        if keep is not None and self.mask_after_softmax:   # fault: zero after normalising
-            probs = probs.masked_fill(~keep, 0.0)
-        probs = tap(self.hook_probs, probs)
+        scores = tap(self.hook_masked_scores, self.masked(scores, keep))
+        probs = tap(self.hook_probs, self.normalised(scores, keep))
         return tap(self.hook_z, self.dropout(probs) @ v)     # [B, h, T, d_k]
 
+    def masked(self, scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        """Scores of keys a query may not attend to -> fill_value, before the softmax."""
+        if keep is None:
+            return scores
+        return scores.masked_fill(~keep, self.fill_value(scores.dtype))
+
+    def normalised(self, scores: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        """Attention weights: a softmax over the keys."""
+        return scores.softmax(dim=-1)

@@ -7,5 +7,5 @@ from tndebug.config import ModelConfig
 
 
 def make_dropout(cfg: ModelConfig) -> nn.Dropout:
-    """nn.Dropout(cfg.dropout); p = 0 under the config fault `no_dropout` (dropout 0 everywhere)."""
-    return nn.Dropout(0.0 if cfg.has("no_dropout") else cfg.dropout)
+    """nn.Dropout(cfg.dropout)."""
+    return nn.Dropout(cfg.dropout)

@@ -32,11 +32,8 @@ class Embeddings(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.lut = nn.Embedding(vocab, cfg.d_model)
-        self.scale = 1.0 if cfg.has("no_emb_scale") else math.sqrt(cfg.d_model)
-        self.add_pe = not cfg.has("no_pos_encoding")
-        self.clamp_positions = cfg.has("pos_max_len_small")
-        max_len = 8 if self.clamp_positions else cfg.max_len
-        self.register_buffer("pe", sinusoid_table(max_len, cfg.d_model), persistent=False)
+        self.scale = math.sqrt(cfg.d_model)
+        self.register_buffer("pe", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
         self.dropout = make_dropout(cfg)
         self.hook_tok = HookPoint()   # scaled token embeddings  [B, T, d_model]
         self.hook_pe = HookPoint()    # the PE rows added          [1, T, d_model]
@@ -46,9 +43,6 @@ class Embeddings(nn.Module):
         max_len = self.pe.shape[0]
         if T <= max_len:
             return self.pe[:T]
-        if self.clamp_positions:   # fault: silently reuse the last row for every later position
-            idx = torch.arange(T, device=self.pe.device).clamp(max=max_len - 1)
-            return self.pe[idx]
         raise PositionLimitError(
             f"sequence length {T} exceeds the positional-encoding table (max_len={max_len}); "
             f"raise ModelConfig.max_len")
@@ -61,9 +55,9 @@ class Embeddings(nn.Module):
         if shift is not None and bool(shift.any()):
             idx = (torch.arange(x.shape[1], device=x.device)[None] - shift[:, None]).clamp(min=0)
             pe = self.positions(x.shape[1])[idx].to(tok.dtype)            # [B, T, d_model]
-        if self.add_pe:
-            out = tok + tap(self.hook_pe, pe)
-        else:
-            tap(self.hook_pe, pe)                                         # computed, never added
-            out = tok
+        out = self.add_positions(tok, tap(self.hook_pe, pe))
         return self.dropout(tap(self.hook_out, out))
+
+    def add_positions(self, tok: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
+        """The token embeddings with their positions added (paper §3.5: summed)."""
+        return tok + pe

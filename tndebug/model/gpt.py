@@ -43,21 +43,12 @@ class DecoderOnly(nn.Module):
 
     def masks(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(keep [B, 1, T, T]: causal and not a pad key, left pads per row [B])."""
-        cfg, T = self.cfg, ids.shape[1]
-        real = ids != cfg.pad_id                                              # [B, T]
-        causal = torch.ones(T, T, dtype=torch.bool, device=ids.device)
-        causal = causal.triu() if cfg.has("causal_transposed") else causal.tril()
-        keep = real[:, None, None, :]                                         # [B, 1, 1, T]
-        if cfg.has("pad_mask_query_axis"):
-            keep = real[:, None, :, None]                                     # [B, 1, T, 1] (wrong axis)
-        if not cfg.has("no_causal_mask"):
-            keep = keep & causal                                              # [B, 1, T, T]
-        if cfg.has("neg_inf_fill_all_masked"):
-            keep = keep & real[:, None, :, None]
+        T = ids.shape[1]
+        real = ids != self.cfg.pad_id                                         # [B, T]
+        causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
+        keep = real[:, None, None, :] & causal                                # [B, 1, T, T]
         # a row's leading pads; a row of pads only keeps position 0 for all
         lead = torch.where(real.any(1), real.int().argmax(1), torch.zeros_like(real[:, 0], dtype=torch.long))
-        if cfg.has("positions_ignore_left_pad"):
-            lead = torch.zeros_like(lead)
         return keep, lead
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -74,7 +65,7 @@ class DecoderOnly(nn.Module):
         Position t's query row is row t of the full forward's mask (causal, aligned bottom-right:
         the new query is the last key), and its position counts from the row's first real token,
         as in `forward`."""
-        cfg, T = self.cfg, ids.shape[1]
+        T = ids.shape[1]
         keep, lead = self.masks(ids)
         keep = keep.expand(ids.shape[0], 1, T, T)                             # [B, 1, T, T]
         pos = (torch.arange(T, device=ids.device)[None] - lead[:, None]).clamp(min=0)  # [B, T]
@@ -83,15 +74,8 @@ class DecoderOnly(nn.Module):
         blocks += [(t, t + 1) for t in range(max(split, 0), T)]
         out = []
         for a, b in blocks:
-            mask = keep[:, :, a:b, :b]                                         # [B, 1, b-a, b]
-            if cfg.has("kv_cache_causal_top_left"):
-                # fault: SDPA's is_causal=True on a query block shorter than its keys aligns
-                # tril(ones(L, S)) top-left, so a one-token query sees only the first key
-                mask = mask & torch.ones(b - a, b, dtype=torch.bool, device=ids.device).tril()
-            p = pos[:, a:b]
-            if a > 0 and cfg.has("kv_cache_position_off_by_one"):
-                p = p + 1                                 # fault: the new token one position late
-            x = self.embed_at(ids[:, a:b], p)                                  # [B, b-a, d_model]
+            mask = self.block_mask(keep, a, b)                                 # [B, 1, b-a, b]
+            x = self.embed_at(ids[:, a:b], self.block_positions(pos, a, b))    # [B, b-a, d_model]
             for layer, cache in zip(self.decoder.layers, caches):
                 x = layer.sublayer[0](x, lambda y, l=layer, c=cache, m=mask: attend(l.self_attn, y, c, m))
                 x = layer.sublayer[1](x, layer.ffn)
@@ -103,15 +87,23 @@ class DecoderOnly(nn.Module):
             return self.generator(self.embed_at(ids[:, :0], pos[:, :0]))       # [B, 0, vocab]
         return torch.cat(out, 1)                                               # [B, T - split, vocab]
 
+    def block_mask(self, keep: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        """The keep-mask of query block a..b over keys 0..b: rows a..b of the full forward's
+        mask (causal aligned bottom-right: the block's last query is the last key).
+        keep [B, 1, T, T] -> [B, 1, b - a, b]"""
+        return keep[:, :, a:b, :b]
+
+    def block_positions(self, pos: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        """The positions of tokens a..b, as the full forward gives them.  # [B, b - a]"""
+        return pos[:, a:b]
+
     def embed_at(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The embedding of tokens `ids` [B, n] at positions `pos` [B, n], as `Embeddings` adds
         them (scaled token, PE row, dropout).  # [B, n, d_model]"""
         e = self.tgt_embed
         tok = e.lut(ids) * e.scale                                             # [B, n, d_model]
-        if not e.add_pe:
-            return e.dropout(tok)
         pe = e.positions(int(pos.max()) + 1 if pos.numel() else 1)[pos]       # [B, n, d_model]
-        return e.dropout(tok + pe.to(tok.dtype))
+        return e.dropout(e.add_positions(tok, pe.to(tok.dtype)))
 
     # -- the greedy decoder's interface (tndebug.train.evaluate) ---------------------------
     def encode(self, src: torch.Tensor) -> torch.Tensor:
@@ -139,16 +131,12 @@ class DecoderOnly(nn.Module):
 def attend(attn: MultiHeadAttention, x: torch.Tensor, cache: dict, keep: torch.Tensor) -> torch.Tensor:
     """Self-attention of the query block x [B, n, d_model] over the cached keys and values and
     its own, which it appends to `cache` ({"k", "v"}: [B, h, S, d_k]). keep [B, 1, n, S].
-    The explicit path of `MultiHeadAttention` (its faults included), with keys from the cache."""
-    B, n, _ = x.shape
+    The explicit path of `MultiHeadAttention`, with keys from the cache."""
     q = attn.split_heads(attn.w_q(x))                                          # [B, h, n, d_k]
     k, v = attn.split_heads(attn.w_k(x)), attn.split_heads(attn.w_v(x))       # [B, h, n, d_k]
     if cache:
         k = torch.cat([cache["k"], k], dim=2)                                  # [B, h, S, d_k]
         v = torch.cat([cache["v"], v], dim=2)
     cache["k"], cache["v"] = k, v
-    if attn.invert_mask:
-        keep = ~keep
     z = attn.explicit(q, k, v, keep)                                           # [B, h, n, d_k]
-    z = z.reshape(B, n, -1) if attn.view_bug else z.transpose(1, 2).reshape(B, n, -1)
-    return attn.w_o(z)                                                         # [B, n, d_model]
+    return attn.w_o(attn.merge_heads(z))                                       # [B, n, d_model]

@@ -31,7 +31,7 @@ class FeedForward(nn.Module):
 
 
 def layer_norm(cfg: ModelConfig) -> nn.LayerNorm:
-    return nn.LayerNorm(cfg.d_model, eps=1e-12 if cfg.has("tiny_ln_eps") else cfg.ln_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
 
 
 class Sublayer(nn.Module):
@@ -40,18 +40,15 @@ class Sublayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.pre = cfg.norm == "pre"
-        self.residual = not cfg.has("no_residual")
         self.norm = layer_norm(cfg)
         self.dropout = make_dropout(cfg)
         self.hook_resid = HookPoint()    # the residual stream after this sublayer  [B, T, d_model]
 
     def forward(self, x: torch.Tensor, f) -> torch.Tensor:
         if self.pre:
-            y = self.dropout(f(self.norm(x)))
-            out = x + y if self.residual else y
+            out = x + self.dropout(f(self.norm(x)))
         else:
-            y = self.dropout(f(x))
-            out = self.norm(x + y if self.residual else y)
+            out = self.norm(x + self.dropout(f(x)))
         return tap(self.hook_resid, out)
 
 
@@ -89,8 +86,7 @@ class Stack(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_cls) -> None:
         super().__init__()
         self.layers = nn.ModuleList([layer_cls(cfg) for _ in range(cfg.n_layers)])
-        final = cfg.norm == "pre" and not cfg.has("pre_ln_no_final_norm")
-        self.norm = layer_norm(cfg) if final else None
+        self.norm = layer_norm(cfg) if cfg.norm == "pre" else None
         self.hook_out = HookPoint()   # the stack's output  [B, T, d_model]
 
     def forward(self, x: torch.Tensor, *args) -> torch.Tensor:

@@ -49,18 +49,9 @@ class Transformer(nn.Module):
         """Keep-masks: encoder self [B,1,1,S], decoder self [B,1,T,T], memory [B,1,1,S]."""
         cfg, T = self.cfg, tgt.shape[1]
         src_keep, tgt_keep = src != cfg.pad_id, tgt != cfg.pad_id          # [B, S], [B, T]
-        enc = src_keep[:, None, None, :]                                     # [B, 1, 1, S]
-        if cfg.has("pad_mask_query_axis"):
-            enc = src_keep[:, None, :, None]                                 # [B, 1, S, 1] (wrong axis)
-        memory = None if cfg.has("no_memory_mask") else src_keep[:, None, None, :]
-        causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device)
-        causal = causal.triu() if cfg.has("causal_transposed") else causal.tril()   # [T, T]
-        dec = tgt_keep[:, None, None, :]                                     # [B, 1, 1, T]
-        if not cfg.has("no_causal_mask"):
-            dec = dec & causal                                               # [B, 1, T, T]
-        if cfg.has("neg_inf_fill_all_masked"):   # a "square" padding mask hides pad queries too
-            enc = enc & src_keep[:, None, :, None]
-            dec = dec & tgt_keep[:, None, :, None]
+        enc = memory = src_keep[:, None, None, :]                            # [B, 1, 1, S]
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).tril()   # [T, T]
+        dec = tgt_keep[:, None, None, :] & causal                            # [B, 1, T, T]
         return enc, dec, memory
 
     # -- forward -------------------------------------------------------------------
@@ -84,8 +75,8 @@ class Transformer(nn.Module):
 
 def init_parameters(model: nn.Module, embeddings) -> None:
     """Xavier-uniform for matrices (as The Annotated Transformer), N(0, 1/d) token embeddings,
-    tied to the generator when the config says so; the init faults. For `Transformer` and the
-    decoder-only model alike (`model.cfg`, `model.generator`)."""
+    tied to the generator when the config says so. For `Transformer` and the decoder-only model
+    alike (`model.cfg`, `model.generator`)."""
     cfg = model.cfg
     for p in model.parameters():
         if p.dim() > 1:
@@ -94,40 +85,20 @@ def init_parameters(model: nn.Module, embeddings) -> None:
         nn.init.normal_(emb.lut.weight, std=cfg.d_model ** -0.5)
         if cfg.tie_embeddings:
             emb.lut.weight = model.generator.proj.weight
-    if cfg.has("identical_head_init"):
-        for name, m in model.named_modules():
-            if name.endswith("attn"):
-                copy_head_zero(m)
-    if cfg.has("dead_relu_init"):
-        for name, m in model.named_modules():
-            if name.endswith("ffn"):
-                nn.init.constant_(m.w_1.bias, -3.0)
-
-
-def copy_head_zero(attn: nn.Module) -> None:
-    """Fault `identical_head_init`: every head's slice of W_Q, W_K, W_V and W_O copies head 0."""
-    h, d_k = attn.h, attn.d_k
-    with torch.no_grad():
-        for lin in {id(l): l for l in (attn.w_q, attn.w_k, attn.w_v)}.values():
-            w, b = lin.weight.view(h, d_k, -1), lin.bias.view(h, d_k)
-            w[1:] = w[0]
-            b[1:] = b[0]
-        wo = attn.w_o.weight.view(-1, h, d_k)   # [d_model, h, d_k]: column block per head
-        wo[:, 1:] = wo[:, :1]
 
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def make_model(cfg: ModelConfig | None = None, **kw) -> nn.Module:
-    """Build a Transformer from a config (default: the `small` preset); `arch="decoder"` gives
-    the decoder-only model (tndebug.model.gpt)."""
-    cfg = cfg or ModelConfig.small(**kw)
+def build(cfg: ModelConfig) -> nn.Module:
+    """The model a config describes, without its faults: a Transformer, or the decoder-only model
+    (tndebug.model.gpt) for `arch="decoder"`. `tndebug.inject.make_model` is this plus the
+    config's faults, each substituted from outside the model."""
     if cfg.arch == "decoder":
         from tndebug.model.gpt import DecoderOnly
         return DecoderOnly(cfg)
     return Transformer(cfg)
 
 
-__all__ = ["Transformer", "Generator", "make_model", "count_parameters"]
+__all__ = ["Transformer", "Generator", "build", "count_parameters"]

@@ -23,7 +23,7 @@ from tndebug.config import ModelConfig
 from tndebug import driver
 from tndebug.data import as_lm, data_generator, eval_set, get_task, misshift
 from tndebug.errors import UsageError
-from tndebug.model import make_model
+from tndebug.inject import make_model
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
 from tndebug.report import Report

@@ -342,7 +342,7 @@ def build_model(conv: Conversion, cfg):
     Built on the meta device (no initialisation) and given the checkpoint's tensors themselves
     (`assign=True`: no copy), so trying several head counts costs neither time nor memory.
     """
-    from tndebug.model import make_model
+    from tndebug.inject import make_model
     from tndebug.model.embedding import Embeddings
 
     with torch.device("meta"):
