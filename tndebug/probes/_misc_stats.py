@@ -11,6 +11,8 @@ from collections import deque
 import torch
 from torch import nn
 
+from tndebug.probes import tags
+
 # The first `<container>.<index>.` in a parameter path: `encoder.layers.3.ffn.w_1.weight`,
 # `model.encoder.layer.3...` (BERT), `encoder.block.3...` (T5), `h.3...` (GPT-2).
 _INDEXED = re.compile(r"^(?:(.*?)\.)?([A-Za-z_]\w*)\.(\d+)\.")
@@ -45,7 +47,11 @@ def metric_tag(name: str, family: str = "grad", leaf: str = "norm") -> str:
     """`grad/encoder/layer0/norm` for anything inside `encoder.layers.0`; `grad/generator.proj/norm`
     for a module outside the indexed layers."""
     _, stack, layer = layer_group(name + ".")
-    return f"{family}/{stack}/layer{layer}/{leaf}" if layer is not None else f"{family}/{name}/{leaf}"
+    if layer is None:
+        return (tags.GRAD_OUTSIDE.build(module=name) if (family, leaf) == ("grad", "norm")
+                else f"{family}/{name}/{leaf}")
+    fam = {("grad", "norm"): tags.GRAD, ("relu", "dead_fraction"): tags.RELU}.get((family, leaf))
+    return fam.build(stack=stack, layer=layer) if fam else f"{family}/{stack}/layer{layer}/{leaf}"
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ import torch
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._misc_stats import (RunningMedian, first_reason, group_parameters,
                                         layer_group, metric_tag)
+from tndebug.probes import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.capture.trace import Trace
@@ -215,7 +216,7 @@ class GradientFlowProbe(Probe):
                                       "threshold": "finite"}, code="nonfinite-grad")
             return
         total = math.sqrt(sum(n * n for n in norms))
-        self.metric(step, "grad/total/norm", total)
+        self.metric(step, tags.GRAD_OUTSIDE.build(module="total"), total)
         ratios: dict[str, float] = {}                   # layer -> norm / its running median
         for group, norm, has in zip(names, norms, present):
             self.metric(step, metric_tag(group), norm)

@@ -33,6 +33,7 @@ from tndebug.notes import FAULT_NOTES
 from tndebug.probes._head_stats import (FLAT, Proj, flat_scores, fmt_heads, head_stats,
                                           match_projections, n_heads, packed_slices, query_keep,
                                           same_weight, uniform_js)
+from tndebug.probes import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.capture.trace import AttentionRecord, Trace
@@ -338,13 +339,12 @@ class HeadCollapse(Probe):
             st = heads[o:o + 3 * h].reshape(h, 3)
             js = jsv[oj:oj + h * h].reshape(h, h)
             o, oj = o + 3 * h, oj + h * h
-            tag = f"attn/{kind}/layer{layer if layer is not None else '?'}"
             for m in range(h):
-                self.metric(info.step, f"{tag}/head{m}/entropy", st[m, 0])
-                self.metric(info.step, f"{tag}/head{m}/max_prob", st[m, 1])
-                self.metric(info.step, f"{tag}/head{m}/similarity", st[m, 2])
+                for i, stat in enumerate(("entropy", "max_prob", "similarity")):
+                    self.metric(info.step, tags.HEAD.build(kind=kind, layer=layer, head=m,
+                                                           stat=stat), st[m, i])
             pairs = js[~torch.eye(h, dtype=torch.bool)] if h > 1 else torch.zeros(1)
-            self.metric(info.step, f"{tag}/diversity", pairs.mean())
+            self.metric(info.step, tags.DIVERSITY.build(kind=kind, layer=layer), pairs.mean())
             self._collapse(site, layer, st, unstable, loss, info.step)
             if (h > 1 and float(pairs.max()) < REDUNDANT_JS and not self.already(site, "info")
                     and not self.already(site, "error")):

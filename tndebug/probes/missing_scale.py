@@ -7,6 +7,7 @@ import torch
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation_sums
+from tndebug.probes import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import at, every
 from tndebug.capture.trace import AttentionRecord, Trace
@@ -199,11 +200,11 @@ class MissingScale(Probe):
             max_p, ent = (max_p / n, ent / n) if n else (math.nan, math.nan)
             d_k = meta["d_k"]
             ratio = c * math.sqrt(d_k)
-            tag = f"scale/{meta['kind']}/layer{meta['layer']}"
-            self.metric(step, f"{tag}/scale_x_sqrt_dk", ratio)
+            where = {"kind": meta["kind"], "layer": meta["layer"]}
+            self.metric(step, tags.SCALE.build(**where, stat="scale_x_sqrt_dk"), ratio)
             if math.isfinite(max_p):
-                self.metric(step, f"{tag}/mean_max_prob", max_p)
-                self.metric(step, f"{tag}/norm_entropy", ent)
+                self.metric(step, tags.SCALE.build(**where, stat="mean_max_prob"), max_p)
+                self.metric(step, tags.SCALE.build(**where, stat="norm_entropy"), ent)
             tol = TOL[self._half_run or meta["half"]]
             if not math.isfinite(ratio):
                 self.cover(site, "no verdict", "no finite scores to fit")

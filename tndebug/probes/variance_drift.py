@@ -34,6 +34,7 @@ import torch
 from tndebug.findings import severity_rank
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
+from tndebug.probes import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
 from tndebug.capture.trace import Trace
@@ -145,8 +146,8 @@ class VarianceDrift(Probe):
             if layer is not None and kind in ("sublayer", "layer"):
                 last[layer] = (r, rms)
         for layer, (r, rms) in sorted(last.items()):
-            self.metric(step, f"depth/{stack}/layer{layer}/resid_rms", rms)
-            self.metric(step, f"depth/{stack}/layer{layer}/rank", r)
+            self.metric(step, tags.DEPTH.build(stack=stack, layer=layer, stat="resid_rms"), rms)
+            self.metric(step, tags.DEPTH.build(stack=stack, layer=layer, stat="rank"), r)
 
     def _rank(self, step: int, stack: str, pts, logits_r=None) -> None:
         hit = None          # (severity, index)

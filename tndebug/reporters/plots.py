@@ -7,7 +7,6 @@ once, at the end of the run. `attention_image` colours one attention map for Ten
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +23,11 @@ from tndebug.reporters.plots_curves import figure_curves
 from tndebug.reporters.plots_evidence import finding_kinds, mask_figures, site_kinds
 from tndebug.reporters.recorder import Recorder, TraceSnapshot
 from tndebug.capture.trace import KINDS
+from tndebug.probes import tags
 
-_HEAD_METRIC = re.compile(r"attn/(enc_self|dec_self|cross)/layer(\d+)/head(\d+)/(\w+)")
-_RESID = re.compile(r"depth/(encoder|decoder)/layer(\d+)/resid_rms")
-_GRAD = re.compile(r"grad/(\w+)/layer(\d+)/norm")
+# the metrics read, as tndebug/probes/tags.py declares them: (family, its fixed parts)
+_RESID = (tags.DEPTH, {"stat": "resid_rms"})          # -> (stack, layer)
+_GRAD = (tags.GRAD, {})                               # -> (stack, layer)
 
 
 def make_figures(rec: Recorder, report: Report, fig_dir: Path) -> list[Plot]:
@@ -81,8 +81,8 @@ def entropy_matrix(rec: Recorder, kind: str):
     probe batch's snapshot is later (the run's final step) or the metric has no finite value;
     then from the snapshot (same definition, non-finite rows left out). The note says
     `no finite data after step N` where later values were not finite."""
-    series = {(int(l), int(h)): sv for (k, l, h, m), sv in rec.series_matching(_HEAD_METRIC).items()
-              if k == kind and m == "entropy"}
+    series = {(int(l), int(h)): sv
+              for (l, h), sv in rec.series_of(tags.HEAD, kind=kind, stat="entropy").items()}
     snap, note = rec.attention_snapshot()
     recs = [a for a in (snap.attention if snap else []) if a.kind == kind and a.layer is not None]
     if series:
@@ -248,8 +248,8 @@ def _depth_data(rec: Recorder):
             snaps[snap.step] = (rms, grad)
     both = {s: rg for s, rg in snaps.items() if rg[0] and rg[1]}
     rms, grad = {}, {}
-    for pattern, out in ((_RESID, rms), (_GRAD, grad)):
-        for (stack, layer), series in rec.series_matching(pattern).items():
+    for (family, fixed), out in ((_RESID, rms), (_GRAD, grad)):
+        for (stack, layer), series in rec.series_of(family, **fixed).items():
             for step, v in series:
                 out.setdefault(step, {})[(stack, int(layer))] = v
     steps = sorted(set(rms) & set(grad)) or sorted(set(rms) | set(grad))
@@ -265,7 +265,7 @@ def figure_depth(rec: Recorder, fig_dir: Path) -> Plot | None:
     if not data:
         return None
     measured = max([s.step for s in rec.snapshots if s.stream_rms or s.grad_norm] +
-                   [x for pat in (_RESID, _GRAD) for sv in rec.series_matching(pat).values()
+                   [x for fam, fixed in (_RESID, _GRAD) for sv in rec.series_of(fam, **fixed).values()
                     for x, _ in sv], default=-1)      # the last step either quantity was seen
     finite = [s for s, (r, g) in data.items()
               if all(math.isfinite(v) for v in (*r.values(), *g.values()))]

@@ -161,6 +161,16 @@ class Recorder:
                 out[m.groups()] = series[-1]
         return out
 
+    def series_of(self, family, **fixed) -> dict[tuple, list[tuple[int, float]]]:
+        """{the parts not in `fixed`, in the template's order: series} of every metric of the
+        tag family (tndebug/probes/tags.py) whose parts equal `fixed`."""
+        out = {}
+        for tag, series in self.metrics.items():
+            parts = family.parse(tag) if series else None
+            if parts is not None and all(parts[k] == v for k, v in fixed.items()):
+                out[tuple(v for k, v in parts.items() if k not in fixed)] = series
+        return out
+
     def series_matching(self, pattern: re.Pattern) -> dict[tuple, list[tuple[int, float]]]:
         out = {}
         for tag, series in self.metrics.items():

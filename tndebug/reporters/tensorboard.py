@@ -39,6 +39,7 @@ from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import custom_scalars, hparams
 
+from tndebug.probes import tags
 from tndebug.reporters.recorder import on_cadence
 from tndebug.capture.trace import Trace
 
@@ -46,16 +47,15 @@ HIST_BINS = 30                   # equal-width buckets between the finite min an
 HIST_SAMPLE = 16384              # bucket counts from a strided sample of at most this many values
 EVENT_BATCH = 64                 # steps of scalar events held before they are written together
 HEAVY_EVERY = 50                 # histograms and images at step 0 and every N steps (at most)
-_HEAD = re.compile(r"attn/(enc_self|dec_self|cross)/layer(\d+)/head\d+/(entropy|similarity)")
-_DIVERSITY = re.compile(r"attn/(enc_self|dec_self|cross)/layer\d+/diversity")
-_RESID = re.compile(r"depth/(encoder|decoder)/layer\d+/(resid_rms|rank)")
-_GRAD = re.compile(r"grad/(\w+)/layer\d+/norm")
+# the charts: which stats of which tag family (tndebug/probes/tags.py) get one
+CHARTED_HEAD_STATS = ("entropy", "similarity")       # -> "Head diversity" / "Head similarity"
+CHARTED_DEPTH_STATS = ("resid_rms", "rank")          # -> "Depth"
 # run keys that are results (HParams metrics); every other run key is a hyperparameter
 RESULT_KEYS = ("exact_match", "token_accuracy", "peak_gpu_mem_bytes", "stopped_at_step", "stopped_at")
 RESULT_PREFIXES = ("final_", "best_")
 RESULT_SUFFIXES = ("_s", "_s_by_probe")        # timings (wall_s, tokens_per_s, ...) and per-probe dicts
 # probe metrics that are the trainer's own scalars under another name: one tag per quantity
-SAME_AS = {"loss/train": "train/loss", "lr/observed": "train/lr"}
+SAME_AS = {tags.LOSS_TRAIN: "train/loss", tags.LR_OBSERVED: "train/lr"}
 NOT_HPARAMS = ("figures",)         # run keys that are neither: the figures' files and captions
 
 
@@ -226,27 +226,23 @@ class TensorBoardSink:
         return total
 
     def _chart_for(self, tag: str) -> None:
-        m = _HEAD.fullmatch(tag)
-        if m:
-            kind, layer, metric = m.groups()
-            cat = "Head diversity" if metric == "entropy" else "Head similarity"
-            self._chart(cat, f"{kind} layer {layer}: {metric} per head",
-                        rf"attn/{kind}/layer{layer}/head\d+/{metric}")
+        """A custom-scalar chart for the family of `tag` (tags.py), the first time one is seen."""
+        got = tags.parse(tag)
+        if got is None:
             return
-        m = _DIVERSITY.fullmatch(tag)
-        if m:
-            self._chart("Head diversity", f"{m.group(1)}: diversity per layer",
-                        rf"attn/{m.group(1)}/layer\d+/diversity")
-            return
-        m = _RESID.fullmatch(tag)
-        if m:
-            self._chart("Depth", f"{m.group(1)}: {m.group(2)} per layer",
-                        rf"depth/{m.group(1)}/layer\d+/{m.group(2)}")
-            return
-        m = _GRAD.fullmatch(tag)
-        if m:
-            self._chart("Depth", f"{m.group(1)}: gradient norm per layer",
-                        rf"grad/{m.group(1)}/layer\d+/norm")
+        fam, p = got
+        if fam is tags.HEAD and p["stat"] in CHARTED_HEAD_STATS:
+            cat = "Head diversity" if p["stat"] == "entropy" else "Head similarity"
+            self._chart(cat, f"{p['kind']} layer {p['layer']}: {p['stat']} per head",
+                        fam.regex(kind=p["kind"], layer=p["layer"], stat=p["stat"]))
+        elif fam is tags.DIVERSITY:
+            self._chart("Head diversity", f"{p['kind']}: diversity per layer",
+                        fam.regex(kind=p["kind"]))
+        elif fam is tags.DEPTH and p["stat"] in CHARTED_DEPTH_STATS:
+            self._chart("Depth", f"{p['stack']}: {p['stat']} per layer",
+                        fam.regex(stack=p["stack"], stat=p["stat"]))
+        elif fam is tags.GRAD:
+            self._chart("Depth", f"{p['stack']}: gradient norm per layer", fam.regex(stack=p["stack"]))
 
     def _chart(self, category: str, title: str, regex: str) -> None:
         charts = self.charts.setdefault(category, {})
