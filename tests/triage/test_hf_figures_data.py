@@ -262,3 +262,41 @@ def test_masked_lm_batch_masks_ordinary_tokens():
     assert picked.any(1).all() and not picked[:, 6:].any()            # each row; never a pad
     assert torch.equal(tgt_out[picked], ids[picked]) and (tgt_out[~picked] == 0).all()
     assert 0.05 < picked.float()[:, 1:6].mean() < 0.5
+
+
+def _no_causal(model, adapter):
+    """The causal mask removed from the loaded model (as tests/triage/test_hf_decoder.py does)."""
+    model.config.is_causal = False
+    for m in model.modules():
+        if hasattr(m, "is_causal"):
+            m.is_causal = False
+
+
+@pytest.mark.parametrize("bug", [None, "no_causal"])
+def test_one_batch_feeds_every_figure(bug, tmp_path):
+    """With --text, the sinks see one trace, of the user's rows: the attention snapshot and the
+    entropy metric the entropy figure reads are of the same step and the same batch. Healthy:
+    no warning; the causal mask removed: still named causal-leak (the exact test's own inputs)."""
+    from tndebug.reporters.recorder import Recorder
+    from tndebug.triage.hf import triage_hf
+    from tndebug.triage.run import TriageOptions
+    folder = save("llama", tmp_path / "llama")
+    text = text_file("llama", tmp_path / "held_out.txt")
+    traces, rec = [], Recorder()
+    on_trace = rec.on_trace
+    rec.on_trace = lambda step, trace: (traces.append(step), on_trace(step, trace))
+    report = triage_hf(TriageOptions(str(folder), text=str(text)),
+                       patch=_no_causal if bug else None, sinks=[rec])
+    bad = {f.code for f in report.findings if f.at_least("warning")}
+    assert bad == ({"mask-broadcast/causal-leak"} if bug else set()), bad
+    assert traces == [0] and len(rec.snapshots) == 1
+    snap = rec.snapshots[0]
+    from tndebug.triage.hf_data import load_text
+    rows = load_text(str(text), folder, {"start": 1, "pad": snap.pad_id, "specials": {}}, "decoder")["ids"]
+    for i, r in zip(snap.rows, snap.tgt.tolist()):
+        assert r == rows[i, :-1].masked_fill(rows[i, 1:] == snap.pad_id, snap.pad_id).tolist()
+    from tndebug.probes import tags
+    entropy = rec.series_of(tags.HEAD, kind="dec_self", stat="entropy")
+    steps = {s for series in entropy.values() for s, _ in series}
+    assert steps == {0}
+    assert set(rec.token_names.values()) >= set(lines()[0].split())
