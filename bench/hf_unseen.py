@@ -210,6 +210,7 @@ def future_moves_past(model, shape: str) -> bool:
     x = torch.randint(*WORDS, (2, 8), generator=g)
     y = x.clone()
     y[:, -1] = (y[:, -1] + 7 - WORDS[0]) % (WORDS[1] - WORDS[0]) + WORDS[0]
+    model.eval()                                  # from_config builds in train mode: no dropout
     with torch.no_grad():
         if shape == "decoder":
             a, b = model(input_ids=x).logits, model(input_ids=y).logits
