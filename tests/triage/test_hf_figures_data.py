@@ -257,9 +257,10 @@ def test_masked_lm_batch_masks_ordinary_tokens():
     from tndebug.data import Batch
     from tndebug.triage.hf_encoder import masked_lm_batch
     ids = torch.tensor([[2, 10, 11, 12, 13, 3, 0, 0]] * 20)
-    src, tgt_in, tgt_out = masked_lm_batch(Batch(ids, ids, ids), 4, 0, [0])
+    src, tgt_in, tgt_out = masked_lm_batch(Batch(ids, ids, ids), 4, 0, [0, 2, 3])
     picked = src == 4
     assert picked.any(1).all() and not picked[:, 6:].any()            # each row; never a pad
+    assert not picked[:, 0].any() and not picked[:, 5].any()          # nor [CLS], [SEP]
     assert torch.equal(tgt_out[picked], ids[picked]) and (tgt_out[~picked] == 0).all()
     assert 0.05 < picked.float()[:, 1:6].mean() < 0.5
 

@@ -39,7 +39,8 @@ from tndebug.subject import Subject
 from tndebug.capture.hf import attention_weights, choose_ids, make_adapter
 from tndebug.capture import subjects
 from tndebug.capture.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
-from tndebug.triage.hf_encoder import MLM_CALLS, MLM_LOSS, make_mlm_adapter, mlm_ids_note
+from tndebug.capture.hf_encoder import MLM_CALLS, make_mlm_adapter
+from tndebug.triage.hf_encoder import MLM_LOSS, mlm_ids_note
 from tndebug.triage.hf_weights import (WEIGHTS, _line, load_tied, read_weights,  # noqa: F401
                                        renamed, sliced_output, weight_files)
 
@@ -167,7 +168,7 @@ def triage_hf(opts, patch=None, sinks=()):
     from tndebug.capture import GenericCapture
     from tndebug.triage.fresh import SEED, apart_from_weights, seeded
     from tndebug.triage import hf_checks
-    from tndebug.triage.hf_data import held_out, mask_token_id, token_names
+    from tndebug.triage.hf_data import held_out, mask_token_id, token_names, tokenizer_specials
     from tndebug.triage.hf_encoder import masked_lm_batch
     from tndebug.driver import PROBE_BATCH
     from tndebug.probes.hf_fixes import hf_fix, hf_where
@@ -283,7 +284,7 @@ def triage_hf(opts, patch=None, sinks=()):
     if data is not None and encoder:                  # scored as trained: masked positions
         mask_id = mask_token_id(folder, config)
         swept = None if mask_id is None else Batch(*masked_lm_batch(
-            data, mask_id, ids["pad"], ids["specials"].values()))
+            data, mask_id, ids["pad"], [*ids["specials"].values(), *tokenizer_specials(folder)]))
         reason = ("" if mask_id is not None else "the masked-LM objective needs the mask id, "
                   "which neither config.json (mask_token_id) nor a tokenizer in DIR gives")
     if swept is not None:

@@ -228,3 +228,13 @@ def mask_token_id(folder: Path, config) -> int | None:
     got = getattr(tok, "mask_token_id", None) if hasattr(tok, "convert_ids_to_tokens") else next(
         (i for i in (tok.token_to_id(t) for t in ("[MASK]", "<mask>")) if i is not None), None)
     return got if isinstance(got, int) and got >= 0 else None
+
+
+def tokenizer_specials(folder: Path) -> list[int]:
+    """The saved tokenizer's special ids ([CLS], [SEP], ...: never masked for the sweep); [] when
+    DIR has no transformers tokenizer."""
+    try:
+        tok = _saved_tokenizer(folder, "(special ids)")
+    except UsageError:
+        return []
+    return list(getattr(tok, "all_special_ids", None) or [])
