@@ -413,8 +413,13 @@ Left as they are (what the reports say is true, or the cause is not fixed yet):
   pad_token_id, so the saved weights no longer fit config.json: named, as a refusal.
 * no-causal on GPT-Neo (its own causal buffer) and FSMT (its own triu mask) is inert: not scored.
   The first HELD-OUT run scored FSMT's as missed: its liveness check was wrong (FSMT called
-  without a decoder mask leaks by itself, patched or not); fixed in this script only (no
-  tndebug change), and the second HELD-OUT run below scores it inert.
+  without a decoder mask leaks by itself, patched or not); fixed in this script only, and the
+  second HELD-OUT run scores it inert. That run is tndebug at 1763ed4: between 9644f06 and it
+  other sessions' tndebug commits landed, none of mine, and nothing was tuned on HELD-OUT; its
+  figures equal the first run's but for FSMT's no-causal (inert, not scored).
+* The liveness check itself ran the healthy control in train mode at first (from_config builds
+  in train mode; dropout made PLBart, M2M100, GPT-BigCode look leaky): fixed before both runs
+  that the tables show.
 """
 
 
