@@ -434,6 +434,7 @@ def markdown(doc: dict) -> str:
     for half, h in doc["halves"].items():
         s = h["summary"]
         lines += [f"## {half} ({h['note']})", "",
+                  provenance_line(h["provenance"]) if h.get("provenance") else "", "",
                   f"healthy: {s['healthy_clean']}/{s['healthy_runs']} clean, {s['healthy_flagged']} with a "
                   f"warning or error, {s['healthy_incomplete']} incomplete/unchecked; crashes or refusals "
                   f"{s['crashed_or_refused']}; bugs named {s['bugs_named']}/{s['bug_runs']} "
@@ -475,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     old = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
     halves = old.get("halves", {})
     note = {"dev": "DEV: false alarms here were looked into and fixed",
-            "held-out": "HELD-OUT: run once at a commit, not tuned on"}.get(half, "custom selection")
+            "held-out": "HELD-OUT: at a commit, not tuned on"}.get(half, "custom selection")
     halves[half] = {"note": note, "archs": archs, "steps": args.steps, "wall_s": round(time.perf_counter() - t0, 1),
                     "summary": summarise(recs), "runs": recs, "provenance": None}
     doc = {"split_seed": SPLIT_SEED, "dev": DEV, "held_out": HELD_OUT, "halves": halves}
