@@ -401,8 +401,13 @@ Left as they are (what the reports say is true, or the cause is not fixed yet):
   architecture's choice should be an error is for the severity table, not this bench.
 * INCOMPLETE from missing-scale "q and k ... could not be traced to the projections' outputs":
   fused QKV projections (BLOOM, Falcon, GPT-BigCode, Phi-3, DeBERTa), q/k normed after the
-  projection (Qwen3), Longformer attention (LED encoder). Not fixed. Phi-3: also no FFN found
-  (fused gate_up_proj) for gradient-flow's dead-unit test.
+  projection (Qwen3), Longformer attention (LED encoder). Not fixed. Read from the code of
+  capture/projections.py: a fused map is matched as n equal chunks (`_split_heads`), so a
+  fused q|k|v of unequal widths (multi-query Falcon and GPT-BigCode: [h*dk | dk | dk];
+  grouped-query Phi-3: [h*dk | g*dk | g*dk]) is never tried, and `_head_split_projection`
+  needs a 4-D operand, while BLOOM hands baddbmm [B*h, T, dk]. Qwen3's per-head RMSNorm after
+  the projection can carry a folded scale, so its no verdict is honest. Phi-3: also no FFN
+  found (fused gate_up_proj) for gradient-flow's dead-unit test.
 * Gemma-2 trained: missing-scale no verdict (tanh soft-cap: the scores are not c*QK^T).
 * HELD-OUT rank-collapse errors on trained LED (decoder layer 1, r=0.03) and trained
   Megatron-BERT (encoder layer 0, r=0.08): not looked into (held out; 150 copy/MLM steps at lr
