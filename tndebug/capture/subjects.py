@@ -23,13 +23,15 @@ from torch import nn
 
 from tndebug.subject import Subject
 
-POSITIONAL = ("pos", "wpe")       # name hints of position tables, never the vocabulary
+# name hints of tables that are never the vocabulary: positions, token types / segments (BERT's
+# token_type_embeddings has 2 rows: as the "smallest table" it would leave no ordinary id)
+NOT_VOCAB = ("pos", "wpe", "type", "segment")
 
 
 def token_tables(model: nn.Module) -> list[tuple[str, int]]:
-    """(path, rows) of the model's nn.Embedding tables that are not named as positions."""
+    """(path, rows) of the model's nn.Embedding tables not named as positions or token types."""
     return [(n, m.num_embeddings) for n, m in model.named_modules() if isinstance(m, nn.Embedding)
-            and not any(w in n.lower() for w in POSITIONAL)]
+            and not any(w in n.lower() for w in NOT_VOCAB)]
 
 
 @contextmanager

@@ -129,6 +129,8 @@ def _batch(subject, data):
     if data is None:
         g = torch.Generator().manual_seed(1234)
         src, tgt = subject.random_batch(N_SEQUENCES, 10, 11, pad_share=0.3, generator=g)
+        if not subject.has_target:     # encoder-only: its ids are the targets (every real position)
+            return src, src, src
         return src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
     if isinstance(data, dict):
         data = tuple(data[k] for k in ("src", "tgt_in", "tgt_out") if k in data) or \
@@ -140,6 +142,8 @@ def _batch(subject, data):
     A.user_data(dict(zip(names, data)), subject.pad_id, subject.src_vocab, subject.tgt_vocab)
     if len(data) == 2:
         src, tgt = data
+        if not subject.has_target:     # encoder-only: (ids, labels), labels unshifted
+            return src.to(dev), src.to(dev), tgt.to(dev)
         return src.to(dev), tgt[:, :-1].to(dev), tgt[:, 1:].to(dev)
     return tuple(t.to(dev) for t in data)
 

@@ -92,6 +92,17 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         first_content = lo
         src_vocab, tgt_vocab = src_vocab or hi, tgt_vocab or hi
         info.update(hf=True, hf_ids=ids)
+    elif forward is None and is_hf_masked_lm(model):
+        from tndebug.capture.hf_decoder import choose_lm_ids
+        from tndebug.capture.hf_encoder import make_mlm_adapter
+        ids = choose_lm_ids(model.config, model.get_input_embeddings().num_embeddings)
+        lm_forward = make_mlm_adapter()
+        kind, adapter = "encoder", Adapter("huggingface", _ignoring_tgt(lm_forward))
+        pad_id, bos_id = ids["pad"], ids["start"]
+        lo, hi = ids["content"]
+        first_content = lo
+        src_vocab, tgt_vocab = src_vocab or hi, tgt_vocab or hi
+        info.update(hf=True, hf_ids=ids)
     elif forward is None and _is_tndebug_decoder(model):
         lm_forward = lambda m, ids, pad: m(ids)                               # noqa: E731
         incremental = lambda m, ids, pad, split: m.incremental(ids, split)  # noqa: E731
@@ -146,6 +157,8 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     tgt[:, 0] = bos_id
     if kind == "decoder":
         src = src[:, :0]                          # one sequence: tgt
+    elif kind == "encoder":
+        tgt = src.clone()                         # one sequence: src (tgt is ignored)
     capture = GenericCapture(model, kind=kind)
     try:
         logits_module = _call_once(model, adapter, src, tgt, pad_id)
@@ -180,8 +193,8 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
             f"scaled_dot_product_attention call. tndebug's probes are for encoder-decoder "
             f"Transformers; to watch only the training pass "
             f"probes='loss-health,lr-schedule,gradient-flow'")
-    if kind == "decoder":
-        adapter = Adapter(adapter.name, lm_forward, None, adapter.note)   # the Subject's call
+    if kind in ("decoder", "encoder"):           # the Subject's call: one sequence
+        adapter = Adapter(adapter.name, lm_forward, None, adapter.note)
     subject = make_subject(
         model, adapter.forward, incremental if kind == "decoder" else adapter.encode, kind=kind,
         capture=capture, pad_id=pad_id, bos_id=bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
@@ -203,6 +216,26 @@ def is_hf_causal(model: nn.Module) -> bool:
     can = getattr(model, "can_generate", None)
     return (cfg is not None and not getattr(cfg, "is_encoder_decoder", False) and callable(can)
             and bool(can()) and hasattr(model, "get_input_embeddings"))
+
+
+def is_hf_masked_lm(model: nn.Module) -> bool:
+    """A Hugging Face model with one bidirectional stack and a per-token head (Bert, Roberta,
+    DistilBert, Electra as masked LMs): no encoder-decoder, cannot generate, has an output
+    embedding."""
+    cfg = getattr(model, "config", None)
+    can = getattr(model, "can_generate", None)
+    return (cfg is not None and not getattr(cfg, "is_encoder_decoder", False) and callable(can)
+            and not bool(can()) and hasattr(model, "get_input_embeddings")
+            and callable(getattr(model, "get_output_embeddings", None))
+            and model.get_output_embeddings() is not None)
+
+
+def _ignoring_tgt(mlm_forward: Callable) -> Callable:
+    """An encoder-only call in the 4-argument shape: the sequence is `src`."""
+    def forward(model, src, tgt, pad_id):
+        return mlm_forward(model, src, pad_id)
+    forward.__wrapped__ = mlm_forward
+    return forward
 
 
 def _is_tndebug_decoder(model: nn.Module) -> bool:
@@ -271,6 +304,9 @@ def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None =
                   kind: str = "seq2seq"):
     """(src, tgt_in, tgt_out) from the arguments the user's loop passed to the model, or None.
 
+    * an encoder-only model (`kind="encoder"`): its ids are src and tgt_in; Hugging Face
+      `labels` (-100 -> pad), unshifted (a masked LM predicts each position's own token), are
+      the target, else None.
     * a decoder-only model (`kind="decoder"`): its ids, `input_ids` or the first 2-D integer
       tensor, are tgt_in and src is empty; Hugging Face `labels` (the ids, -100 -> pad, which
       the model shifts itself) shifted left are the target, else None.
@@ -282,6 +318,16 @@ def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None =
       caller to take as `shift_left(tgt_in)` where it needs one.
     """
     ids = kwargs.get("input_ids")
+    if kind == "encoder":                     # one sequence; labels unshifted (-100 -> pad)
+        if not isinstance(ids, torch.Tensor):
+            ids = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)
+                        and a.dim() == 2 and not a.is_floating_point() and a.dtype != torch.bool), None)
+        if ids is None:
+            return None
+        labels = kwargs.get("labels")
+        tgt_out = (labels.masked_fill(labels < 0, pad_id)
+                   if isinstance(labels, torch.Tensor) and labels.shape == ids.shape else None)
+        return ids, ids, tgt_out
     if kind == "decoder":
         if not isinstance(ids, torch.Tensor):
             ids = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)

@@ -128,7 +128,7 @@ class _WatchHooks:
             self._open = False
             # a step of host_only probes (lr-schedule's every step) needs no batch: no target
             src, tgt_in, tgt_out = (None, None, None) if self._engine.host_only \
-                else _complete(self._batch, self._pad_id)
+                else _complete(self._batch, self._pad_id, self._subject.kind)
             info = StepInfo(step, lr=lr, loss=loss, logits=self._logits, src=src, tgt_in=tgt_in,
                             tgt_out=tgt_out)
             self._call(self._engine.end_step, info, full=self._recording)
@@ -153,7 +153,7 @@ class _WatchHooks:
         if math.isfinite(float(loss)):          # a scalar: on the CPU, or a step synced already
             return
         self.diverged = step
-        src, tgt_in, tgt_out = _complete(batch, self._pad_id)
+        src, tgt_in, tgt_out = _complete(batch, self._pad_id, self._subject.kind)
         self._call(self._engine.diverged, StepInfo(step, lr=lr, loss=loss, src=src, tgt_in=tgt_in,
                                                    tgt_out=tgt_out), full=True)
 

@@ -130,13 +130,14 @@ class _BackwardTap:
 _BACKWARD = _BackwardTap()
 
 
-def _complete(batch, pad_id: int):
+def _complete(batch, pad_id: int, kind: str = "seq2seq"):
     """(src, tgt_in, tgt_out): the target, when the call gave none, is tgt_in shifted left
-    (computed here, on the steps that need it, not in every forward)."""
+    (computed here, on the steps that need it, not in every forward); an encoder-only model's
+    labels are not its input shifted, so it keeps None."""
     if batch is None:
         return None, None, None
     src, tgt_in, tgt_out = batch
-    if tgt_out is None and isinstance(tgt_in, torch.Tensor) and tgt_in.dim() == 2:
+    if tgt_out is None and kind != "encoder" and isinstance(tgt_in, torch.Tensor) and tgt_in.dim() == 2:
         from tndebug.library.live import shift_left
         tgt_out = shift_left(tgt_in, pad_id)
     return src, tgt_in, tgt_out

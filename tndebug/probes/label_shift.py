@@ -1,4 +1,6 @@
-"""label-shift: are a decoder-only model's labels its input shifted by one token?
+"""label-shift: are a decoder-only model's labels its input shifted by one token? (And an
+encoder-only model's: is its masked-LM loss taken only where the input hides the answer?
+probes/_mlm_labels.py.)
 
 A language model is trained to predict, at position t, the token at t + 1. Two one-line bugs
 in the loss break that and train without an error:
@@ -22,6 +24,7 @@ import math
 
 import torch
 
+from tndebug.probes import _mlm_labels as mlm
 from tndebug.probes.base import Probe, RunContext, StepInfo, not_decoder_only
 from tndebug.probes.schedule import every
 
@@ -45,10 +48,13 @@ class LabelShiftProbe(Probe):
     """
 
     name = "label-shift"
-    summary = "decoder-only: which position the trained model predicts (own input, next, after next)"
+    summary = ("decoder-only: which position the trained model predicts (own input, next, after "
+               "next); encoder-only: the masked-LM loss only where the input hides the label")
     codes = {
         "unshifted": "labels not shifted: the model learnt to repeat its own input token",
         "shifted-twice": "labels shifted twice: the model learnt to predict the token after next",
+        "mlm-unmasked": "encoder-only: the masked-LM loss is taken at positions whose input "
+                        "shows the label (every position), so the model learns to copy",
     }
     reads = ()
     needs_steps = True
@@ -60,9 +66,13 @@ class LabelShiftProbe(Probe):
         super().__init__(schedule)
         self._rows: list[dict] = []            # per probed step: loss and the three rates
         self._applies = False
+        self._mlm: dict[str, int] | None = None  # encoder-only: the label counts so far
 
     def setup(self, run: RunContext) -> None:
         self._pad = run.subject.pad_id
+        if run.subject.kind == "encoder" and run.mode == "train":
+            self._mlm = {"real": 0, "labelled": 0, "unchanged": 0, "steps": 0}
+            return
         if run.subject.kind != "decoder":
             # calibrated on decoder-only models only (its decoder input and labels are two
             # tensors there)
@@ -75,6 +85,9 @@ class LabelShiftProbe(Probe):
         self._applies = True
 
     def observe(self, trace, info: StepInfo) -> dict[str, torch.Tensor]:
+        if self._mlm is not None:
+            ok = info.src is not None and info.tgt_out is not None and info.tgt_out.shape == info.src.shape
+            return mlm.counts(info.src, info.tgt_out, self._pad) if ok else {}
         if not self._applies or info.logits is None or info.tgt_in is None or info.loss is None:
             return {}
         ids, pred = info.tgt_in, info.logits.argmax(-1)                       # [B, T], [B, T]
@@ -94,6 +107,11 @@ class LabelShiftProbe(Probe):
     def update(self, stats, info: StepInfo) -> None:
         if not stats:
             return
+        if self._mlm is not None:
+            for k in ("real", "labelled", "unchanged"):
+                self._mlm[k] += int(stats[k])
+            self._mlm["steps"] += 1
+            return
         row = {"step": info.step, "loss": float(stats["loss"])}
         for name in ("self", "next", "after_next"):
             n = int(stats[f"n_{name}"])
@@ -103,6 +121,9 @@ class LabelShiftProbe(Probe):
         self._rows.append(row)
 
     def finish(self, run: RunContext) -> None:
+        if self._mlm is not None:
+            self._finish_mlm()
+            return
         if not self._applies:
             return
         rows = [r for r in self._rows if math.isfinite(r["loss"])]
@@ -130,3 +151,21 @@ class LabelShiftProbe(Probe):
                         f"{last['after_next']:.0%} of positions (the next token at {nxt:.0%}): "
                         f"its labels are shifted twice", step=last["step"], evidence=ev,
                         code="shifted-twice")
+
+    def _finish_mlm(self) -> None:
+        c = self._mlm
+        if not c["steps"]:
+            self.skip("no probed step carried labels of the same shape as the input ids (pass "
+                      "them as `labels=` to the model, or batch= with the targets)")
+            return
+        self.cover("", "checked")
+        bad, ev = mlm.verdict(c["real"], c["labelled"], c["unchanged"])
+        if bad:
+            ev["probed_steps"] = c["steps"]
+            self.report("error", f"the masked-LM loss is taken at {ev['labelled_share']:.0%} of "
+                        f"the real positions, and {ev['unchanged_share']:.0%} of those show their "
+                        f"label in the input: the model learns to copy its input, not to fill in",
+                        evidence=ev, code="mlm-unmasked",
+                        fix="label only the positions the collator masked and set every other "
+                            "label to -100 (transformers' DataCollatorForLanguageModeling does), "
+                            "not labels = input_ids")

@@ -39,7 +39,8 @@ from tndebug.subject import Subject
 from tndebug.capture.hf import attention_weights, choose_ids, make_adapter
 from tndebug.capture import subjects
 from tndebug.capture.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
-from tndebug.triage.hf_encoder import MLM_CALLS, MLM_LOSS, make_mlm_adapter, mlm_ids_note
+from tndebug.capture.hf_encoder import MLM_CALLS, make_mlm_adapter
+from tndebug.triage.hf_encoder import MLM_LOSS, mlm_ids_note
 from tndebug.triage.hf_weights import (WEIGHTS, _line, load_tied, read_weights,  # noqa: F401
                                        renamed, sliced_output, weight_files)
 

@@ -17,20 +17,11 @@ from __future__ import annotations
 
 import torch
 
-MLM_CALLS = ("model(input_ids, attention_mask=ids != pad).logits; token_type_ids and "
-             "position_ids left to the model's defaults")
+
 # The one loss of triage's recorded forward and backward (gradient-flow): cross-entropy of the
 # logits against the input ids at every real position. No position is masked: the gradients
 # take the same path through the stack, and no random choice of masked positions enters.
 MLM_LOSS = "cross-entropy of the logits against the input ids at every real position (pads ignored)"
-
-
-def make_mlm_adapter():
-    """forward(model, ids, pad_id) -> MLM logits [B, S, V]."""
-    def forward(model, ids, pad_id):
-        mask = (ids != pad_id).long()                                         # 1 = keep
-        return model(input_ids=ids, attention_mask=mask).logits                # [B, S, V]
-    return forward
 
 
 def mlm_ids_note(ids: dict) -> str:
