@@ -153,6 +153,13 @@ class Subject:
         return self._forward(self.model, src, tgt, self.pad_id)
 
     @property
+    def position_shift(self):
+        """`shift(model, ids, pad_id, offset) -> logits` with every position moved by `offset`,
+        where the model's call offers one (a Hugging Face decoder's `position_ids`; the
+        adapter's `forward.shift_positions`), else None: lm-decoding's rotary shift test."""
+        return getattr(self._forward, "shift_positions", None)
+
+    @property
     def has_cache(self) -> bool:
         return self._incremental is not None
 

@@ -145,7 +145,7 @@ class LMDecoding(Probe):
         v = _rotary.periodic(s, self.reads + ("attn.scores", "attn.v", "stream")) \
             if s.capture is not None else _rotary.Verdict("no verdict", "the model's internals "
                                                           "cannot be traced")
-        shifted = getattr(s._forward, "shift_positions", None)   # the adapter's, where it has one
+        shifted = s.position_shift                        # the adapter's, where it has one
         moved = None
         if shifted is not None and v.status != "not applicable" and not v.code:
             try:
