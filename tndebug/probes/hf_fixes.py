@@ -14,7 +14,10 @@ HF_FIXES = {
     "missing-scale": "transformers' attention multiplies q k^T by `self.scaling` = head_dim**-0.5 "
                      "(eager) or passes `scale=self.scaling` to SDPA; a subclass or patch that sets "
                      "`scaling = 1.0` or drops `scale=` removes it (T5 has none by design: its "
-                     "initialisation folds it into q)",
+                     "initialisation folds it into q). An architecture published without it "
+                     "(GPT-Neo) was trained that way: do not add it to a trained checkpoint's "
+                     "code; retrain with the scale, or keep the learning rate and d_k it was "
+                     "trained with",
     "mask-broadcast:causal": "the decoder's self-attention must be causal: keep the decoder "
                              "config's `is_decoder=True` / `is_causal=True` and its attention modules' "
                              "`is_causal`; pass decoder_input_ids = labels shifted right with "
