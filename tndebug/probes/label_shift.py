@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from tndebug.probes import _mlm_labels as mlm
+from tndebug.probes import _mlm_labels as mlm, tags
 from tndebug.probes.base import Probe, RunContext, StepInfo, not_decoder_only
 from tndebug.probes.schedule import every
 
@@ -117,7 +117,7 @@ class LabelShiftProbe(Probe):
             n = int(stats[f"n_{name}"])
             row[name] = int(stats[name]) / n if n else math.nan
             if n:
-                self.metric(info.step, f"label-shift/{name}_rate", row[name])
+                self.metric(info.step, tags.LABEL_SHIFT.build(name=name), row[name])
         self._rows.append(row)
 
     def finish(self, run: RunContext) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from tndebug.notes import FAULT_NOTES
+from tndebug.probes import tags
 from tndebug.probes._float64 import in_float64
 from tndebug.probes._misc_stats import first_reason, rel_diff, rms
 from tndebug.probes.base import Probe, RunContext, StepInfo
@@ -261,7 +262,7 @@ class PositionalEncodingProbe(Probe):
                 continue
             with_pe.append(site)
             rho = tok_rms / pe_rms
-            self.metric(0, f"pe/{site}/rho", rho)
+            self.metric(0, tags.PE_RHO.build(site=site), rho)
             scale = _fitted_scale(subject, tok, tokens)
             evidence = {"rho": rho, "rms_token": tok_rms, "rms_pe": pe_rms,
                         "threshold_low": RHO_LOW, "threshold_high": RHO_HIGH,
@@ -378,7 +379,7 @@ class PositionalEncodingProbe(Probe):
             if site == "__loss":
                 self._losses.append((info.step, float(rho)))
             else:
-                self.metric(info.step, f"pe/{site}/rho", float(rho))
+                self.metric(info.step, tags.PE_RHO.build(site=site), float(rho))
 
     def finish(self, run: RunContext) -> None:
         """A scale off the paper's that the order test did not show harmful: judged from the
