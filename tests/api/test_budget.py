@@ -33,6 +33,20 @@ def test_the_budget_learns_the_step_time_and_refuses_what_does_not_fit():
     assert s["fraction"] == 0.03 and s["spent_fraction"] == pytest.approx(0.100 / (0.010 * s["steps_measured"]), abs=1e-4)
 
 
+def test_the_closing_snapshot_is_paid_for_ahead():
+    """With a snapshot to come, the costliest capture seen is held back: the looks stop that much
+    earlier, so the run ends within its fraction once the snapshot is spent."""
+    plain, reserved = Budget(0.03), Budget(0.03)
+    reserved.final_reserve = True
+    for b in (plain, reserved):
+        _clock(b, [False] * MIN_PLAIN + [True])       # 0.100 s spent, 0.100 expected
+        _clock(b, [False] * 700)
+    # 0.2 <= 0.03 * 0.01 * 707 for the plain one; the reserved one needs 0.3: 1000 steps
+    assert plain.allows() and not reserved.allows()
+    _clock(reserved, [False] * 300)
+    assert reserved.allows()
+
+
 def test_a_plain_steps_median_ignores_one_slow_step():
     b = Budget(0.03)
     for dt in [0.01] * 9 + [5.0] + [0.01] * 9:            # a checkpoint save in one step

@@ -54,6 +54,9 @@ class ProbeEngine:
         self.seconds_by_probe: dict[str, float] = {p.name: 0.0 for p in self.probes}
         for p in self.probes:
             p.mode = run.mode
+        if budget is not None:          # the closing snapshot comes, and the budget pays for it
+            budget.final_reserve = (run.total_steps is not None
+                                    and any(hasattr(s, "on_trace") for s in self.sinks))
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "ProbeEngine":
