@@ -122,6 +122,13 @@ JOBS: tuple[Job, ...] = (
         (("bench/sample_runs.py",),),
         (("bench/sample_runs.py", "no_scale", "--root", "{out}/sample_runs", "--out", "{out}/sample_runs.json"),),
         ("sample_runs/", R + "sample_runs.json"), 3.0),
+    Job("regression", "issue 20's regression set (detection faults, foreign corpus, sample runs, triage "
+        "cases): findings at 8c9bc0d and at HEAD (regression_<HEAD>.json), compared, every difference explained",
+        (("bench/regression.py", "--at", "8c9bc0d"), ("bench/regression.py",),
+         ("bench/regression.py", "--compare", "8c9bc0d", "HEAD")),
+        (("bench/regression.py", "--parts", "triage", "--out", "{out}/regression.json"),),
+        (R + "regression_8c9bc0d.json", R + "regression.md"), 16.0,
+        ok_codes=(0, 1)),                   # 1: --compare found unexplained differences, written
     Job("gpu_check", "the base preset on one GPU, probes off / default / every step, GPU faults",
         (("bench/gpu_check.py",),),
         (("bench/gpu_check.py", "--budget-s", "60", "--out", "{out}/gpu_check.json"),),

@@ -18,8 +18,10 @@ The set (the case definitions and this script as they are now; only tndebug/ com
 
 Per case: the verdict and the sorted findings [probe, severity, where, code] (every severity),
 or the exception. Writes bench/results/regression_<short commit>.json with provenance; a second
-run of other parts at the same commit is merged into the same file. Each part runs in about
-1-3 minutes on one thread, so that no single invocation is long.
+run of other parts (or shards) at the same commit is merged into the same file. Measured at
+0c005b5, one thread, two runs side by side on 2 shared cores: triage 13 s, samples 121 s, foreign
+125-132 s, detection 245-249 s (about 8.5 minutes in all); `--shard 0/2` and `--shard 1/2` keep
+each detection run under 3 minutes.
 """
 from __future__ import annotations
 
@@ -273,15 +275,15 @@ def tndebug_commit() -> tuple[str, str]:
     return _git("rev-parse", "HEAD"), f"this tree ({pkg})"
 
 
-def run_parts(parts: list[str], only: str | None) -> dict:
+def run_parts(parts: list[str], only: str | None, shard: tuple[int, int] | None = None) -> dict:
     import torch
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     records = {}
     for part in parts:
         cases = CASES[part]()
-        for name, fn in cases.items():
-            if only and only not in name:
+        for i, (name, fn) in enumerate(cases.items()):
+            if (only and only not in name) or (shard and i % shard[1] != shard[0]):
                 continue
             t0 = time.perf_counter()
             with tempfile.TemporaryDirectory(prefix="tndebug-regression-") as tmp:
@@ -304,12 +306,14 @@ def main(argv=None) -> int:
     ap.add_argument("--at", metavar="COMMIT", help="tndebug/ as at COMMIT (git archive, first on PYTHONPATH)")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     ap.add_argument("--only", default=None, help="only the cases whose name holds this string")
+    ap.add_argument("--shard", default=None, metavar="K/N",
+                    help="only every N-th case of each part, from the K-th (0-based): a long part in short runs")
     ap.add_argument("--out", default=None, help="default bench/results/regression_<short commit>.json")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"),
                     help="compare regression_A.json with regression_B.json -> bench/results/regression.md")
     args = ap.parse_args(argv)
     if args.compare:
-        from regression_compare import compare
+        from _regression_compare import compare
         return compare(*args.compare)
     if args.at and os.environ.get(AT_ENV) is None:
         return _rerun_at(args.at, sys.argv[1:] if argv is None else list(argv))
@@ -319,14 +323,19 @@ def main(argv=None) -> int:
     prov = Provenance.start(__file__, argv)
     commit, source = tndebug_commit()
     _, make_model_name = make_model_fn()
-    records = run_parts(parts, args.only)
+    shard = tuple(int(x) for x in args.shard.split("/")) if args.shard else None
+    if shard and not (len(shard) == 2 and 0 <= shard[0] < shard[1]):
+        ap.error(f"--shard {args.shard}: K/N with 0 <= K < N")
+    records = run_parts(parts, args.only, shard)
     out = Path(args.out) if args.out else RESULTS / f"regression_{commit[:7]}.json"
     old = json.loads(out.read_text()) if out.exists() else {}
     if old.get("tndebug_commit") != commit:
         old = {}                                   # another commit's file: start afresh
-    runs = [r for r in old.get("runs", []) if not set(r["parts"]) & set(parts)]
-    runs.append({"parts": parts, "only": args.only, "provenance": prov.finish()})
-    kept = {k: v for k, v in old.get("cases", {}).items() if k.split("/")[0] not in parts}
+    whole = not (args.only or shard)           # a whole part replaces that part's old cases
+    runs = [r for r in old.get("runs", []) if not (whole and set(r["parts"]) & set(parts))]
+    runs.append({"parts": parts, "only": args.only, "shard": args.shard, "provenance": prov.finish()})
+    kept = {k: v for k, v in old.get("cases", {}).items()
+            if k not in records and not (whole and k.split("/")[0] in parts)}
     import transformers
     doc = {"bench": "regression", "tndebug_commit": commit, "tndebug_from": source,
            "make_model": make_model_name, "transformers": transformers.__version__,
