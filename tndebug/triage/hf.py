@@ -249,12 +249,13 @@ def triage_hf(opts, patch=None, sinks=()):
     if data is not None:
         check_vocab(Batch(data.tgt_in if decoder else data.src, data.tgt_in, data.tgt_out),
                     src_v, tgt_v, source)
-        if kind == "seq2seq":             # an untied head that does not fit the trained body
+        if not encoder:                   # an untied head that does not fit the trained body
             from tndebug.triage.hf_head import head_unfit_on_data
             t_in = data.tgt_in.clone()
-            t_in[:, 0] = ids["start"]      # as the model is called: led by the decoder start
-            data_checks = data_checks + head_unfit_on_data(model, data.src, t_in, data.tgt_out,
-                                                           ids["pad"])
+            if not decoder:
+                t_in[:, 0] = ids["start"]  # as the model is called: led by the decoder start
+            data_checks = data_checks + head_unfit_on_data(model, None if decoder else data.src, t_in,
+                                                           data.tgt_out, ids["pad"])
     # the probes' recorded pass, and so every figure: the user's data when given, else random
     # ids (the exact tests build their own inputs either way)
     batch = probe_batch(data, keep, ids["pad"]) if data is not None else random_batch(

@@ -95,21 +95,27 @@ def alignment(w: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
     return a, math.sqrt(2 / (w.shape[0] * d_eff))
 
 
-def head_unfit_on_data(model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor,
+def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch.Tensor,
                        tgt_out: torch.Tensor, pad_id: int) -> list[Finding]:
-    """The loaded encoder-decoder `model` on the user's held-out batch (tgt_in led by the
-    decoder start, as the model is called): an untied head that does not fit its trained body,
-    shown in accuracy, is an error; else nothing. Nothing for a tied head (hf_checks.tied_head's
-    case) or a decoder-only model."""
+    """The loaded `model` on the user's held-out batch: an untied head that does not fit its
+    trained body, shown in accuracy, is an error; else nothing (a tied head is
+    hf_checks.tied_head's case).
+
+    Args:
+        src: [N, S] the encoder's ids of an encoder-decoder; ignored (None or [N, 0]) for a
+            decoder-only model, which is called with `tgt_in` alone.
+        tgt_in: [N, T] the decoder's ids as the model is called (an encoder-decoder's led by
+            the decoder start; a decoder-only model's ids[:, :-1]).
+        tgt_out: [N, T] the targets (pad_id where none)."""
     head = model.get_output_embeddings()
     w = getattr(head, "weight", None)
-    if not getattr(model.config, "is_encoder_decoder", False) or not isinstance(w, torch.Tensor) \
-            or w.dim() != 2 or sum(p.data_ptr() == w.data_ptr() for p in model.state_dict().values()) > 1:
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 \
+            or sum(p.data_ptr() == w.data_ptr() for p in model.state_dict().values()) > 1:
         return []
     real = tgt_out != pad_id
-    if int(real.sum()) < 4 * MIN_ROWS_PER_FOLD or len(src) < 4:
+    if int(real.sum()) < 4 * MIN_ROWS_PER_FOLD or len(tgt_in) < 4:
         return []
-    stats, states, logits = _run(model, head, src, tgt_in, pad_id)
+    stats, states, logits = _run(model, head, src, tgt_in, tgt_out, pad_id)
     if stats is None or "\0head" not in stats or len(stats) < 3:
         return []
     a_head, s0 = stats.pop("\0head")
@@ -138,9 +144,12 @@ def head_unfit_on_data(model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor
         code="checkpoint/head-unfit")]
 
 
-def _run(model: nn.Module, head: nn.Module, src, tgt_in, pad_id):
-    """({module path: (A, s0)} of every Linear (the head as "\\0head"), the head's inputs
-    [B, T, d], the logits [B, T, V]) on the batch; (None, None, None) when it does not run."""
+def _run(model: nn.Module, head: nn.Module, src, tgt_in, tgt_out, pad_id):
+    """({module path: (A, s0)} of every linear map (the head as "\\0head"), the head's inputs
+    [B, T, d], the logits [B, T, V]) on the batch; (None, None, None) when it does not run.
+    A linear map is any module with a 2-D weight applied to a float input: nn.Linear's
+    x @ Wᵀ, or GPT-2's Conv1D x @ W (its weight [in, out]), told apart by which one its output
+    is, not by the class."""
     names = {m: n for n, m in model.named_modules()}
     vocab = head.weight.shape[0]
     g = torch.Generator().manual_seed(0)
@@ -155,18 +164,39 @@ def _run(model: nn.Module, head: nn.Module, src, tgt_in, pad_id):
             stats["\0head"] = alignment(wt if rows is None else wt[rows], x.reshape(-1, x.shape[-1]))
         elif x.shape[-1] == wt.shape[1]:
             stats[names[mod]] = alignment(wt, x.reshape(-1, x.shape[-1]))
+
+    def look_any(mod, args, out):
+        """A module with a 2-D weight that is not an nn.Linear: counted when its output is
+        x @ Wᵀ (+ bias) or x @ W (+ bias) on its first rows."""
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if x is None or not x.is_floating_point() or not isinstance(out, torch.Tensor) or x.dim() < 2:
+            return
+        wt, b = mod.weight.detach().float(), getattr(mod, "bias", None)
+        x2, o2 = x.detach().float().reshape(-1, x.shape[-1])[:8], out.detach().float().reshape(-1, out.shape[-1])[:8]
+        b = b.detach().float() if isinstance(b, torch.Tensor) and b.dim() == 1 else 0.0
+        for w_in in (wt, wt.T):                                  # [out, in]: Linear, Conv1D
+            if x2.shape[-1] == w_in.shape[1] and o2.shape[-1] == w_in.shape[0] \
+                    and torch.allclose(x2 @ w_in.T + b, o2, rtol=1e-3, atol=1e-4):
+                stats[names[mod]] = alignment(w_in, x.detach().float().reshape(-1, x.shape[-1]))
+                return
     for mod in model.modules():
+        w_m = mod._parameters.get("weight") if hasattr(mod, "_parameters") else None
         if isinstance(mod, nn.Linear) or mod is head:
             handles.append(mod.register_forward_pre_hook(look))
+        elif isinstance(w_m, torch.Tensor) and w_m.dim() == 2 and not isinstance(mod, nn.Embedding):
+            handles.append(mod.register_forward_hook(look_any))
     was = model.training
     model.eval()
     try:
         with torch.no_grad():
-            dec_mask = (tgt_in != pad_id).long()
+            dec_mask = ((tgt_in != pad_id) | (tgt_out != pad_id)).long()
             dec_mask[:, 0] = 1                                   # the start id may be the pad id
-            logits = model(input_ids=src, attention_mask=(src != pad_id).long(),
-                           decoder_input_ids=tgt_in, decoder_attention_mask=dec_mask,
-                           use_cache=False).logits
+            if getattr(model.config, "is_encoder_decoder", False):
+                logits = model(input_ids=src, attention_mask=(src != pad_id).long(),
+                               decoder_input_ids=tgt_in, decoder_attention_mask=dec_mask,
+                               use_cache=False).logits
+            else:                      # decoder-only: one sequence; its final states feed the head
+                logits = model(input_ids=tgt_in, attention_mask=dec_mask, use_cache=False).logits
     except Exception:  # noqa: BLE001 - a model that does not run here is the probes' to report
         return None, None, None
     finally:
