@@ -74,7 +74,8 @@ def _patched(state: _State):
         return wrapper
 
     def baddbmm(orig):
-        def wrapper(inp, b1, b2, *args, beta=1, alpha=1, **kwargs):
+        def wrapper(inp, b1=None, b2=None, *args, beta=1, alpha=1, batch1=None, batch2=None, **kwargs):
+            b1, b2 = (batch1 if b1 is None else b1), (batch2 if b2 is None else b2)   # BLOOM's keywords
             if state.current() is None:
                 return orig(inp, b1, b2, *args, beta=beta, alpha=alpha, **kwargs)
             state.busy = True
@@ -188,6 +189,7 @@ def _patched(state: _State):
         patch(torch, "addmm", addmm)
         patch(torch.Tensor, "addmm", addmm)
         patch(torch, "baddbmm", baddbmm)
+        patch(torch.Tensor, "baddbmm", baddbmm)        # `alibi.baddbmm(...)`: BLOOM
         patch(torch, "einsum", einsum)
         patch(F, "softmax", softmax)
         patch(F, "scaled_dot_product_attention", sdpa)

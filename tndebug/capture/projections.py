@@ -49,28 +49,52 @@ NORM_EVIDENCE = 10.0   # a norm match must fit 10x better than one constant norm
 
 
 def _same_map(a, b) -> bool:
-    """Two (weight, n chunks, chunk j, layout) are one projection: the same slice of one weight."""
-    (wa, *ia), (wb, *ib) = a, b
+    """Two (weight, columns) are one projection: the same columns of one weight."""
+    (wa, ca), (wb, cb) = a, b
     if not isinstance(wa, torch.Tensor) or not isinstance(wb, torch.Tensor):
         return False
     if wa is wb or (wa.shape == wb.shape and wa.data_ptr() == wb.data_ptr()):
-        return ia == ib
+        return ca.shape == cb.shape and bool(torch.equal(ca, cb))
     return False
 
 
-def _candidates(pool: list, hint: tuple | None):
-    """(position from the end, linear, n chunks, chunk j, layout) in the search order: the most
-    recent projection first, q alone / kv fused / qkv fused, each fused output read as blocks
-    ([q | k | v]) or per head ([q_h k_h v_h] for each head h: GPT-NeoX, BLOOM); `hint` (where
-    the last match was) before all."""
+def _columns(width: int, n, j: int, layout: str, dk: int) -> torch.Tensor | None:
+    """The output columns chunk j of a split reads, in head order.  # [c heads * dk]"""
+    cols = _chunk(torch.arange(width).view(1, 1, width), n, j, layout, dk)
+    return None if cols is None else cols[0, :, 0].flatten()
+
+
+def _unequal(m: int, hq: int) -> list:
+    """Fused q|k|v splits whose chunks differ in width, for an output of m head widths and hq
+    query heads: k and v of g = (m - hq) / 2 heads each, g < hq dividing hq (multi-query:
+    g = 1, Falcon, GPT-BigCode; grouped-query: Phi-3's qkv_proj), read as blocks
+    ([q | k | v]) or per kv group ([q_1..q_r k v] for each of g groups, r = hq / g: Falcon's
+    new decoder architecture). Told from the widths alone, never from a config."""
+    if hq < 2 or (m - hq) % 2:
+        return []
+    g = (m - hq) // 2
+    if not 0 < g < hq or hq % g:
+        return []
+    return [((hq, g, g), "blocks"), ((hq // g, 1, 1), "heads")]
+
+
+def _candidates(pool: list, hint: tuple | None, dk: int = 0, hq: int = 0):
+    """(position from the end, linear, n, chunk j, layout) in the search order: the most
+    recent projection first, q alone / kv fused / qkv fused in equal chunks (n an int), each
+    fused output read as blocks ([q | k | v]) or per head ([q_h k_h v_h] for each head h:
+    GPT-NeoX, BLOOM), then the unequal q|k|v splits that fit `hq` query heads of width `dk`
+    (`_unequal`; n the chunks' widths in heads); `hint` (where the last match was) before all."""
     if hint is not None and hint[0] < len(pool):
         yield hint[0], pool[-1 - hint[0]], hint[1], hint[2], hint[3]
     for back in range(len(pool)):
-        for n in (1, 2, 3):
-            for layout in (("blocks",) if n == 1 else ("blocks", "heads")):
-                for j in range(n):
-                    if hint is None or (back, n, j, layout) != tuple(hint[:4]):
-                        yield back, pool[-1 - back], n, j, layout
+        splits = [(n, layout) for n in (1, 2, 3) for layout in (("blocks",) if n == 1 else ("blocks", "heads"))]
+        width = pool[-1 - back][1].shape[-1]
+        if dk and hq and not width % dk:
+            splits += _unequal(width // dk, hq)
+        for n, layout in splits:
+            for j in range(n if isinstance(n, int) else len(n)):
+                if hint is None or (back, n, j, layout) != tuple(hint[:4]):
+                    yield back, pool[-1 - back], n, j, layout
 
 
 def _rows(out: torch.Tensor, B: int, T: int) -> torch.Tensor | None:
@@ -83,23 +107,42 @@ def _rows(out: torch.Tensor, B: int, T: int) -> torch.Tensor | None:
     return None
 
 
-def _split_heads(out: torch.Tensor, n: int, j: int, layout: str, h: int, dk: int):
-    """Chunk j of n chunks of `out` [B, T, width] split into heads and repeated to h heads (a
-    grouped-query k/v: each of g heads serves h/g query heads, as `repeat_kv` lays them out);
-    None when the widths do not fit.  # [B, h, T, dk]"""
+def _chunk(out: torch.Tensor, n, j: int, layout: str, dk: int):
+    """Chunk j of `out` [B, T, width] split into its heads, or None when the widths do not fit.
+    n: that many equal chunks, or the chunks' widths in heads (`_unequal`). "blocks": the
+    chunks side by side ([q | k | v]); "heads": the output is groups of all chunks' heads
+    ([q_h k_h v_h] per head for equal chunks, [q_1..q_r k v] per kv group).  # [B, c, T, dk]"""
     width = out.shape[-1]
-    if width % (n * dk):
-        return None
-    g = width // (n * dk)                                   # heads in the chunk
-    if not g or h % g:
+    if isinstance(n, int):
+        if width % (n * dk):
+            return None
+        parts = (width // (n * dk),) * n if layout == "blocks" else (1,) * n
+    else:
+        parts = tuple(n)
+    unit = sum(parts)
+    if not dk or width % (unit * dk) or (layout == "blocks" and width != unit * dk):
         return None
     B, T = out.shape[:2]
+    off = sum(parts[:j])
     if layout == "blocks":
-        w = width // n
-        view = out[..., j * w:(j + 1) * w].reshape(B, T, g, dk)
+        view = out[..., off * dk:(off + parts[j]) * dk].reshape(B, T, parts[j], dk)
     else:
-        view = out.reshape(B, T, g, n * dk)[..., j * dk:(j + 1) * dk]
-    view = view.transpose(1, 2)                                                # [B, g, T, dk]
+        groups = width // (unit * dk)
+        view = out.reshape(B, T, groups, unit, dk)[:, :, :, off:off + parts[j]]
+        view = view.reshape(B, T, groups * parts[j], dk)
+    return view.transpose(1, 2)                                               # [B, c, T, dk]
+
+
+def _split_heads(out: torch.Tensor, n, j: int, layout: str, h: int, dk: int):
+    """`_chunk` repeated to h heads (a grouped-query k/v: each of g heads serves h/g query
+    heads, as `repeat_kv` lays them out; or broadcast, g = 1 left as it is when the operand
+    has one head); None when the widths do not fit.  # [B, h, T, dk]"""
+    view = _chunk(out, n, j, layout, dk)
+    if view is None:
+        return None
+    g = view.shape[1]                                                         # heads in the chunk
+    if not g or h % g:
+        return None
     return view.repeat_interleave(h // g, dim=1) if g != h else view
 
 
@@ -125,7 +168,8 @@ def _head_split_projection(operand: torch.Tensor, cands: list):
         s = float(a_norm / c_norm)
         for sign in (1.0, -1.0):
             if float((a - sign * s * view).norm() / a_norm) <= tol:
-                return sign * s, inp, (weight, n, j, layout), (back, n, j, layout, "values")
+                return (sign * s, inp, (weight, _columns(rows.shape[-1], n, j, layout, dk)),
+                        (back, n, j, layout, "values"))
     return None
 
 
@@ -162,7 +206,7 @@ def _norm_projection(operand: torch.Tensor, cands: list):
             continue
         s = float(a_norm / c_norm)
         if float((a - s * c).norm() / a_norm) <= tol:
-            return s, inp, (weight, n, j, layout), (back, n, j, layout, "norms")
+            return s, inp, (weight, _columns(rows.shape[-1], n, j, layout, dk)), (back, n, j, layout, "norms")
     return None
 
 
@@ -176,22 +220,51 @@ def _sorted_projection(operand: torch.Tensor, cands: list):
     tol = FOLD_TOL[operand.dtype in (torch.float16, torch.bfloat16)]
     for back, (inp, out, weight), n, j, layout in cands:
         width = out.shape[-1]
-        if layout != "blocks" or width % n or out.numel() // n != a.numel():
+        if layout != "blocks":
             continue
-        w = width // n
-        chunk = out[..., j * w:(j + 1) * w].float().flatten().sort().values
+        # equal chunks: one chunk as one "head"; unequal ones are in the operand's head widths
+        cols = _columns(width, n, j, layout, width // n if isinstance(n, int) else operand.shape[-1])
+        if cols is None or out.numel() // width * cols.numel() != a.numel():
+            continue
+        chunk = out[..., cols].float().flatten().sort().values
         c_norm = chunk.norm()
         if not (c_norm > 0 and a_norm > 0):
             continue
         s = float(a_norm / c_norm)
         for sign, ref in ((1.0, chunk), (-1.0, chunk.flip(0))):
             if float((a_sorted - sign * s * ref).norm() / a_norm) <= tol:
-                return sign * s, inp, (weight, n, j, layout), (back, n, j, layout, "values")
+                return sign * s, inp, (weight, cols), (back, n, j, layout, "values")
     return None
 
 
-def _find_projection(operand: torch.Tensor, pool: list, hint=None):
-    """(s, input, (weight, n, j, layout), where) when `operand` is s * a chunk of one linear
+def _batches(operand: torch.Tensor, pool: list) -> list[int]:
+    """Batch sizes B under which a 3-D operand [B*h, T, d_k] (BLOOM's baddbmm, nn.MultiheadAttention's
+    bmm; B*1 for a one-head module) reads as [B, h, T, d_k]: those of the pool's outputs."""
+    T, out = operand.shape[-2], []
+    for _, o, _ in pool:
+        B = o.shape[0] if o.dim() >= 3 else (o.shape[0] // T if o.dim() == 2 and not o.shape[0] % T else 0)
+        if B and not operand.shape[0] % B and B not in out:
+            out.append(B)
+    return out
+
+
+def _find_projection(operand: torch.Tensor, pool: list, hint=None, q_shape=None):
+    """`_match` for an operand [B, h, T, d_k], or [B*h, T, d_k] read as one for each batch size
+    the pool's outputs have (`_batches`; the operand itself is returned as it came); `q_shape`:
+    the q operand's shape at the product, whose heads the fused splits are fitted to (the
+    operand's own by default: the q role)."""
+    q_shape = tuple(operand.shape if q_shape is None else q_shape)
+    if operand.dim() == 3 and operand.numel():
+        for B in _batches(operand, pool):
+            hq = q_shape[0] // B if len(q_shape) == 3 and not q_shape[0] % B else 0
+            hit = _match(operand.reshape(B, operand.shape[0] // B, *operand.shape[1:]), pool, hint, hq)
+            if hit is not None:
+                return hit
+    return _match(operand, pool, hint, q_shape[1] if len(q_shape) == 4 else 0)
+
+
+def _match(operand: torch.Tensor, pool: list, hint=None, hq: int = 0):
+    """(s, input, (weight, columns), where) when `operand` is s * a chunk of one linear
     map's output, found by values or, failing that, by per-vector norms; else None. `where`
     (the candidate's place and how it matched: "values" or "norms") is the hint next time.
 
@@ -203,7 +276,7 @@ def _find_projection(operand: torch.Tensor, pool: list, hint=None):
     which no value match survives; s is exact, its sign is not known.
     The hint (the same code runs each step) is checked first, by the test that found it.
     """
-    cands = list(_candidates(pool, hint))
+    cands = list(_candidates(pool, hint, operand.shape[-1] if operand.dim() else 0, hq))
     if hint is not None and hint[-1] == "norms" and hint[0] < len(pool):
         first = cands[:1]                # still a rotation? (a value match would be found first)
         hit = _head_split_projection(operand, first) or _norm_projection(operand, first)

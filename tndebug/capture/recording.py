@@ -336,7 +336,7 @@ class _State(_Streams):
         found = []
         hints = self.cap.projection_hints
         for role, operand in (("q", call.q), ("k", call.k)):
-            hit = _find_projection(operand, pool, hints.get((call.path, role)))
+            hit = _find_projection(operand, pool, hints.get((call.path, role)), q_shape=call.q.shape)
             if hit is None:
                 return
             hints[(call.path, role)] = hit[3]
