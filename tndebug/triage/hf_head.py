@@ -66,7 +66,9 @@ from tndebug.findings import Finding
 # re-drawn head there is missed: nothing, never a false alarm); init 0.99-1.02; 15 steps in
 # 1.27-5.08 with healthy gaps <= +0.01. Held out: Qwen2, Mistral, GPTNeoX, seeds 3-4: copy
 # 4.01-7.03 (re-drawn heads found), bigram NeoX 3.52 (found), Qwen2 1.58 / Mistral 1.35
-# (missed), 15 steps NeoX 1.36, init 1.05.
+# (missed), 15 steps NeoX 1.36, init 1.05; at d 64 (seeds 5-6): GPT-2 bigram 2.73, Qwen2 bigram
+# 2.59, Mistral copy 4.78 (all three re-drawn heads found, healthy gaps <= +0.03), NeoX 15 steps
+# 1.66: the d-32 Llama-family misses are a small model's, not the family's.
 BODY_TRAINED = 2.0
 # The head is independent of its states when A < 1 + HEAD_NULL_Z * s0. 600 random heads on
 # fixed states (BART V=20/96, T5 V=96) gave z = (A - 1) / s0 with sd 0.73-0.85, range
