@@ -87,7 +87,8 @@ def _candidates(pool: list, hint: tuple | None, dk: int = 0, hq: int = 0):
     if hint is not None and hint[0] < len(pool):
         yield hint[0], pool[-1 - hint[0]], hint[1], hint[2], hint[3]
     for back in range(len(pool)):
-        splits = [(n, layout) for n in (1, 2, 3) for layout in (("blocks",) if n == 1 else ("blocks", "heads"))]
+        splits = [(n, layout) for n in (1, 2, 3)
+                  for layout in (("blocks",) if n == 1 else ("blocks", "heads"))]
         width = pool[-1 - back][1].shape[-1]
         if dk and hq and not width % dk:
             splits += _unequal(width // dk, hq)
@@ -113,6 +114,8 @@ def _chunk(out: torch.Tensor, n, j: int, layout: str, dk: int):
     chunks side by side ([q | k | v]); "heads": the output is groups of all chunks' heads
     ([q_h k_h v_h] per head for equal chunks, [q_1..q_r k v] per kv group).  # [B, c, T, dk]"""
     width = out.shape[-1]
+    if not dk:
+        return None
     if isinstance(n, int):
         if width % (n * dk):
             return None
@@ -120,7 +123,7 @@ def _chunk(out: torch.Tensor, n, j: int, layout: str, dk: int):
     else:
         parts = tuple(n)
     unit = sum(parts)
-    if not dk or width % (unit * dk) or (layout == "blocks" and width != unit * dk):
+    if width % (unit * dk) or (layout == "blocks" and width != unit * dk):
         return None
     B, T = out.shape[:2]
     off = sum(parts[:j])
@@ -255,11 +258,14 @@ def _find_projection(operand: torch.Tensor, pool: list, hint=None, q_shape=None)
     operand's own by default: the q role)."""
     q_shape = tuple(operand.shape if q_shape is None else q_shape)
     if operand.dim() == 3 and operand.numel():
-        for B in _batches(operand, pool):
+        batches = _batches(operand, pool)
+        for B in batches:
             hq = q_shape[0] // B if len(q_shape) == 3 and not q_shape[0] % B else 0
             hit = _match(operand.reshape(B, operand.shape[0] // B, *operand.shape[1:]), pool, hint, hq)
             if hit is not None:
                 return hit
+        if batches:                 # the sorted-value match, blind to the reshape, was tried
+            return None
     return _match(operand, pool, hint, q_shape[1] if len(q_shape) == 4 else 0)
 
 
