@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from tndebug.config import ModelConfig
-from tndebug.data import Batch, as_lm, get_task, eval_set
+from tndebug.data import get_task, eval_set
 from tndebug.errors import UsageError
 from tndebug.report import Report
 from tndebug import driver
@@ -35,13 +34,12 @@ from tndebug.probes.base import COVERAGE, ProbeError
 from tndebug.probes._head_weights import duplicate_heads
 from tndebug.subject import Subject, tndebug_subject
 from tndebug.triage import hygiene, layouts
-from tndebug.capture.adapters import (build_user_model, load_weights, parse_config,
-                                     resolve_adapter)
-from tndebug.capture import GenericCapture, projection_weights
-from tndebug.capture.subjects import fed_tables, make_subject, vocab_rule
-from tndebug.triage.fresh import SEED, apart_from_weights, seeded
+from tndebug.capture.adapters import parse_config
+from tndebug.triage.fresh import apart_from_weights
 from tndebug.triage.loading import Checkpoint, load_checkpoint
-from tndebug.triage.userdata import check_vocab as check_data_vocab, load_data
+from tndebug.triage.target import Target, check_task_vocab
+from tndebug.triage.user_code import user_target
+from tndebug.triage.userdata import load_data
 
 HELD_OUT = 16           # held-out sequences for the loss comparisons (heads, norm, sweep)
 
@@ -65,19 +63,6 @@ class TriageOptions:
     text: str | None = None             # Hugging Face dir: source<TAB>target lines
 
 
-@dataclass
-class _Target:
-    """What triage examines: a Subject, how to scale its scores, how to name its modules."""
-    subject: Subject
-    scaled: object                           # alpha -> context manager
-    run: dict = field(default_factory=dict)
-    user_path: object = staticmethod(lambda p: p)
-    findings: list[Finding] = field(default_factory=list)
-    attention_weights: list = field(default_factory=list)   # (where, W_Q, W_K, W_V, h)
-    fresh: object = None     # names -> ProbeResult on a fresh initialisation (--model), or None
-    batch: object = None     # the held-out batch as this model takes it (decoder-only: as_lm)
-
-
 def triage(opts: TriageOptions, sinks=()) -> Report:
     """`sinks`: the reporters' (ReportSession.sinks), shown the probed step for figures and tb/."""
     t0 = time.perf_counter()
@@ -99,7 +84,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     batch = (load_data(opts.data, opts.pad_id, opts.bos_id) if opts.data
              else eval_set(task, n=HELD_OUT, seed=0))
     lap("load")
-    target = (_user_target(ckpt, opts, batch, task) if opts.model
+    target = (user_target(ckpt, opts, batch, task) if opts.model
               else _layout_target(ckpt, opts, batch, task, probe_names))
     findings += target.findings
     subject = target.subject
@@ -185,19 +170,8 @@ def weights_dtype(sd: dict[str, torch.Tensor]) -> torch.dtype:
     return max(count, key=count.get) if count else torch.float32
 
 
-def _check_vocab(src_vocab: int, tgt_vocab: int, task, batch=None, data: str | None = None) -> None:
-    if data:                                 # --data: its ids must fit; the task is not used
-        check_data_vocab(batch, src_vocab, tgt_vocab, data)
-        return
-    if src_vocab < task.src_vocab or tgt_vocab < task.tgt_vocab:
-        raise UsageError(
-            f"--task {task.name} uses token ids up to {max(task.src_vocab, task.tgt_vocab) - 1}, "
-            f"but the model's vocabularies are {src_vocab}/{tgt_vocab}: pass the task it was "
-            f"trained on (copy, reverse and sort use 11 ids)")
-
-
 # -- without --model: tndebug's model --------------------------------------------------------------
-def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task, probe_names) -> _Target:
+def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task, probe_names) -> Target:
     sd = ckpt.state_dict
     layout = layouts.detect_layout(sd)
     if layout is None:
@@ -205,7 +179,7 @@ def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task, probe_nam
                          f"The Annotated Transformer's and torch.nn.Transformer's: pass "
                          f"--model FILE.py:FACTORY to triage your code")
     conv = layouts.convert(sd, layout)
-    _check_vocab(conv.sizes["src_vocab"], conv.sizes["tgt_vocab"], task, batch, opts.data)
+    check_task_vocab(conv.sizes["src_vocab"], conv.sizes["tgt_vocab"], task, batch, opts.data)
     saved = layouts.normalise_config(ckpt.config)
     given = layouts.normalise_config(parse_config(opts.config))
     findings = hygiene.config_vs_weights(saved, conv.sizes, ckpt.config_key)
@@ -248,7 +222,7 @@ def _layout_target(ckpt: Checkpoint, opts: TriageOptions, batch, task, probe_nam
            "inferred_config": {k: v for k, v in cfg.to_dict().items() if k != "faults"},
            "emb_scale": "no_emb_scale" not in cfg.faults,
            "final_norm": conv.final_norm, "layout_notes": conv.notes}
-    return _Target(subject, lambda a: hygiene.hook_scores_scaled(model, a), run,
+    return Target(subject, lambda a: hygiene.hook_scores_scaled(model, a), run,
                    conv.user_path, findings, weights)
 
 
@@ -323,127 +297,6 @@ def _config(conv, values: dict) -> ModelConfig:
 
 
 # -- with --model: the user's code -----------------------------------------------------------------
-def _user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> _Target:
-    given = parse_config(opts.config)
-    kwargs = given if given is not None else (ckpt.config or {})
-    model, used = build_user_model(opts.model, kwargs)
-    load_weights(model, ckpt.state_dict, opts.model)
-    model.eval()
-    adapter = resolve_adapter(opts.adapter, model)
-    decoder = adapter.kind == "decoder"
-    if decoder:
-        batch = lm_batch(batch, opts.data)
-    capture = GenericCapture(model, kind=adapter.kind)
-    if opts.data:                            # ids beyond every embedding table: before any forward
-        sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
-        check_data_vocab(batch, max(sizes, default=None), max(sizes, default=None), opts.data)
-    src_v, tgt_v = _user_vocab(model, adapter, batch, opts.pad_id)
-    capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], opts.pad_id))
-    _check_vocab(src_v, tgt_v, task, batch, opts.data)
-    subject = _user_subject(model, adapter, capture, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
-                                                          src_vocab=src_v, tgt_vocab=tgt_v))
-    run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
-           "model_kwargs": {k: v for k, v in used.items() if isinstance(v, (int, float, str, bool))},
-           "config_source": "--config" if given is not None else (ckpt.config_key or None),
-           "attention_modules": sorted(capture.attention)}
-    if decoder:
-        run["calls"] = ("forward(model, ids, pad_id) -> logits [B, T, V] (decoder-only); KV cache: "
-                        + ("incremental(model, ids, pad_id, split)" if adapter.incremental
-                           else "none offered (the adapter defines no incremental)"))
-        if not opts.data:
-            run["data"] = (f"task {task.name} as one sequence per row: BOS source EOS target EOS "
-                           f"(data.as_lm; built-in, not the model's own data)")
-    findings = []
-    if getattr(adapter, "note", None) and not decoder:   # tndebug built what the user's code would
-        run["adapter_note"] = adapter.note
-        findings.append(Finding("mask-broadcast", "info", f"{adapter.note}; the mask tests judged "
-                                f"tndebug's masks, not yours: pass --adapter FILE.py:forward that "
-                                f"calls your own mask code", where="", step=0,
-                                evidence={"adapter": adapter.name}, code="mask-broadcast/tndebug-masks"))
-    elif adapter.note:                       # how the model was called; its own masks ran
-        run["adapter_note"] = adapter.note
-    run["fresh_init"] = f"{opts.model} called again with the same kwargs, seed {SEED}, no weights loaded"
-    return _Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model),
-                   _fresh_prober(opts, kwargs, batch, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
-                                                            src_vocab=src_v, tgt_vocab=tgt_v)),
-                   batch if decoder else None)
-
-
-def lm_batch(batch, data: str | None) -> Batch:
-    """The held-out batch for a decoder-only model: the task's pairs as one sequence per row
-    (`as_lm`); --data must already be one (an empty src, tgt_in the sequence, tgt_out the
-    next token with PAD where no loss falls)."""
-    if not data:
-        return Batch(*(t.contiguous() for t in as_lm(Batch(*batch))))
-    if batch[0].shape[1]:
-        raise UsageError(f"--data {data}: the model is decoder-only, so src must be empty "
-                         f"([B, 0]) with tgt_in the sequence and tgt_out its next tokens; got src "
-                         f"{tuple(batch[0].shape)}")
-    return batch
-
-
-def _call(adapter, model, src, tgt, pad_id):
-    """The adapter's call: a decoder-only model is fed `tgt` alone (Subject kind "decoder")."""
-    if adapter.kind == "decoder":
-        return adapter.forward(model, tgt, pad_id)
-    return adapter.forward(model, src, tgt, pad_id)
-
-
-def _user_subject(model, adapter, capture, subject_kw: dict) -> Subject:
-    second = adapter.incremental if adapter.kind == "decoder" else adapter.encode
-    return make_subject(model, adapter.forward, second, kind=adapter.kind, capture=capture,
-                        **subject_kw)
-
-
-def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
-    """names -> ProbeResult of the probes on the user's factory called again (seeded, no
-    weights loaded): the code judged apart from the checkpoint's weights (issue 19)."""
-    def probe_fresh(names):
-        model = seeded(lambda: build_user_model(opts.model, kwargs)[0]).eval()
-        adapter = resolve_adapter(opts.adapter, model)
-        capture = GenericCapture(model, kind=adapter.kind)
-        capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], opts.pad_id))
-        subject = _user_subject(model, adapter, capture, subject_kw)
-        return driver.probe_once(subject, names, batch)       # fresh weights: float32
-    return probe_fresh
-
-
-def _runs(adapter, model, src, tgt, pad_id) -> bool:
-    try:
-        with torch.no_grad():
-            _call(adapter, model, src, tgt, pad_id)
-        return True
-    except Exception:  # noqa: BLE001 - whether it runs is the question
-        return False
-
-
-def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int]:
-    """The vocabularies by capture/subjects.py's rule, from one call of the adapter on two
-    held-out rows; a call that raises or returns no logits [B, T, V] is a UsageError."""
-    src, tgt_in, _ = batch
-    try:
-        with fed_tables(model, src[:2], tgt_in[:2]) as fed, torch.no_grad():
-            logits = _call(adapter, model, src[:2], tgt_in[:2], pad_id)
-    except Exception as e:  # noqa: BLE001 - the user's adapter may raise anything
-        width = max(src.shape[1], tgt_in.shape[1])
-        called = ("forward(model, ids [B,T], pad_id)" if adapter.kind == "decoder"
-                  else "forward(model, src [B,S], tgt [B,T], pad_id)")
-        if width > 4 and _runs(adapter, model, src[:2, :4], tgt_in[:2, :4], pad_id):
-            raise UsageError(f"the held-out rows are {width} positions long and the model raises "
-                             f"{type(e).__name__} on them but runs on 4: they are longer than "
-                             f"the model takes (its position table): pass shorter --data, or "
-                             f"--max-len N") from None
-        raise UsageError(f"the adapter {adapter.name} raised {type(e).__name__}: "
-                         f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''} "
-                         f"(it is called as {called})") from None
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != tgt_in[:2].shape:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise UsageError(f"the adapter {adapter.name} returned {shape}; expected logits "
-                         f"[B, T, V] = [2, {tgt_in.shape[1]}, V] (batch first)")
-    return vocab_rule(model, logits.shape[-1], fed, adapter.kind)
-
-
-# -- findings -------------------------------------------------------------------------------------------
 def _rename(f: Finding, user_path) -> Finding:
     if not f.where:
         return f

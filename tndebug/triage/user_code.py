@@ -1,0 +1,149 @@
+"""Triage with the user's own model code (`--model FILE.py:FACTORY`, `--adapter`): the factory
+called with the checkpoint's kwargs, the weights loaded, the model wrapped by one Subject
+(capture/subjects.py), its vocabularies by the one rule, and the same factory called again on a
+fresh seeded initialisation, so the code is judged apart from the weights (issue 19)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from tndebug import driver
+from tndebug.capture import GenericCapture, projection_weights
+from tndebug.capture.adapters import build_user_model, load_weights, parse_config, resolve_adapter
+from tndebug.capture.subjects import fed_tables, make_subject, vocab_rule
+from tndebug.data import Batch, as_lm
+from tndebug.errors import UsageError
+from tndebug.findings import Finding
+from tndebug.subject import Subject
+from tndebug.triage.fresh import SEED, seeded
+from tndebug.triage.loading import Checkpoint
+from tndebug.triage.target import Target, check_task_vocab
+from tndebug.triage.userdata import check_vocab as check_data_vocab
+
+if TYPE_CHECKING:
+    from tndebug.triage.run import TriageOptions
+
+
+def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
+    given = parse_config(opts.config)
+    kwargs = given if given is not None else (ckpt.config or {})
+    model, used = build_user_model(opts.model, kwargs)
+    load_weights(model, ckpt.state_dict, opts.model)
+    model.eval()
+    adapter = resolve_adapter(opts.adapter, model)
+    decoder = adapter.kind == "decoder"
+    if decoder:
+        batch = lm_batch(batch, opts.data)
+    capture = GenericCapture(model, kind=adapter.kind)
+    if opts.data:                            # ids beyond every embedding table: before any forward
+        sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
+        check_data_vocab(batch, max(sizes, default=None), max(sizes, default=None), opts.data)
+    src_v, tgt_v = _user_vocab(model, adapter, batch, opts.pad_id)
+    capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], opts.pad_id))
+    check_task_vocab(src_v, tgt_v, task, batch, opts.data)
+    subject = _user_subject(model, adapter, capture, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
+                                                          src_vocab=src_v, tgt_vocab=tgt_v))
+    run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
+           "model_kwargs": {k: v for k, v in used.items() if isinstance(v, (int, float, str, bool))},
+           "config_source": "--config" if given is not None else (ckpt.config_key or None),
+           "attention_modules": sorted(capture.attention)}
+    if decoder:
+        run["calls"] = ("forward(model, ids, pad_id) -> logits [B, T, V] (decoder-only); KV cache: "
+                        + ("incremental(model, ids, pad_id, split)" if adapter.incremental
+                           else "none offered (the adapter defines no incremental)"))
+        if not opts.data:
+            run["data"] = (f"task {task.name} as one sequence per row: BOS source EOS target EOS "
+                           f"(data.as_lm; built-in, not the model's own data)")
+    findings = []
+    if getattr(adapter, "note", None) and not decoder:   # tndebug built what the user's code would
+        run["adapter_note"] = adapter.note
+        findings.append(Finding("mask-broadcast", "info", f"{adapter.note}; the mask tests judged "
+                                f"tndebug's masks, not yours: pass --adapter FILE.py:forward that "
+                                f"calls your own mask code", where="", step=0,
+                                evidence={"adapter": adapter.name}, code="mask-broadcast/tndebug-masks"))
+    elif adapter.note:                       # how the model was called; its own masks ran
+        run["adapter_note"] = adapter.note
+    run["fresh_init"] = f"{opts.model} called again with the same kwargs, seed {SEED}, no weights loaded"
+    return Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model),
+                   _fresh_prober(opts, kwargs, batch, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
+                                                            src_vocab=src_v, tgt_vocab=tgt_v)),
+                   batch if decoder else None)
+
+
+def lm_batch(batch, data: str | None) -> Batch:
+    """The held-out batch for a decoder-only model: the task's pairs as one sequence per row
+    (`as_lm`); --data must already be one (an empty src, tgt_in the sequence, tgt_out the
+    next token with PAD where no loss falls)."""
+    if not data:
+        return Batch(*(t.contiguous() for t in as_lm(Batch(*batch))))
+    if batch[0].shape[1]:
+        raise UsageError(f"--data {data}: the model is decoder-only, so src must be empty "
+                         f"([B, 0]) with tgt_in the sequence and tgt_out its next tokens; got src "
+                         f"{tuple(batch[0].shape)}")
+    return batch
+
+
+def _call(adapter, model, src, tgt, pad_id):
+    """The adapter's call: a decoder-only model is fed `tgt` alone (Subject kind "decoder")."""
+    if adapter.kind == "decoder":
+        return adapter.forward(model, tgt, pad_id)
+    return adapter.forward(model, src, tgt, pad_id)
+
+
+def _user_subject(model, adapter, capture, subject_kw: dict) -> Subject:
+    second = adapter.incremental if adapter.kind == "decoder" else adapter.encode
+    return make_subject(model, adapter.forward, second, kind=adapter.kind, capture=capture,
+                        **subject_kw)
+
+
+def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
+    """names -> ProbeResult of the probes on the user's factory called again (seeded, no
+    weights loaded): the code judged apart from the checkpoint's weights (issue 19)."""
+    def probe_fresh(names):
+        model = seeded(lambda: build_user_model(opts.model, kwargs)[0]).eval()
+        adapter = resolve_adapter(opts.adapter, model)
+        capture = GenericCapture(model, kind=adapter.kind)
+        capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], opts.pad_id))
+        subject = _user_subject(model, adapter, capture, subject_kw)
+        return driver.probe_once(subject, names, batch)       # fresh weights: float32
+    return probe_fresh
+
+
+def _runs(adapter, model, src, tgt, pad_id) -> bool:
+    try:
+        with torch.no_grad():
+            _call(adapter, model, src, tgt, pad_id)
+        return True
+    except Exception:  # noqa: BLE001 - whether it runs is the question
+        return False
+
+
+def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int]:
+    """The vocabularies by capture/subjects.py's rule, from one call of the adapter on two
+    held-out rows; a call that raises or returns no logits [B, T, V] is a UsageError."""
+    src, tgt_in, _ = batch
+    try:
+        with fed_tables(model, src[:2], tgt_in[:2]) as fed, torch.no_grad():
+            logits = _call(adapter, model, src[:2], tgt_in[:2], pad_id)
+    except Exception as e:  # noqa: BLE001 - the user's adapter may raise anything
+        width = max(src.shape[1], tgt_in.shape[1])
+        called = ("forward(model, ids [B,T], pad_id)" if adapter.kind == "decoder"
+                  else "forward(model, src [B,S], tgt [B,T], pad_id)")
+        if width > 4 and _runs(adapter, model, src[:2, :4], tgt_in[:2, :4], pad_id):
+            raise UsageError(f"the held-out rows are {width} positions long and the model raises "
+                             f"{type(e).__name__} on them but runs on 4: they are longer than "
+                             f"the model takes (its position table): pass shorter --data, or "
+                             f"--max-len N") from None
+        raise UsageError(f"the adapter {adapter.name} raised {type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''} "
+                         f"(it is called as {called})") from None
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != tgt_in[:2].shape:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise UsageError(f"the adapter {adapter.name} returned {shape}; expected logits "
+                         f"[B, T, V] = [2, {tgt_in.shape[1]}, V] (batch first)")
+    return vocab_rule(model, logits.shape[-1], fed, adapter.kind)
+
+
+# -- findings -------------------------------------------------------------------------------------------
