@@ -38,8 +38,7 @@ LEGACY = {
     "bench/results/triage_speed.json", "bench/results/hf_triage.json",
     "bench/results/foreign_at_b735d21.md", "bench/results/foreign_at_b735d21.json",
     "bench/results/watch_breakdown_sdpa.json",
-    "bench/results/watch_breakdown_bart.json", "bench/results/detection.md", "bench/results/detection.json",
-    "bench/results/detection.jsonl",
+    "bench/results/watch_breakdown_bart.json",
 }
 
 
