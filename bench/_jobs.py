@@ -88,6 +88,13 @@ JOBS: tuple[Job, ...] = (
         (("bench/watch_overhead.py", "--steps", "20", "--skip", "4", "--rounds", "1", "--models", "sdpa",
           "--no-memory", "--max-load", "100", "--out", "{out}/watch_overhead.json"),),
         (R + "watch_overhead.json",), 24.0),
+    Job("watch_overhead_budget", "tndebug.watch at its default budget alone (the arm issue 20's 1.03x "
+                                 "target is about), the three models, 800 steps x 2 rounds",
+        (("bench/watch_overhead.py", "--models", "sdpa,bart,sdpa-small", "--arms", "default",
+          "--out", R + "watch_overhead_budget.json"),),
+        (("bench/watch_overhead.py", "--steps", "20", "--skip", "4", "--rounds", "1", "--models", "sdpa-small",
+          "--arms", "default", "--no-memory", "--max-load", "100", "--out", "{out}/watch_overhead_budget.json"),),
+        (R + "watch_overhead_budget.json",), 12.0),
     Job("watch_breakdown", "where the watch's overhead goes, step by step, SDPA and BART",
         (("bench/watch_breakdown.py", "--model", "sdpa", "--steps", "800"),
          ("bench/watch_breakdown.py", "--model", "bart", "--steps", "800")),
