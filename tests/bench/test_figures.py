@@ -32,8 +32,7 @@ NOT_REPRODUCED = "not reproduced at this commit"
 # them. `python -m bench all` on a quiet machine replaces each; remove its entry then (the last
 # test fails while an entry names a file that records its provenance).
 LEGACY = {
-    "bench/results/default_run.json", "bench/results/default_run.md", "bench/results/speed_vs_torch.json",
-    "bench/results/overhead.json", "bench/results/report_overhead.json",
+    "bench/results/default_run.json", "bench/results/default_run.md",
     "bench/results/ddp_overhead.json", "bench/results/ddp_overhead_small.json",
     "bench/results/triage_speed.json", "bench/results/hf_triage.json",
     "bench/results/foreign_at_b735d21.md", "bench/results/foreign_at_b735d21.json",
