@@ -30,7 +30,6 @@ off and reported (an info finding); an error of tndebug's own stops probing, nev
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import traceback
 import weakref
@@ -47,7 +46,7 @@ from tndebug.library import args as A
 from tndebug.library.live import declared_schedule, live_subject, set_max_len, unwrap
 from tndebug.library.watch_hooks import _WatchHooks
 from tndebug.library.watch_parts import (_BACKWARD, _Hook, _Shielded, _StepCapture, _dist_from_env,
-                                         _inner_optimizer, _quiet, _thinned_note)
+                                         _inner_optimizer, _quiet, run_record)
 from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext
 from tndebug.probes.budget import DEFAULT_FRACTION, Budget
@@ -343,39 +342,8 @@ class Watch(_WatchHooks):
         for name, why in self._failed.items():
             statuses[name] = {**statuses.get(name, {}), "status": "no verdict",
                               "reason": f"failed: {why}"}
-        hist = self._history
-        tail = [x for x in hist["loss"][-10:] if math.isfinite(x)]
-        opt = self._optimizer
-        run = {"mode": "watch", "model": type(self._subject.model).__name__,
-               "adapter": self._info.get("adapter"), "pad_id": self._pad_id,
-               "bos_id": self._subject.bos_id, "src_vocab": self._subject.src_vocab,
-               "tgt_vocab": self._subject.tgt_vocab,
-               "attention_modules": self._info.get("attention_modules"),
-               "probe_inputs": self._subject.inputs(),
-               "optimizer": type(opt).__name__ if opt is not None else None,
-               "lr_schedule": ("declared" if self._schedule is not None else None),
-               "start_step": self.start_step, "steps": self._steps_seen,
-               "stopped_at_step": self._step, "status": status, "error": error,
-               "diverged_at_step": self.diverged, "device": str(self._device),
-               "final_loss": sum(tail) / len(tail) if tail else None,
-               "final_lr": self._optimizer_lr(),
-               "world_size": self._dist.world if self._dist is not None else 1,
-               "wall_s": round(time.perf_counter() - self._t0, 3),
-               "probe_s": round(engine.probe_seconds, 3),
-               "probe_s_by_probe": {k: round(v, 3) for k, v in engine.seconds_by_probe.items()}}
-        if engine.budget is not None:
-            run["probe_budget"] = engine.budget.summary()
-        notes = [n for n in (self._schedule_note, self._info.get("adapter_note"),
-                             _thinned_note(engine.budget)) if n]
-        if opt is None:
-            notes.append("no optimizer: steps are the dbg.step() calls; the lr is dbg.step(lr=) "
-                         "or unknown, so lr-schedule has nothing to compare")
-        if self._steps_seen == 0:
-            notes.append("no training step was observed (no optimizer.step() and no dbg.step() "
-                         "inside the block, or the model was never called in train mode)")
-        if notes:
-            run["notes"] = notes
-        self.report = driver.make_report(run, findings, statuses, history=hist,
+        run = run_record(self, engine, status, error)
+        self.report = driver.make_report(run, findings, statuses, history=self._history,
                                          select=self._codes[0], ignore=self._codes[1])
         if self._session is not None:
             self.exit_code = self._session.finish(self.report, self.fail_on)

@@ -5,6 +5,7 @@ probe shield, the step-scoped capture, the one backward tap, and small helpers.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -180,3 +181,41 @@ def _quiet(session_cls):
         def _print(self, report, md, paths):
             return None
     return QuietSession
+
+
+def run_record(w, engine, status: str, error: str | None) -> dict:
+    """report.json's `run` of a watch `w` that has finished: what was watched, how the block
+    ended, what the probes cost (and the budget spent and thinned), the notes for the reader."""
+    hist = w._history
+    tail = [x for x in hist["loss"][-10:] if math.isfinite(x)]
+    opt = w._optimizer
+    run = {"mode": "watch", "model": type(w._subject.model).__name__,
+           "adapter": w._info.get("adapter"), "pad_id": w._pad_id,
+           "bos_id": w._subject.bos_id, "src_vocab": w._subject.src_vocab,
+           "tgt_vocab": w._subject.tgt_vocab,
+           "attention_modules": w._info.get("attention_modules"),
+           "probe_inputs": w._subject.inputs(),
+           "optimizer": type(opt).__name__ if opt is not None else None,
+           "lr_schedule": ("declared" if w._schedule is not None else None),
+           "start_step": w.start_step, "steps": w._steps_seen,
+           "stopped_at_step": w._step, "status": status, "error": error,
+           "diverged_at_step": w.diverged, "device": str(w._device),
+           "final_loss": sum(tail) / len(tail) if tail else None,
+           "final_lr": w._optimizer_lr(),
+           "world_size": w._dist.world if w._dist is not None else 1,
+           "wall_s": round(time.perf_counter() - w._t0, 3),
+           "probe_s": round(engine.probe_seconds, 3),
+           "probe_s_by_probe": {k: round(v, 3) for k, v in engine.seconds_by_probe.items()}}
+    if engine.budget is not None:
+        run["probe_budget"] = engine.budget.summary()
+    notes = [n for n in (w._schedule_note, w._info.get("adapter_note"),
+                         _thinned_note(engine.budget)) if n]
+    if opt is None:
+        notes.append("no optimizer: steps are the dbg.step() calls; the lr is dbg.step(lr=) "
+                     "or unknown, so lr-schedule has nothing to compare")
+    if w._steps_seen == 0:
+        notes.append("no training step was observed (no optimizer.step() and no dbg.step() "
+                     "inside the block, or the model was never called in train mode)")
+    if notes:
+        run["notes"] = notes
+    return run
