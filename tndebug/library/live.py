@@ -81,23 +81,19 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     info: dict = {"hf": False}
     first_content = None
     kind, incremental, lm_forward = "seq2seq", None, None
-    if forward is None and is_hf_causal(model):
+    one_stack = None if forward is not None else (
+        "decoder" if is_hf_causal(model) else "encoder" if is_hf_masked_lm(model) else None)
+    if one_stack is not None:                     # a Hugging Face decoder-only model or masked LM
         from tndebug.capture.hf_decoder import choose_lm_ids, make_lm_adapter
-        in_v = model.get_input_embeddings().num_embeddings
-        ids = choose_lm_ids(model.config, in_v)
-        lm_forward, incremental = make_lm_adapter()
-        kind, adapter = "decoder", Adapter("huggingface", _ignoring_src(lm_forward))
-        pad_id, bos_id = ids["pad"], ids["start"]
-        lo, hi = ids["content"]
-        first_content = lo
-        src_vocab, tgt_vocab = src_vocab or hi, tgt_vocab or hi
-        info.update(hf=True, hf_ids=ids)
-    elif forward is None and is_hf_masked_lm(model):
-        from tndebug.capture.hf_decoder import choose_lm_ids
         from tndebug.capture.hf_encoder import make_mlm_adapter
         ids = choose_lm_ids(model.config, model.get_input_embeddings().num_embeddings)
-        lm_forward = make_mlm_adapter()
-        kind, adapter = "encoder", Adapter("huggingface", _ignoring_tgt(lm_forward))
+        if one_stack == "decoder":
+            lm_forward, incremental = make_lm_adapter()
+            call = _ignoring_src(lm_forward)
+        else:
+            lm_forward = make_mlm_adapter()
+            call = _ignoring_tgt(lm_forward)
+        kind, adapter = one_stack, Adapter("huggingface", call)
         pad_id, bos_id = ids["pad"], ids["start"]
         lo, hi = ids["content"]
         first_content = lo
