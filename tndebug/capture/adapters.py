@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,7 +122,7 @@ def gpt_adapter(model: nn.Module) -> "Adapter":
             with torch.no_grad():
                 out = first_tensor(model(*args))
         except Exception as e:  # noqa: BLE001 - the user's model may raise anything
-            return f"raised {type(e).__name__}: {_line(e)}"
+            return f"raised {type(e).__name__}: {line(e)}"
         return tuple(out.shape) if out is not None else "no tensor"
 
     plain = shape_of(idx)
@@ -354,7 +353,7 @@ def import_file(path: Path, flag: str = "--model"):
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - the user's code may raise anything
         sys.modules.pop(mod_name, None)
-        raise UsageError(f"{flag}: importing {path} raised {type(e).__name__}: {_line(e)}") from None
+        raise UsageError(f"{flag}: importing {path} raised {type(e).__name__}: {line(e)}") from None
     finally:
         try:
             sys.path.remove(folder)
@@ -364,64 +363,7 @@ def import_file(path: Path, flag: str = "--model"):
     return module
 
 
-def parse_config(text: str | None) -> dict | None:
-    """--config: inline JSON or a JSON file."""
-    if text is None:
-        return None
-    p = Path(text)
-    if not text.lstrip().startswith("{") and p.suffix == ".json":
-        if not p.is_file():
-            raise UsageError(f"--config: no such file {text}")
-        text = p.read_text()
-    try:
-        cfg = json.loads(text)
-    except ValueError as e:
-        raise UsageError(f"--config is not valid JSON ({e}); pass '{{\"d_model\": 512}}' or a .json file") from None
-    if not isinstance(cfg, dict):
-        raise UsageError("--config must be a JSON object of keyword arguments")
-    return cfg
-
-
-def build_user_model(spec: str, kwargs: dict | None) -> tuple[nn.Module, dict]:
-    """Call the user's factory with the kwargs it accepts; returns (model, kwargs used)."""
-    factory, _ = load_callable(spec, "--model")
-    used = dict(kwargs or {})
-    try:
-        sig = inspect.signature(factory)
-        if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
-            used = {k: v for k, v in used.items() if k in sig.parameters}
-    except (TypeError, ValueError):
-        pass
-    try:
-        model = factory(**used)
-    except Exception as e:  # noqa: BLE001 - the user's factory may raise anything
-        shown = ", ".join(f"{k}={v!r}" for k, v in list(used.items())[:6])
-        raise UsageError(f"--model {spec} raised {type(e).__name__}: {_line(e)} "
-                         f"(called with {shown or 'no arguments'}; pass --config '{{...}}')") from None
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"--model {spec} returned a {type(model).__name__}, not an nn.Module")
-    return model, used
-
-
-def load_weights(model: nn.Module, state_dict: dict, spec: str) -> None:
-    """Strict load; a mismatch is one line naming the first differences."""
-    try:
-        missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    except RuntimeError as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln]
-        raise UsageError(f"the checkpoint's shapes do not match the model built by {spec}: "
-                         f"{lines[0] if lines else _line(e)} (pass the sizes it was trained with: "
-                         f"--config '{{...}}')") from None
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
-        raise UsageError(f"the checkpoint's keys do not match the model built by {spec}: "
-                         f"{'; '.join(parts)}")
-
-
-def _line(e: Exception) -> str:
+def line(e: Exception) -> str:
+    """The first line of an exception's message (200 characters at most), or its type."""
     s = str(e).strip()
     return s.splitlines()[0][:200] if s else type(e).__name__

@@ -34,7 +34,7 @@ from tndebug.probes.base import COVERAGE, ProbeError
 from tndebug.probes._head_weights import duplicate_heads
 from tndebug.subject import Subject, tndebug_subject
 from tndebug.triage import hygiene, layouts
-from tndebug.capture.adapters import parse_config
+from tndebug.capture.user_model import parse_config
 from tndebug.triage.fresh import apart_from_weights
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.target import Target, check_task_vocab

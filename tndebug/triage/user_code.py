@@ -11,7 +11,8 @@ from torch import nn
 
 from tndebug import driver
 from tndebug.capture import GenericCapture, projection_weights
-from tndebug.capture.adapters import build_user_model, load_weights, parse_config, resolve_adapter
+from tndebug.capture.adapters import resolve_adapter
+from tndebug.capture.user_model import build_user_model, load_weights, parse_config
 from tndebug.capture.subjects import fed_tables, make_subject, vocab_rule
 from tndebug.data import Batch, as_lm
 from tndebug.errors import UsageError
