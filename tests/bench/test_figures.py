@@ -33,8 +33,6 @@ NOT_REPRODUCED = "not reproduced at this commit"
 # test fails while an entry names a file that records its provenance).
 LEGACY = {
     "bench/results/default_run.json", "bench/results/default_run.md",
-    "bench/results/ddp_overhead.json", "bench/results/ddp_overhead_small.json",
-    "bench/results/triage_speed.json", "bench/results/hf_triage.json",
     "bench/results/foreign_at_b735d21.md", "bench/results/foreign_at_b735d21.json",
     "bench/results/watch_breakdown_sdpa.json",
     "bench/results/watch_breakdown_bart.json",
