@@ -314,26 +314,19 @@ def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None =
       caller to take as `shift_left(tgt_in)` where it needs one.
     """
     ids = kwargs.get("input_ids")
-    if kind == "encoder":                     # one sequence; labels unshifted (-100 -> pad)
+    if kind in ("encoder", "decoder"):        # one sequence
         if not isinstance(ids, torch.Tensor):
             ids = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)
                         and a.dim() == 2 and not a.is_floating_point() and a.dtype != torch.bool), None)
         if ids is None:
             return None
         labels = kwargs.get("labels")
-        tgt_out = (labels.masked_fill(labels < 0, pad_id)
-                   if isinstance(labels, torch.Tensor) and labels.shape == ids.shape else None)
-        return ids, ids, tgt_out
-    if kind == "decoder":
-        if not isinstance(ids, torch.Tensor):
-            ids = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)
-                        and a.dim() == 2 and not a.is_floating_point() and a.dtype != torch.bool), None)
-        if ids is None:
-            return None
-        labels = kwargs.get("labels")
-        tgt_out = (shift_left(labels.masked_fill(labels < 0, pad_id), pad_id)
-                   if isinstance(labels, torch.Tensor) and labels.shape == ids.shape else None)
-        return ids[:, :0], ids, tgt_out
+        tgt_out = None
+        if isinstance(labels, torch.Tensor) and labels.shape == ids.shape:
+            tgt_out = labels.masked_fill(labels < 0, pad_id)          # -100 -> pad
+            if kind == "decoder":                 # the model shifts them itself: so do we
+                tgt_out = shift_left(tgt_out, pad_id)
+        return (ids, ids, tgt_out) if kind == "encoder" else (ids[:, :0], ids, tgt_out)
     if isinstance(ids, torch.Tensor):
         labels = kwargs.get("labels")
         tgt_out = None

@@ -16,7 +16,7 @@ What is never thinned: a probe's first observation (each probe judges at least o
 budget never turns a verdict into "no verdict"), probes that capture nothing (loss-health,
 lr-schedule, label-smoothing, ...: the loss and the lr, a sync at most, so divergence is seen
 when it happens), the last step's snapshot for the figures (paid for ahead: `final_reserve` holds back the
-costliest probed step seen), and the setup's exact tests (they run before the first step,
+costliest of the last WINDOW probed steps), and the setup's exact tests (they run before the first step,
 outside any budget).
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Budget:
         self.spent_s = 0.0           # the probed steps' cost beyond the user's own step time
         self.thinned: dict[str, int] = {}
         # a capture is held back for the run's closing snapshot (the figures' last step, never
-        # thinned), as the costliest probed step seen: bench/results/watch_overhead.json at
+        # thinned), as the costliest of the last WINDOW probed steps: bench/results/watch_overhead.json at
         # a044675 spent 3.5-3.7% by the budget's own account on the ~25 ms model, the snapshot
         # at the end being over. Set by the engine when a snapshot will come.
         self.final_reserve = False
