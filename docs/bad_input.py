@@ -108,6 +108,7 @@ CASES = [
     ("--data whose pad id occurs mid-sequence (a real token)",
      ["triage", "model.pt", "--data", "mid_pad.pt", "--pad-id", "5"], True),
     ("an adapter name that is not built in", ["triage", "model.pt", "--adapter", "fairseq"], True),
+    ("--arch without --model (the layout says the shape)", ["triage", "model.pt", "--arch", "encoder"], True),
     ("--model without :FACTORY", ["triage", "model.pt", "--model", "mymodel.py"], False),
     ("--model file that does not exist", ["triage", "model.pt", "--model", "missing.py:make"], False),
     ("--model factory that raises", ["triage", "model.pt", "--model", "mymodel.py:make_model"], False),

@@ -135,7 +135,7 @@ def test_an_empty_dict_says_so(capsys, tmp_path):
 def test_an_unknown_adapter_name_lists_the_built_in_ones(capsys, tmp_path, annotated_ckpt):
     path, _ = annotated_ckpt()
     bad([path, "--adapter", "fairseq"], capsys, tmp_path,
-        "--adapter 'fairseq': not a built-in adapter (built-in: annotated, tndebug, gpt)")
+        "--adapter 'fairseq': not a built-in adapter (built-in: annotated, tndebug, gpt, bert)")
 
 
 @pytest.mark.parametrize("flags, words", [

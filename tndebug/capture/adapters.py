@@ -24,13 +24,20 @@ then `model.generator`, masks built by the model module's own `Batch.make_std_ma
 `subsequent_mask` where it defines them, else by tndebug, which `Adapter.note` then says),
 `tndebug` (`model(src, tgt)`) and `gpt` (decoder-only: `model(idx)` returning logits or
 `(logits, loss)`; nanoGPT's `forward(idx, targets=None)`, which returns only the last
-position's logits without targets, is called `model(idx, idx)`, which `Adapter.note` says).
-Anything else: `--adapter FILE.py:FUNCTION`.
+position's logits without targets, is called `model(idx, idx)`, which `Adapter.note` says) and
+`bert` (encoder-only, BERT-style: `model(ids)` returning per-token logits; the model builds its
+own padding mask from the ids). Anything else: `--adapter FILE.py:FUNCTION`.
+
+A decoder-only and an encoder-only model are called alike (`forward(model, ids, pad_id)`), so
+which one a model is comes from `--arch` when the user says it, else from the class name (a
+hint: `Bert`, `Roberta`, `Electra`, `Encoder`, `MLM`, `MaskedLM` in it read as encoder-only),
+else decoder-only; `Adapter.kind_from` says which, and the report repeats it.
 """
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +49,8 @@ from torch import nn
 from tndebug.errors import UsageError
 from tndebug.capture.structure import is_attention
 
-BUILTIN = ("annotated", "tndebug", "gpt")
+BUILTIN = ("annotated", "tndebug", "gpt", "bert")
+ARCHS = ("seq2seq", "decoder", "encoder")
 
 
 # -- built-in adapters --------------------------------------------------------------------------
@@ -142,14 +150,35 @@ def gpt_adapter(model: nn.Module) -> "Adapter":
                      f"ids, pad_id) -> logits [B, T, V]")
 
 
+def bert_adapter(model: nn.Module) -> "Adapter":
+    """The built-in `bert` adapter (encoder-only): `model(ids)` -> per-token logits [B, T, V] (or
+    a tuple whose first tensor they are, or `.logits`), decided by one call on 3 positions; the
+    model makes its own padding mask from the ids. Anything else is a UsageError saying what
+    came back."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    idx = torch.ones(1, 3, dtype=torch.long, device=device)
+    try:
+        with torch.no_grad():
+            out = first_tensor(model(idx))
+        got = tuple(out.shape) if out is not None else "no tensor"
+    except Exception as e:  # noqa: BLE001 - the user's model may raise anything
+        got = f"raised {type(e).__name__}: {line(e)}"
+    if isinstance(got, tuple) and len(got) == 3 and got[:2] == (1, 3):
+        return Adapter("bert", lambda m, ids, pad_id: as_logits(m(ids), ids, "bert"), kind="encoder")
+    raise UsageError(f"the bert adapter: model(ids [1, 3]) gave {got}; expected per-token logits "
+                     f"[1, 3, V]: pass --adapter FILE.py:forward with def forward(model, ids, "
+                     f"pad_id) -> logits [B, T, V] (and --arch encoder)")
+
+
 @dataclass
 class Adapter:
     name: str
     forward: Callable
     encode: Callable | None = None
     note: str | None = None          # what the report should say about how the model was called
-    kind: str = "seq2seq"            # "decoder": forward(model, ids, pad_id) (Subject kind)
+    kind: str = "seq2seq"            # "decoder": forward(model, ids, pad_id); "encoder": the same
     incremental: Callable | None = None   # decoder-only: through the model's KV cache
+    kind_from: str = ""              # how `kind` was decided (--arch, the class name, the shape)
 
 
 def builtin_adapter(name: str, model: nn.Module | None = None) -> Adapter:
@@ -162,7 +191,9 @@ def builtin_adapter(name: str, model: nn.Module | None = None) -> Adapter:
         return Adapter("tndebug", tndebug_forward, tndebug_encode)
     if name == "gpt" and model is not None:
         return gpt_adapter(model)
-    raise UsageError(f"unknown adapter {name!r}; use annotated, tndebug, gpt or FILE.py:FUNCTION")
+    if name == "bert" and model is not None:
+        return bert_adapter(model)
+    raise UsageError(f"unknown adapter {name!r}; use annotated, tndebug, gpt, bert or FILE.py:FUNCTION")
 
 
 def first_tensor(out) -> torch.Tensor | None:
@@ -277,41 +308,90 @@ def describe_shape(model: nn.Module) -> str:
     return f"found embeddings {tables}; head {heads}; {blocks}; forward requires {inputs} argument(s)"
 
 
+# Class-name hints that a one-input model is encoder-only (BERT-style). A hint only: it picks
+# which shape's tests run when the user did not say (--arch), and the report says it was a
+# guess; a GPT named like this gets the encoder's tests and the report's line to correct it.
+GUESSED = "guessed from"
+ENCODER_NAMES = re.compile(r"bert|roberta|electra|encoder|mlm|maskedlm", re.IGNORECASE)
+
+
 def guess_adapter(model: nn.Module) -> str | None:
     """A built-in adapter that fits the model's shape, or None."""
+    return _guess(model)[0]
+
+
+def _guess(model: nn.Module) -> tuple[str | None, str]:
+    """(the built-in adapter that fits the model's shape or None, how that was told)."""
     from tndebug.model import Transformer
     if isinstance(model, Transformer):
-        return "tndebug"
+        return "tndebug", "tndebug's own model"
     names = dict(model.named_children())
     if {"encoder", "decoder", "src_embed", "tgt_embed", "generator"} <= set(names) \
             and hasattr(model, "encode") and hasattr(model, "decode"):
-        return "annotated"
-    shape = _lm_shape(model)                 # GPT-shaped: a head, attention blocks, one input
+        return "annotated", "The Annotated Transformer's module names"
+    shape = _lm_shape(model)                 # one stack: a head, attention blocks, one input
     if shape["heads"] and shape["attention_blocks"] and shape["inputs"] == 1:
-        return "gpt"
-    return None
+        cls = type(model).__name__
+        if ENCODER_NAMES.search(cls):
+            return "bert", (f"{GUESSED} the class name {cls} (one input; pass --arch decoder "
+                            f"if it is causal)")
+        return "gpt", (f"{GUESSED} its shape (one input, a head the vocabulary's size; pass "
+                       f"--arch encoder if it is bidirectional on purpose)")
+    return None, ""
 
 
-def resolve_adapter(spec: str | None, model: nn.Module) -> Adapter:
+def resolve_adapter(spec: str | None, model: nn.Module, arch: str | None = None) -> Adapter:
+    """The adapter for `--adapter spec` (None: guessed from the model), its kind set by `arch`
+    (--arch: seq2seq, decoder or encoder) where the user gave one; a spec that contradicts it
+    is a UsageError."""
     if spec is None:
-        guess = guess_adapter(model)
+        guess, how = _guess(model)
+        one_stack = {"decoder": "gpt", "encoder": "bert"}
+        if arch in one_stack and guess in (None, "gpt", "bert"):
+            guess, how = one_stack[arch], f"--arch {arch}"
+        elif arch == "seq2seq" and guess in ("gpt", "bert"):
+            raise UsageError(f"--arch seq2seq, but {type(model).__name__} takes one input "
+                             f"({describe_shape(model)}): pass --adapter FILE.py:FUNCTION with "
+                             f"def forward(model, src, tgt, pad_id) -> logits")
         if guess is None:
             raise UsageError(
                 f"do not know how to call {type(model).__name__} ({describe_shape(model)}): pass "
-                f"--adapter gpt, or --adapter FILE.py:FUNCTION with def forward(model, ids, "
-                f"pad_id) -> logits (decoder-only) or def forward(model, src, tgt, pad_id) -> "
+                f"--adapter gpt (decoder-only) or bert (encoder-only), or --adapter "
+                f"FILE.py:FUNCTION with def forward(model, ids, pad_id) -> logits (one stack; "
+                f"--arch encoder if bidirectional) or def forward(model, src, tgt, pad_id) -> "
                 f"logits (encoder-decoder); see docs/triage.md")
-        return builtin_adapter(guess, model)
+        adapter = builtin_adapter(guess, model)
+        adapter.kind_from = how
+        return _agree(adapter, arch, f"the {guess} adapter")
     if spec in BUILTIN:
-        return builtin_adapter(spec, model)
+        adapter = builtin_adapter(spec, model)
+        adapter.kind_from = f"--adapter {spec}"
+        return _agree(adapter, arch, f"--adapter {spec}")
     fn, module = load_callable(spec, "--adapter")
     kind = adapter_kind(fn, spec)
     if kind == "decoder":
+        if arch == "encoder":
+            return Adapter(spec, _normalised(fn, spec, kind), kind="encoder", kind_from="--arch encoder")
         inc = getattr(module, "incremental", None)
-        return Adapter(spec, _normalised(fn, spec, kind), kind=kind,
-                       incremental=inc if callable(inc) and inc is not fn else None)
+        return _agree(Adapter(spec, _normalised(fn, spec, kind), kind=kind,
+                              incremental=inc if callable(inc) and inc is not fn else None,
+                              kind_from=f"--arch {arch}" if arch else
+                              "forward(model, ids, pad_id): one stack, read as decoder-only "
+                              "(pass --arch encoder if it is BERT-style)"), arch, f"--adapter {spec}")
     enc = getattr(module, "encode", None)
-    return Adapter(spec, _normalised(fn, spec), enc if callable(enc) and enc is not fn else None)
+    return _agree(Adapter(spec, _normalised(fn, spec), enc if callable(enc) and enc is not fn else None,
+                          kind_from="forward(model, src, tgt, pad_id)"), arch, f"--adapter {spec}")
+
+
+def _agree(adapter: Adapter, arch: str | None, what: str) -> Adapter:
+    """The adapter, when its kind is what --arch says (or --arch was not given)."""
+    if arch and adapter.kind != arch:
+        calls = {"seq2seq": "forward(model, src, tgt, pad_id)", "decoder": "forward(model, ids, pad_id)",
+                 "encoder": "forward(model, ids, pad_id)"}
+        raise UsageError(f"--arch {arch} does not fit {what}, which calls the model as "
+                         f"{calls[adapter.kind]} ({adapter.kind}); pass an adapter that calls it "
+                         f"as {calls[arch]}")
+    return adapter
 
 
 # -- user code ------------------------------------------------------------------------------------

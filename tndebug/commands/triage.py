@@ -54,9 +54,17 @@ def add_parser(sub) -> None:
                    help="build your own module (kwargs from --config, else the checkpoint's config)")
     p.add_argument("--config", metavar="JSON|FILE.json",
                    help="factory kwargs with --model; sizes/heads/norm without it")
-    p.add_argument("--adapter", metavar="annotated|tndebug|gpt|FILE.py:FUNCTION",
+    p.add_argument("--adapter", metavar="annotated|tndebug|gpt|bert|FILE.py:FUNCTION",
                    help="how to call the model: forward(model, src, tgt, pad_id) -> logits, or "
-                        "forward(model, ids, pad_id) -> logits for a decoder-only model")
+                        "forward(model, ids, pad_id) -> logits for a decoder-only or "
+                        "encoder-only model (gpt: model(idx); bert: model(ids), the model masking "
+                        "its own pads)")
+    p.add_argument("--arch", choices=("seq2seq", "decoder", "encoder"),
+                   help="with --model: what your model is, when its code cannot say: decoder "
+                        "(GPT-style, causal) and encoder (BERT-style, bidirectional) are called "
+                        "alike, forward(model, ids, pad_id) (default: an encoder when the class "
+                        "name says Bert/Roberta/Electra/Encoder/MLM, else a decoder; the report "
+                        "says which)")
     p.add_argument("--data", metavar="FILE.pt|FILE.py:FUNCTION",
                    help="your own held-out batches for every comparison triage makes (the "
                         "temperature sweep, layout settling, the probes' batch): a torch.save "
@@ -120,7 +128,7 @@ def main(args) -> int:
     if args.adapter and ":" not in args.adapter and args.adapter not in BUILTIN:
         raise UsageError(f"--adapter {args.adapter!r}: not a built-in adapter (built-in: "
                          f"{', '.join(BUILTIN)}); or pass FILE.py:FUNCTION with def "
-                         f"forward(model, src, tgt, pad_id) -> logits (decoder-only: "
+                         f"forward(model, src, tgt, pad_id) -> logits (decoder- or encoder-only: "
                          f"forward(model, ids, pad_id))")
 
     args.select = driver.codes_option(args.select, "--select")     # before any work
@@ -129,7 +137,7 @@ def main(args) -> int:
                          adapter=args.adapter, task=args.task, pad_id=args.pad_id,
                          bos_id=args.bos_id, heads=args.heads, norm=args.norm, probes=args.probe,
                          trust=args.trust_checkpoint, data=args.data, attn=args.attn,
-                         text=args.text, max_len=args.max_len)
+                         text=args.text, max_len=args.max_len, arch=args.arch)
     from tndebug.reporters.oneshot import previous_mode
     previous = previous_mode(args.out) if args.out and args.overwrite else None   # whose tb/ it is
     with claim_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite,

@@ -124,6 +124,10 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
                 f"def fn(model, src, tgt, pad_id) -> logits [B, T, V] (src [B, S] and tgt [B, T] "
                 f"batch first, tgt BOS-led)")
         adapter = builtin_adapter(guess, model)
+        if adapter.kind in ("decoder", "encoder"):   # gpt / bert: forward(model, ids, pad_id)
+            kind, lm_forward = adapter.kind, adapter.forward
+            wrap = _ignoring_src if kind == "decoder" else _ignoring_tgt
+            adapter = Adapter(adapter.name, wrap(lm_forward), note=adapter.note)
     else:
         if not callable(forward):
             raise UsageError(f"forward: expected a callable forward(model, src, tgt, pad_id) -> "

@@ -220,6 +220,9 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
     achieved = result_text(report)
     if achieved:
         parts.append(Text(achieved))
+    shape = shape_text(report)
+    if shape:
+        parts.append(Text(shape))
     unchecked = unchecked_text(report)
     if unchecked:
         parts.append(Text(f"UNCHECKED: {unchecked}", style="bold"))
@@ -286,6 +289,20 @@ def result_text(report: Report) -> str | None:
     task = (f"held-out: exact match {em:.1%}, token accuracy {acc:.1%}" if em is not None
             and acc is not None else "held-out: not evaluated")
     return f"{task}; train {_seconds(run['train_s'])}, wall {_seconds(run['wall_s'])}"
+
+
+SHAPES = {"seq2seq": "encoder-decoder", "decoder": "decoder-only (GPT-style, causal)",
+          "encoder": "encoder-only (BERT-style, bidirectional)"}
+
+
+def shape_text(report: Report) -> str | None:
+    """Triage of the user's own code: which shape's tests ran and how that was decided
+    (run.arch, run.arch_from), since a decoder-only and an encoder-only model are called alike;
+    None elsewhere."""
+    run = report.run
+    if run.get("layout") != "user code" or not run.get("arch_from"):
+        return None
+    return f"read as {SHAPES.get(run.get('arch'), run.get('arch'))}: {run['arch_from']}"
 
 
 def _same_reason_together(rows: list[tuple[str, str]]) -> list[tuple[str, str]]:

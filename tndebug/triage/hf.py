@@ -182,9 +182,9 @@ def triage_hf(opts, patch=None, sinks=()):
         timings[name] = round(time.perf_counter() - t0 - sum(timings.values()), 3)
 
     folder = Path(opts.checkpoint)
-    if opts.model or opts.adapter or opts.config:
-        raise UsageError(f"{folder} is a Hugging Face directory: --model, --adapter and --config "
-                         f"do not apply (the model is built from its config.json)")
+    if opts.model or opts.adapter or opts.config or getattr(opts, "arch", None):
+        raise UsageError(f"{folder} is a Hugging Face directory: --model, --adapter, --config "
+                         f"and --arch do not apply (the model is built from its config.json)")
     attn = getattr(opts, "attn", None)
     probe_names = R._probe_names(opts.probes)
     tf, config, kind = load_config(folder)

@@ -16,6 +16,7 @@ Held-out data: the user's own with --data (`tndebug.triage.userdata`), else --ta
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from tndebug.probes.base import COVERAGE, ProbeError
 from tndebug.probes._head_weights import duplicate_heads
 from tndebug.subject import Subject, tndebug_subject
 from tndebug.triage import hygiene, layouts
+from tndebug.capture.adapters import GUESSED
 from tndebug.capture.user_model import parse_config
 from tndebug.triage.fresh import apart_from_weights
 from tndebug.triage.loading import Checkpoint, load_checkpoint
@@ -61,6 +63,7 @@ class TriageOptions:
     data: str | None = None             # FILE.pt or FILE.py:FUNCTION: the user's held-out batches
     attn: str | None = None             # Hugging Face dir: eager | sdpa (default: its config's)
     text: str | None = None             # Hugging Face dir: source<TAB>target lines
+    arch: str | None = None             # --model: seq2seq | decoder | encoder (None: told from it)
 
 
 def triage(opts: TriageOptions, sinks=()) -> Report:
@@ -76,6 +79,9 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
         return hf.triage_hf(opts, sinks=sinks)
     if opts.attn or opts.text:
         raise UsageError("--attn and --text apply to a Hugging Face directory (config.json + weights)")
+    if opts.arch and not opts.model:
+        raise UsageError(f"--arch {opts.arch} applies with --model (your own code); tndebug's "
+                         f"layouts and a Hugging Face directory say their shape")
     probe_names = _probe_names(opts.probes)
     task = _task(opts.task)
     ckpt = load_checkpoint(opts.checkpoint, trust=opts.trust)
@@ -98,7 +104,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
                                compute_dtype=weights_dtype(ckpt.state_dict), sinks=sinks)
     checked, statuses = apart_from_weights(probed, target.fresh, probe_names, ckpt.state_dict,
                                            target.run.get("fresh_init", ""))
-    findings += checked
+    findings += _arch_hint(checked, subject.kind, target.run)
     probe_seconds = probed.seconds
     lap("probes")
     findings += duplicate_heads(target.attention_weights)
@@ -128,6 +134,18 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
            "temperature_sweep": sweep_evidence, **target.run,
            "timings_s": timings, "probe_seconds": probe_seconds, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
     return driver.make_report(run, findings, statuses)
+
+
+def _arch_hint(findings: list[Finding], kind: str, run: dict) -> list[Finding]:
+    """A model read as decoder-only by a guess (adapters.GUESSED) whose attention sees the future:
+    the causal-leak finding's fix also says how to triage it as the encoder-only model it may be
+    on purpose (a BERT-style model and a GPT without its causal mask behave alike)."""
+    if kind != "decoder" or not str(run.get("arch_from", "")).startswith(GUESSED):
+        return findings
+    hint = (" If this model is encoder-only on purpose (BERT-style: every position sees every "
+            "other), rerun with --arch encoder.")
+    return [dataclasses.replace(f, fix=f.fix.rstrip(". ") + "." + hint) if f.code == "mask-broadcast/causal-leak" else f
+            for f in findings]
 
 
 # -- inputs ---------------------------------------------------------------------------------------

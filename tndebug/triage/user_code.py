@@ -19,6 +19,7 @@ from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
 from tndebug.triage.fresh import SEED, seeded
+from tndebug.triage.hf_encoder import MLM_LOSS
 from tndebug.triage.loading import Checkpoint
 from tndebug.triage.target import Target, check_task_vocab
 from tndebug.triage.userdata import check_vocab as check_data_vocab
@@ -33,10 +34,12 @@ def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
     model, used = build_user_model(opts.model, kwargs)
     load_weights(model, ckpt.state_dict, opts.model)
     model.eval()
-    adapter = resolve_adapter(opts.adapter, model)
-    decoder = adapter.kind == "decoder"
+    adapter = resolve_adapter(opts.adapter, model, opts.arch)
+    decoder, encoder = adapter.kind == "decoder", adapter.kind == "encoder"
     if decoder:
         batch = lm_batch(batch, opts.data)
+    elif encoder:
+        batch = mlm_batch(batch, opts.data)
     capture = GenericCapture(model, kind=adapter.kind)
     if opts.data:                            # ids beyond every embedding table: before any forward
         sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
@@ -49,7 +52,14 @@ def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
     run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
            "model_kwargs": {k: v for k, v in used.items() if isinstance(v, (int, float, str, bool))},
            "config_source": "--config" if given is not None else (ckpt.config_key or None),
-           "attention_modules": sorted(capture.attention)}
+           "attention_modules": sorted(capture.attention), "arch_from": adapter.kind_from}
+    if encoder:
+        run["calls"] = ("forward(model, ids, pad_id) -> logits [B, T, V] (encoder-only: "
+                        "bidirectional, no target side)")
+        run["loss"] = MLM_LOSS
+        if not opts.data:
+            run["data"] = (f"task {task.name}'s source rows as the ids (right-padded; built-in, "
+                           f"not the model's own data)")
     if decoder:
         run["calls"] = ("forward(model, ids, pad_id) -> logits [B, T, V] (decoder-only); KV cache: "
                         + ("incremental(model, ids, pad_id, split)" if adapter.incremental
@@ -70,7 +80,7 @@ def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
     return Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model),
                    _fresh_prober(opts, kwargs, batch, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
                                                             src_vocab=src_v, tgt_vocab=tgt_v)),
-                   batch if decoder else None)
+                   batch if decoder or encoder else None)
 
 
 def lm_batch(batch, data: str | None) -> Batch:
@@ -86,10 +96,25 @@ def lm_batch(batch, data: str | None) -> Batch:
     return batch
 
 
+def mlm_batch(batch, data: str | None) -> Batch:
+    """The held-out batch for an encoder-only model: its ids are the source rows, fed as they are
+    and scored against themselves (src = tgt_in = tgt_out, as triage/hf.py's random batch; the
+    loss of hf_encoder.MLM_LOSS). --data: its src is the ids (tgt is not used)."""
+    src = batch[0]
+    if not src.shape[1]:
+        raise UsageError(f"--data {data}: the model is encoder-only, so src must hold the ids "
+                         f"([N, T], right-padded); got src {tuple(src.shape)}")
+    src = src.contiguous()
+    return Batch(src, src.clone(), src.clone())
+
+
 def _call(adapter, model, src, tgt, pad_id):
-    """The adapter's call: a decoder-only model is fed `tgt` alone (Subject kind "decoder")."""
+    """The adapter's call: a decoder-only model is fed `tgt` alone (Subject kind "decoder"), an
+    encoder-only one `src` alone (kind "encoder")."""
     if adapter.kind == "decoder":
         return adapter.forward(model, tgt, pad_id)
+    if adapter.kind == "encoder":
+        return adapter.forward(model, src, pad_id)
     return adapter.forward(model, src, tgt, pad_id)
 
 
@@ -104,7 +129,7 @@ def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
     weights loaded): the code judged apart from the checkpoint's weights (issue 19)."""
     def probe_fresh(names):
         model = seeded(lambda: build_user_model(opts.model, kwargs)[0]).eval()
-        adapter = resolve_adapter(opts.adapter, model)
+        adapter = resolve_adapter(opts.adapter, model, opts.arch)
         capture = GenericCapture(model, kind=adapter.kind)
         capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], opts.pad_id))
         subject = _user_subject(model, adapter, capture, subject_kw)
@@ -130,7 +155,7 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
             logits = _call(adapter, model, src[:2], tgt_in[:2], pad_id)
     except Exception as e:  # noqa: BLE001 - the user's adapter may raise anything
         width = max(src.shape[1], tgt_in.shape[1])
-        called = ("forward(model, ids [B,T], pad_id)" if adapter.kind == "decoder"
+        called = ("forward(model, ids [B,T], pad_id)" if adapter.kind in ("decoder", "encoder")
                   else "forward(model, src [B,S], tgt [B,T], pad_id)")
         if width > 4 and _runs(adapter, model, src[:2, :4], tgt_in[:2, :4], pad_id):
             raise UsageError(f"the held-out rows are {width} positions long and the model raises "
