@@ -260,9 +260,11 @@ PROBE_CAUSES: dict[str, str] = {
         "A sublayer whose output replaces the stream (x = sublayer(x), no residual add) "
         "stops gradients and collapses the tokens, and without residual+LayerNorm a deep "
         "Transformer cannot be trained [note 002]. Pre-LN growth of the stream with depth is "
-        "expected (our sim: 2.15 at layer 3). A low rank ratio while the sublayer keeps its "
-        "input's token differences and the logits still vary is a statistic of a model still "
-        "learning, not a defect (a half-trained BlenderbotSmall passes through r = 0.002)."
+        "expected (our sim: 2.15 at layer 3). A low rank ratio in trained weights while the "
+        "sublayer keeps its input's token differences is a statistic of a model still learning "
+        "or of its data, not a defect (a half-trained BlenderbotSmall passes through r = 0.002; "
+        "a model on the plateau of its targets' prior gives one answer at every position); "
+        "the code's own collapse shows at initialisation."
     ),
     "ln-placement": (
         "The paper is Post-LN norm(x + sublayer(x)); the annotated code is pre-norm for "

@@ -16,8 +16,11 @@ How it decides (tensors only; FAILURE_MODES 5a-5b):
 * a collapse present at the first check (setup, step 0) is structural: the residual add is
   missing. One that appears later is dynamic (post-LN under too large updates) and gets the
   learning-rate fix instead. Where the sublayer keeps its input's token differences
-  (retention >= RETAIN), trained weights (a later step, or triage) get an error only when the
-  logits are collapsed too; else it is info, a statistic of a model still learning.
+  (retention >= RETAIN), a collapse at the first check is an error when the logits are
+  collapsed too, else a warning; in trained weights (a later step, or triage) it is info, a
+  statistic of a model still learning or of its data (collapsed logits included: a model on
+  the plateau of its targets' prior gives one answer whatever its input). Triage judges it
+  again on a fresh initialisation of the same code (tndebug/triage/fresh.py).
 * one finding per module (the stronger); triage's words say "in the trained weights".
 * growth G = max RMS of the block outputs / RMS of the stack's input (post-LN: of the first
   block's output when that is larger), against the healthy envelope of the placement
@@ -185,17 +188,30 @@ class VarianceDrift(Probe):
                 self.flagged.add((stack, "dynamic"))
             else:
                 cause, fix = "missing", None
-        elif lr_ < R_ERROR:
-            # the sublayer keeps its input's token differences, yet the model's output no longer
-            # tells the positions apart: the collapse is shown where it matters
-            cause, fix, sev = "output", (DYNAMIC_FIX if trained else SWAMPED_FIX), "error"
         elif not trained:
-            cause, fix, sev = "swamped", SWAMPED_FIX, "warning"
+            # at initialisation (the first check of `tndebug run`: the code, no training yet) the
+            # sublayer keeps its input's token differences under a common component that swamps
+            # them; with the logits collapsed too the collapse is shown where it matters
+            cause, fix = ("output", SWAMPED_FIX) if lr_ < R_ERROR else ("swamped", SWAMPED_FIX)
+            sev = "error" if lr_ < R_ERROR else "warning"
         else:
-            # a common component dominates trained weights while the token differences survive
-            # (retention >= RETAIN) and the logits still vary: a half-trained HF BlenderbotSmall
-            # shows r = 0.002 at its second encoder layer (retention 0.99, logits r 0.11) and
-            # r = 0.19 some hundred steps later. A statistic of a model still learning.
+            # trained weights whose sublayer keeps its input's token differences (retention >=
+            # RETAIN, the residual is there): a common component the weights learned dominates
+            # the stream. A statistic of the weights, whatever the logits do:
+            # * logits that still vary: a half-trained HF BlenderbotSmall shows r = 0.002 at its
+            #   second encoder layer (retention 0.99, logits r 0.11), r = 0.19 a few hundred
+            #   steps later;
+            # * logits the same at every position (r < R_ERROR): the model gives one answer, its
+            #   targets' frequencies, whatever the input. bench/hf_unseen.py HELD-OUT: LED after
+            #   150 copy steps (loss 4.81 = ln 124, the prior; r 0.03, retention 0.96, logits r
+            #   0.010; after 600 steps loss 4.69, logits r 0.026, clean) and Megatron-BERT on
+            #   masked random ids, whose masked token no input predicts (loss 4.78 = ln 124; r
+            #   0.08, retention 0.99, logits r 0.001); both clean at a fresh initialisation.
+            #   Any model on the plateau of its prior, or on targets its input does not predict,
+            #   is there, whatever its code: what shows a defect is the same code collapsing at
+            #   initialisation (run's first check above; triage re-judges a fresh init of the
+            #   user's code, tndebug/triage/fresh.py rank_at_init) or a sublayer that forgets
+            #   its input (retention < RETAIN).
             cause, fix, sev = "statistic", "", "info"
         where = ds.module_path(name)
         if (stack, sev) in self.flagged or (stack, "error") in self.flagged \
@@ -207,13 +223,19 @@ class VarianceDrift(Probe):
         how = {"missing": "; its output keeps nothing of its input (no residual add)",
                "swamped": "; the residual is there but the sublayer's output swamps it",
                "dynamic": when,
-               "output": f"{when}; the logits are collapsed too (r={out} < {R_ERROR})",
+               "output": (f"; the residual is there but the sublayer's output swamps it, and the "
+                          f"logits are collapsed too (r={out} < {R_ERROR})"),
                "statistic": (f"{when}, but the sublayer keeps its input's token differences "
-                             f"(retention {rho:.2f} >= {RETAIN}) and the logits still vary over the "
-                             f"positions (r={out}"
-                             + (f" >= {R_ERROR})" if not math.isnan(lr_) else ": not captured)")
+                             f"(retention {rho:.2f} >= {RETAIN})"
+                             + (f" and the logits still vary over the positions (r={out} >= {R_ERROR})"
+                                if lr_ >= R_ERROR else
+                                f"; the logits are nearly the same at every position (r={out} < "
+                                f"{R_ERROR}): the model gives one answer whatever its input, as one "
+                                f"that has learned only its targets' frequencies does"
+                                if lr_ < R_ERROR else " (the logits were not captured)")
                              + ": a statistic of the weights, not a defect shown (a model still "
-                               "learning passes through this; judge it by its held-out loss)")}[cause]
+                               "learning, or trained on targets its input does not predict, passes "
+                               "through this; judge it by its held-out loss)")}[cause]
         self.report(
             sev, f"rank collapse in the {stack}: tokens at {where} are nearly identical "
                  f"(r={r:.4f}, from {r_in:.3f} at its input){how}",
@@ -224,6 +246,24 @@ class VarianceDrift(Probe):
                       "cause": cause, "threshold_r_error": R_ERROR, "threshold_r_warning": R_WARN,
                       "threshold_kept": DROP, "threshold_r_floor": R_FLOOR,
                       "threshold_retention": RETAIN, "placement": self.placement}, code="rank-collapse")
+
+    @staticmethod
+    def at_init(ev: dict) -> tuple[str, str] | None:
+        """(severity, cause) that a rank finding's evidence `ev` earns at initialisation (the
+        first check: the code, no training), or None where it is no finding there. Triage's
+        fresh-init re-judge (tndebug/triage/fresh.py) reads the fresh model's findings by it."""
+        r, kept, rho, lr_ = (float("nan") if ev.get(k) is None else float(ev[k])
+                             for k in ("r", "kept", "retention", "logits_r"))
+        abrupt = not math.isnan(kept) and kept < DROP
+        if r < R_FLOOR or (abrupt and r < R_ERROR):
+            sev = "error"
+        elif abrupt and r < R_WARN:
+            sev = "warning"
+        else:
+            return None
+        if math.isnan(rho) or rho < RETAIN:
+            return sev, "missing"
+        return ("error", "output") if lr_ < R_ERROR else ("warning", "swamped")
 
     def _stronger(self, where: str, severity: str) -> bool:
         """One rank finding per module, the stronger: False when `where` already has one at

@@ -3,6 +3,7 @@ initialisation from the model's own constructor, the trained weights only for wh
 
     findings, statuses = scale_at_init(findings, statuses, probe_fresh)      # missing-scale
     findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names)  # NaN weights
+    findings, statuses = rank_at_init(findings, statuses, probe_fresh)      # variance-drift
 
 `probe_fresh(names) -> ProbeResult` runs the probes `names` on a model built again by its own
 constructor, seeded, with no weights loaded: for a Hugging Face directory
@@ -14,6 +15,13 @@ they re-judged carries `evidence["judged_on"]`: "checkpoint" or "fresh init".
   that makes q sqrt(d_k) smaller than k is a property of the code. Training moves rms(q)/rms(k)
   (a T5 after 30 AdamW steps: out of the band around 1/sqrt(d_k)), so a checkpoint's "no
   1/sqrt(d_k)" error is judged again at initialisation: folded there -> info, by design.
+* **Rank collapse of a stream that keeps its token differences** (variance-drift's info,
+  cause "statistic"): in trained weights a learned common component can dominate the stream,
+  and a model on the plateau of its targets' prior gives one answer at every position (HF LED
+  after 150 copy steps, Megatron-BERT on masked random ids), whatever its code. Whether the
+  code collapses the stream is judged at initialisation: the same module collapsed there ->
+  the severity variance-drift gives a first check (warning, or error with collapsed logits),
+  judged_on "fresh init"; else the info stays, saying the fresh initialisation is clean.
 * **Exact tests of the code on non-finite weights**: NaN weights make every behavioural test
   "no verdict" (no finite probabilities) and hide a mask bug; nan-scores, missing-scale and
   mask-broadcast then also run on the fresh initialisation.
@@ -45,7 +53,8 @@ def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = ""):
     if not all(bool(t.isfinite().all()) for t in state_dict.values()
                if isinstance(t, torch.Tensor) and t.is_floating_point()):
         findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names, how)
-    return scale_at_init(findings, statuses, probe_fresh, how)
+    findings, statuses = scale_at_init(findings, statuses, probe_fresh, how)
+    return rank_at_init(findings, statuses, probe_fresh, how)
 
 
 def seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
@@ -169,3 +178,55 @@ def code_on_fresh(findings: list[Finding], statuses: dict, probe_fresh, names, h
         st, new = statuses.setdefault(n, {}), probed.statuses.get(n, {})
         st["fresh_init"] = {"status": new.get("status"), "coverage": new.get("coverage")}
     return out, statuses
+
+
+def _trained_rank(f: Finding) -> bool:
+    return (f.code == "variance-drift/rank-collapse" and f.evidence.get("cause") == "statistic"
+            and f.evidence.get("judged_on") != "fresh init")
+
+
+def rank_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str = ""):
+    """Re-judge the checkpoint's rank-collapse infos of trained weights (a stream that keeps its
+    token differences) on the fresh initialisation: where the same module collapses there, the
+    code does it, and the finding takes the severity of a first check (VarianceDrift.at_init);
+    elsewhere it stays info and says the fresh init is clean. Returns (findings, statuses)."""
+    from tndebug.probes.variance_drift import VarianceDrift
+    targets = [f for f in findings if _trained_rank(f)]
+    if not targets:
+        return findings, statuses
+    st = statuses.setdefault("variance-drift", {})
+    try:
+        init = probe_fresh(["variance-drift"]).findings
+    except Exception as e:  # noqa: BLE001 - the user's constructor may raise anything
+        st["fresh_init"] = f"not built ({type(e).__name__}: {str(e).strip()[:120]}); judged on the checkpoint"
+        return findings, statuses
+    at_init = {f.where: f for f in init if f.code == "variance-drift/rank-collapse"}
+    built = how or "the model's own constructor, seed 0"
+    result = []
+    for f in findings:
+        if f not in targets:
+            result.append(f)
+            continue
+        g = at_init.get(f.where)
+        judged = VarianceDrift.at_init(g.evidence) if g is not None else None
+        ev = {**f.evidence, "judged_on": "fresh init", "fresh_init": built,
+              "init_r": None if g is None else g.evidence.get("r"),
+              "init_logits_r": None if g is None else g.evidence.get("logits_r")}
+        if judged is None:
+            result.append(replace(f, message=f.message + "; a fresh initialisation of the same code "
+                                  "keeps the tokens apart there", evidence=ev))
+            continue
+        sev, cause = judged
+        result.append(replace(
+            f, severity=sev, fix=g.fix or VarianceDrift.fix,
+            message=(f.message.split(" in the trained weights", 1)[0]
+                     + f" in the trained weights, and at a fresh initialisation of the same code "
+                       f"(r={g.evidence.get('r')}, from {g.evidence.get('r_input')}): the code "
+                       f"collapses the stream, not training"),
+            evidence={**ev, "cause": cause, "trained_cause": "statistic"}))
+    st["fresh_init"] = {"built": built, "collapsed_at_init": sorted(at_init)}
+    mine = [f for f in result if f.probe == "variance-drift"]
+    if st.get("status") in ("pass", "warn", "fail"):
+        st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
+                        "warn" if any(f.severity == "warning" for f in mine) else "pass")
+    return result, statuses
