@@ -89,31 +89,35 @@ def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, 
     return rec
 
 
-# -- decoder-only: nanoGPT-style user code (tests/foreign/nanogpt_corpus.py) ---------------------
+# -- one stack: nanoGPT-style (decoder-only) and BERT-style (encoder-only) user code ---------------
+import minibert_corpus as mlm  # noqa: E402
 import nanogpt_corpus as lm  # noqa: E402
 
-LM_STYLE = "nanogpt"
-LM_VARIANTS = ("manual", "sdpa")
+# style -> its corpus module (make_checkpoint, run_triage, EXPECTED_PROBE, BUG_CASES), variants;
+# each trains with its own steps: one stack needs more than --steps to learn copy
+ONE_STACK = {"nanogpt": (lm, ("manual", "sdpa")), "minibert": (mlm, ("manual", "sdpa"))}
 
 
-def lm_cases(seeds, bug_seeds) -> list[tuple]:
-    return ([(LM_STYLE, v, None, s) for v in LM_VARIANTS for s in seeds] +
-            [(LM_STYLE, v, b, s) for v, b in lm.BUG_CASES for s in bug_seeds])
+def lm_cases(style: str, seeds, bug_seeds) -> list[tuple]:
+    module, variants = ONE_STACK[style]
+    return ([(style, v, None, s) for v in variants for s in seeds] +
+            [(style, v, b, s) for v, b in module.BUG_CASES for s in bug_seeds])
 
 
-def one_lm_run(variant: str, bug: str | None, seed: int, folder: Path) -> dict:
-    """One nanoGPT-style model: trained lm.make_checkpoint's way (its own steps: a decoder-only
-    model needs more than --steps to learn copy), triaged with the guessed `gpt` adapter, judged
-    as one_run judges (a benign bug, EXPECTED_PROBE None, must be clean)."""
+def one_lm_run(style: str, variant: str, bug: str | None, seed: int, folder: Path) -> dict:
+    """One one-stack model of `style`: trained its corpus's way, triaged with the adapter guessed
+    from the model (`gpt`, or `bert` from MiniBert's class name), judged as one_run judges (a
+    benign bug, EXPECTED_PROBE None, must be clean)."""
+    module = ONE_STACK[style][0]
     t0 = time.perf_counter()
-    path = lm.make_checkpoint(variant, bug, seed, folder)
+    path = module.make_checkpoint(variant, bug, seed, folder)
     t1 = time.perf_counter()
-    probe = lm.EXPECTED_PROBE.get(bug)
+    probe = module.EXPECTED_PROBE.get(bug)
     benign = bug is not None and probe is None      # the same model: a healthy variant
-    rec = {"style": LM_STYLE, "variant": f"{variant}+{bug}" if benign else variant,
+    rec = {"style": style, "variant": f"{variant}+{bug}" if benign else variant,
            "fault": "healthy" if benign else bug or "healthy", "seed": seed, "expected_probe": probe}
     try:
-        report = lm.run_triage(path)
+        report = module.run_triage(path)
     except Exception as e:  # noqa: BLE001 - a crash is a result too
         rec.update(crashed=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
                    findings=[], no_verdict={}, probe_failures={})
@@ -131,7 +135,12 @@ def one_lm_run(variant: str, bug: str | None, seed: int, folder: Path) -> dict:
         rec["outcome"] = ("crash" if "crashed" in rec else "false alarm" if flagged else
                           "unjudged (probes broke)" if rec["probe_failures"] else "clean")
     else:
-        collateral = [f for f in flagged if f["severity"] == "error" and f["probe"] != probe]
+        # non-finite weights are the bug's own doing when it made training NaN (minibert's
+        # triu under masked_fill(-inf)): the file's state, not another probe's misreading
+        collateral = [f for f in flagged if f["severity"] == "error" and f["probe"] != probe
+                      and not (f["probe"] in ("checkpoint", "nan-scores", "gradient-flow")
+                               and any("non-finite" in g["message"] or "NaN" in g["message"]
+                                       for g in flagged if g["probe"] == "checkpoint"))]
         rec["collateral_errors"] = sorted({f["probe"] for f in collateral})
         own = any(f["probe"] == probe for f in flagged)
         rec["outcome"] = ("crash" if "crashed" in rec else
@@ -254,21 +263,21 @@ def main(argv=None) -> int:
         return _rerun_at(args.at, sys.argv[1:] if argv is None else list(argv))
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    styles = set(args.styles.split(",")) if args.styles else set(corpus.BY_NAME) | {LM_STYLE}
-    unknown = styles - set(corpus.BY_NAME) - {LM_STYLE}
+    styles = set(args.styles.split(",")) if args.styles else set(corpus.BY_NAME) | set(ONE_STACK)
+    unknown = styles - set(corpus.BY_NAME) - set(ONE_STACK)
     if unknown:
-        ap.error(f"unknown styles {sorted(unknown)}; have {sorted(corpus.BY_NAME)}")
+        ap.error(f"unknown styles {sorted(unknown)}; have {sorted(set(corpus.BY_NAME) | set(ONE_STACK))}")
     seeds, bug_seeds = list(range(args.seeds)), list(range(args.bug_seeds))
     cases = ([(s, v, None, seed) for s, v, seed in corpus.healthy_cases(seeds) if s in styles] +
              [(s, v, b, seed) for s, v, b in corpus.bug_cases() if s in styles for seed in bug_seeds])
-    if LM_STYLE in styles:
-        cases += lm_cases(seeds, bug_seeds)
+    for style in sorted(styles & set(ONE_STACK)):
+        cases += lm_cases(style, seeds, bug_seeds)
     prov = Provenance.start(__file__, argv)
     t0 = time.perf_counter()
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (s, v, b, seed) in enumerate(cases):
-            rec = (one_lm_run(v, b, seed, Path(tmp)) if s == LM_STYLE
+            rec = (one_lm_run(s, v, b, seed, Path(tmp)) if s in ONE_STACK
                    else one_run(s, v, b, seed, Path(tmp), args.steps))
             records.append(rec)
             print(f"[{i + 1}/{len(cases)}] {s}/{v} {rec['fault']} seed {seed}: {rec['outcome']} "

@@ -27,6 +27,8 @@ FILE = HERE / "minibert.py"
 # The probe that owns each bug's failure mode.
 EXPECTED_PROBE = {"causal": "mask-broadcast", "triu": "mask-broadcast",
                   "pad_leak": "mask-broadcast", "no_scale": "missing-scale"}
+# every bug on the explicit path; on SDPA the two whose mask reaches it another way
+BUG_CASES = [("manual", b) for b in EXPECTED_PROBE] + [("sdpa", "triu"), ("sdpa", "pad_leak")]
 EXPECTED_CODE = {"causal": "mask-broadcast/encoder-causal", "triu": "mask-broadcast/encoder-one-sided",
                  "pad_leak": "mask-broadcast/pad-leak", "no_scale": "missing-scale/absent"}
 

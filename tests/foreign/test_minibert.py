@@ -17,7 +17,8 @@ from tndebug.errors import UsageError
 from tndebug.triage import TriageOptions, triage
 
 from foreign_corpus import ROOT, probe_failures
-from minibert_corpus import EXPECTED_CODE, EXPECTED_PROBE, FILE, make_checkpoint, run_triage
+from minibert_corpus import (BUG_CASES, EXPECTED_CODE, EXPECTED_PROBE, FILE, make_checkpoint,
+                             run_triage)
 from nanogpt_corpus import describe, flagged
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -48,10 +49,6 @@ def test_healthy_minibert_triages_clean_as_an_encoder(folder, variant, seed):
     assert not broke, f"{variant} seed {seed}: clean only because probes broke: {broke}"
     bad = flagged(report)
     assert not bad, f"{variant} seed {seed}: false alarms\n{describe(bad)}"
-
-
-# every bug on the explicit path; on SDPA the two whose mask reaches it another way
-BUG_CASES = [("manual", b) for b in EXPECTED_PROBE] + [("sdpa", "triu"), ("sdpa", "pad_leak")]
 
 
 @pytest.mark.parametrize("variant, bug", [pytest.param(v, b, id=f"{v}-{b}") for v, b in BUG_CASES])

@@ -135,8 +135,9 @@ def test_unequal_blocks_are_split_at_the_widths_of_the_operands(g):
     sq, _, q_map, q_at = _find_projection(q, [lin])
     sk, _, k_map, k_at = _find_projection(k, [lin], q_shape=q.shape)
     assert abs(sq - 0.5) < 1e-6 and abs(sk - 1) < 1e-6
-    assert q_at[1:] in (((H, g, g), 0, "blocks", "values"), (2, 0, "blocks", "values"))
-    assert k_at[1:] == ((H, g, g), 1, "blocks", "values")
+    assert q_at[1:] in (((H, g, g), 0, "blocks", "", "values"), (2, 0, "blocks", "", "values"))
+    # g < H kv heads repeated as repeat_kv does: the order is recorded (kv_order)
+    assert k_at[1:] == ((H, g, g), 1, "blocks", "interleaved" if 1 < g < H else "", "values")
     assert not _same_map(q_map, k_map)
     # k's g heads unrepeated (Falcon's eager product broadcasts them) match too
     k_g = heads(out[..., H * D_K:(H + g) * D_K])                               # [B, g, T, dk]
@@ -157,11 +158,14 @@ def test_grouped_interleave_and_3d_operands():
     grouped = out.reshape(B, T, 2, H // 2 + 2, D_K)
     q = grouped[:, :, :, :H // 2].reshape(B, T, H, D_K).transpose(1, 2)
     k = grouped[:, :, :, H // 2].transpose(1, 2).repeat_interleave(H // 2, dim=1)
-    assert _find_projection(k, [(x, out, w)], q_shape=q.shape)[3][1:] == ((2, 1, 1), 1, "heads", "values")
+    assert _find_projection(k, [(x, out, w)], q_shape=q.shape)[3][1:] == ((2, 1, 1), 1, "heads", "interleaved", "values")
+    # the same kv heads tiled (k.repeat(1, r, 1, 1)) are traced too, and say so
+    tiled = grouped[:, :, :, H // 2].transpose(1, 2).repeat(1, H // 2, 1, 1)
+    assert _find_projection(tiled, [(x, out, w)], q_shape=q.shape)[3][1:] == ((2, 1, 1), 1, "heads", "tiled", "values")
     # the same q and k flattened to [B*h, T, dk] (BLOOM's baddbmm operands)
     q3, k3 = -2.0 * q.reshape(B * H, T, D_K), k.reshape(B * H, T, D_K)
     s, _, _, at = _find_projection(q3, [(x, out, w)])
-    assert abs(s + 2.0) < 1e-6 and at[1:] == ((2, 1, 1), 0, "heads", "values")
+    assert abs(s + 2.0) < 1e-6 and at[1:] == ((2, 1, 1), 0, "heads", "", "values")
     assert _find_projection(k3, [(x, out, w)], q_shape=q3.shape)[3][1:3] == ((2, 1, 1), 1)
 
 

@@ -145,7 +145,7 @@ def test_grouped_query_fused_per_head_and_addmm_outputs_are_traced():
     assert _find_projection(k, [(x, out, w)])[3][1:4] == (3, 1, "heads")
     flat = (x.reshape(B * T, -1), out.reshape(B * T, -1), w)      # Conv1D: [B*T, width]
     q = heads(out.reshape(B, T, 3, H * D_K)[:, :, 0])
-    assert _find_projection(q, [flat])[3][1:] == (3, 0, "blocks", "values")
+    assert _find_projection(q, [flat])[3][1:] == (3, 0, "blocks", "", "values")
 
 
 def test_norm_changing_maps_are_not_traced():

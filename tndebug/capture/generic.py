@@ -314,6 +314,17 @@ class GenericCapture:
         with self._installed(state, sorted(self.attention)):
             yield
 
+    @contextmanager
+    def swapping_kv(self):
+        """Every attention's grouped-query key/value heads in the other order (interleaved <->
+        tiled) at the score and value products and SDPA (nothing recorded); yields the list of
+        the orders found, one per operand swapped (empty: no grouped-query heads repeated in
+        the model's code)."""
+        state = _State(self, None, frozenset())
+        state.kv_swap = True
+        with self._installed(state, sorted(self.attention)):
+            yield state.kv_orders
+
     def _paths_for(self, state: "_State") -> list[str]:
         """The modules whose hooks fill what `state.reads` asks for, in the model's order: a
         recording of FFN activations hooks the FFNs, not every Linear and LayerNorm (hooks on
@@ -346,7 +357,7 @@ class GenericCapture:
         fastpath = torch.backends.mha.get_fastpath_enabled()
         torch.backends.mha.set_fastpath_enabled(False)
         patching = _patched(state) if state.intercept or state.alpha is not None \
-            else nullcontext()
+            or state.kv_swap else nullcontext()
         try:
             with patching:
                 yield

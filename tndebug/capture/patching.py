@@ -17,6 +17,28 @@ if TYPE_CHECKING:                       # annotations only: no import circle
 
 
 
+def kv_swapped(x) -> tuple[torch.Tensor, str]:
+    """(x with its key/value heads in the other grouped-query order, the order they were in)
+    when x [B, h, ., .] holds g kv heads repeated to h (1 < g < h): "interleaved" (HF's
+    repeat_kv, `repeat_interleave`: q head i reads kv head i // (h/g)) becomes tiled
+    (`repeat(1, h/g, 1, 1)`: q head i reads kv head i % g), and tiled becomes interleaved;
+    else (x, ""). Exact equality: repeated heads are copies."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] < 4:
+        return x, ""
+    h = x.shape[1]
+    if torch.equal(x, x[:, :1].expand_as(x)):          # one head broadcast: no order to swap
+        return x, ""
+    for g in range(2, h):
+        r = h // g
+        if h % g:
+            continue
+        if torch.equal(x, x[:, ::r].repeat_interleave(r, dim=1)):
+            return x[:, [(i % g) * r for i in range(h)]], "interleaved"
+        if torch.equal(x, x[:, :g].repeat(1, r, 1, 1)):
+            return x[:, [i // r for i in range(h)]], "tiled"
+    return x, ""
+
+
 # -- patching ------------------------------------------------------------------------------------
 @contextmanager
 def _patched(state: _State):
@@ -32,6 +54,8 @@ def _patched(state: _State):
         def wrapper(a, b, *args, **kwargs):
             if state.current() is None:
                 return orig(a, b, *args, **kwargs)
+            if state.kv_swap:
+                b = state.swap_kv(b)
             state.busy = True
             try:
                 out = orig(a, b, *args, **kwargs)
@@ -110,6 +134,15 @@ def _patched(state: _State):
             finally:
                 state.busy = False
             a, b = ops
+            if state.kv_swap:
+                swapped = state.swap_kv(b)
+                if swapped is not b:
+                    b = swapped
+                    state.busy = True
+                    try:
+                        out = orig(eq, a, b, **kwargs)
+                    finally:
+                        state.busy = False
             call = state.current()
             if call is not None and isinstance(b, torch.Tensor) and b.dim() == 2:
                 if state.trace is not None:                  # "btd,de->bte": a projection
@@ -158,6 +191,8 @@ def _patched(state: _State):
                 return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                             is_causal=is_causal, scale=scale, **kwargs)
             use_scale = scale
+            if state.kv_swap:
+                key, value = state.swap_kv(key), state.swap_kv(value)
             if state.alpha is not None and not call.scaled:
                 call.scaled = True
                 use_scale = (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])) * state.alpha

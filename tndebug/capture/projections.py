@@ -138,15 +138,21 @@ def _chunk(out: torch.Tensor, n, j: int, layout: str, dk: int):
 
 def _split_heads(out: torch.Tensor, n, j: int, layout: str, h: int, dk: int):
     """`_chunk` repeated to h heads (a grouped-query k/v: each of g heads serves h/g query
-    heads, as `repeat_kv` lays them out; or broadcast, g = 1 left as it is when the operand
-    has one head); None when the widths do not fit.  # [B, h, T, dk]"""
+    heads), in each order the code may repeat them: `repeat_kv`'s (`repeat_interleave`: q head
+    i reads kv head i // (h/g)) first, then tiled (`k.repeat(1, h/g, 1, 1)`: q head i reads kv
+    head i % g); g = 1 (broadcast) or g = h as it is. Yields (view [B, h, T, dk], order:
+    "interleaved" | "tiled" | ""); nothing when the widths do not fit."""
     view = _chunk(out, n, j, layout, dk)
     if view is None:
-        return None
+        return
     g = view.shape[1]                                                         # heads in the chunk
     if not g or h % g:
-        return None
-    return view.repeat_interleave(h // g, dim=1) if g != h else view
+        return
+    if g in (1, h):
+        yield view.repeat_interleave(h // g, dim=1) if g != h else view, ""
+        return
+    yield view.repeat_interleave(h // g, dim=1), "interleaved"
+    yield view.repeat(1, h // g, 1, 1), "tiled"
 
 
 def _head_split_projection(operand: torch.Tensor, cands: list):
@@ -161,18 +167,16 @@ def _head_split_projection(operand: torch.Tensor, cands: list):
     tol = FOLD_TOL[operand.dtype in (torch.float16, torch.bfloat16)]
     for back, (inp, out, weight), n, j, layout in cands:
         rows = _rows(out, B, T)
-        view = None if rows is None else _split_heads(rows, n, j, layout, h, dk)
-        if view is None:
-            continue
-        view = view.float()
-        c_norm = view.norm()
-        if not (c_norm > 0 and a_norm > 0):
-            continue
-        s = float(a_norm / c_norm)
-        for sign in (1.0, -1.0):
-            if float((a - sign * s * view).norm() / a_norm) <= tol:
-                return (sign * s, inp, (weight, _columns(rows.shape[-1], n, j, layout, dk)),
-                        (back, n, j, layout, "values"))
+        for view, order in (() if rows is None else _split_heads(rows, n, j, layout, h, dk)):
+            view = view.float()
+            c_norm = view.norm()
+            if not (c_norm > 0 and a_norm > 0):
+                continue
+            s = float(a_norm / c_norm)
+            for sign in (1.0, -1.0):
+                if float((a - sign * s * view).norm() / a_norm) <= tol:
+                    return (sign * s, inp, (weight, _columns(rows.shape[-1], n, j, layout, dk)),
+                            (back, n, j, layout, order, "values"))
     return None
 
 
@@ -200,16 +204,15 @@ def _norm_projection(operand: torch.Tensor, cands: list):
         return None
     for back, (inp, out, weight), n, j, layout in cands:
         rows = _rows(out, B, T)
-        view = None if rows is None else _split_heads(rows, n, j, layout, h, dk)
-        if view is None:
-            continue
-        c = view.float().norm(dim=-1)                                         # [B, h, T]
-        c_norm = c.norm()
-        if not c_norm > 0:
-            continue
-        s = float(a_norm / c_norm)
-        if float((a - s * c).norm() / a_norm) <= tol:
-            return s, inp, (weight, _columns(rows.shape[-1], n, j, layout, dk)), (back, n, j, layout, "norms")
+        for view, order in (() if rows is None else _split_heads(rows, n, j, layout, h, dk)):
+            c = view.float().norm(dim=-1)                                     # [B, h, T]
+            c_norm = c.norm()
+            if not c_norm > 0:
+                continue
+            s = float(a_norm / c_norm)
+            if float((a - s * c).norm() / a_norm) <= tol:
+                return (s, inp, (weight, _columns(rows.shape[-1], n, j, layout, dk)),
+                        (back, n, j, layout, order, "norms"))
     return None
 
 
@@ -236,7 +239,7 @@ def _sorted_projection(operand: torch.Tensor, cands: list):
         s = float(a_norm / c_norm)
         for sign, ref in ((1.0, chunk), (-1.0, chunk.flip(0))):
             if float((a_sorted - sign * s * ref).norm() / a_norm) <= tol:
-                return sign * s, inp, (weight, cols), (back, n, j, layout, "values")
+                return sign * s, inp, (weight, cols), (back, n, j, layout, "", "values")
     return None
 
 

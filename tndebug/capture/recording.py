@@ -69,6 +69,8 @@ class _State(_Streams):
         self.follow_attention = "all" in reads or any(r.startswith("attn.") for r in reads)
         self.intercept = "all" in reads or any(r.startswith("attn.") and r != "attn.out" for r in reads)
         self.alpha: float | None = None
+        self.kv_swap = False                   # swapping_kv: grouped-query heads in the other order
+        self.kv_orders: list[str] = []          # the orders swapped, one per operand
         self.calls: list[_AttnCall] = []       # attention modules currently running
         self.calls_seen = 0                     # attention calls this recording entered
         self.busy = False                      # inside our own tensor work: no interception
@@ -90,7 +92,8 @@ class _State(_Streams):
         cap = self.cap
 
         def hook(module, args, kwargs):
-            if name in cap.attention and (self.follow_attention or self.alpha is not None):
+            if name in cap.attention and (self.follow_attention or self.alpha is not None
+                                          or self.kv_swap):
                 query = args[0] if args else kwargs.get("query", kwargs.get("x"))
                 key = args[1] if len(args) > 1 else kwargs.get("key")
                 self.calls.append(_AttnCall(name, _t(query), _t(key)))
@@ -156,9 +159,22 @@ class _State(_Streams):
     # -- attention events ----------------------------------------------------------------------
     def current(self) -> _AttnCall | None:
         """The attention module whose insides are being recorded (or scaled), if any."""
-        if self.busy or not self.calls or not (self.intercept or self.alpha is not None):
+        if self.busy or not self.calls or not (self.intercept or self.alpha is not None
+                                               or self.kv_swap):
             return None
         return self.calls[-1]
+
+    def swap_kv(self, x):
+        """`patching.kv_swapped(x)`, the order it found kept in `kv_orders`."""
+        from tndebug.capture.patching import kv_swapped
+        self.busy = True
+        try:
+            out, order = kv_swapped(x)
+        finally:
+            self.busy = False
+        if order:
+            self.kv_orders.append(order)
+        return out
 
     def on_product(self, a, b, out, b_is_kT: bool = True) -> None:
         call = self.current()
@@ -345,7 +361,8 @@ class _State(_Streams):
         call.q, call.k = call.q / sq, call.k / sk
         call.extra.update(qk_source="projection", shared_projection=_same_map(q_map, k_map),
                           kv_from_other_input=not _same(q_in, k_in),
-                          qk_match="norms" if "norms" in (q_at[-1], k_at[-1]) else "values")
+                          qk_match="norms" if "norms" in (q_at[-1], k_at[-1]) else "values",
+                          kv_order=k_at[-2])        # grouped-query k: "interleaved" | "tiled" | ""
 
     def wants(self, read: str) -> bool:
         return read in self.reads or "all" in self.reads

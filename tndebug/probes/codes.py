@@ -18,6 +18,7 @@ OTHER_CODES = {
     "checkpoint/start-id-ordinary": "HF: decoder_start_token_id is an ordinary token",
     "checkpoint/id-vs-data": "HF: a config id the targets of --data/--text contradict",
     "checkpoint/weight-files-differ": "HF: two weight files with different weights",
+    "checkpoint/kv-head-order": "grouped-query kv heads repeated in the other order than the weights'",
     "lr-schedule/no-resume-state": "no optimizer state or step in the file (advisory)",
     "positional-encoding/stored-pe": "a stored PE table that is not the paper's sinusoids",
     "positional-encoding/emb-ratio": "the embedding/PE ratio from the weights out of range",

@@ -38,6 +38,7 @@ from tndebug.triage import hygiene, layouts
 from tndebug.capture.adapters import GUESSED
 from tndebug.capture.user_model import parse_config
 from tndebug.triage.fresh import apart_from_weights
+from tndebug.triage.kv_order import kv_order
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.target import Target, check_task_vocab
 from tndebug.triage.user_code import user_target
@@ -112,6 +113,10 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
         lambda s, t: subject.logits(s, t), target.scaled, batch, opts.pad_id, subject.tgt_vocab,
         own_code=bool(opts.model), data="--data" if opts.data else "--task")
     findings += sweep
+    kv, kv_evidence = kv_order(lambda s, t: subject.logits(s, t), subject.capture, batch,
+                               opts.pad_id, subject.tgt_vocab,
+                               data="--data" if opts.data else "--task")
+    findings += kv
     lap("hygiene")
 
     findings = driver.dedupe([_rename(f, target.user_path) for f in findings])
@@ -131,7 +136,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
                                     if v.is_floating_point()}),
            "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
            "probe_inputs": subject.inputs(),
-           "temperature_sweep": sweep_evidence, **target.run,
+           "temperature_sweep": sweep_evidence, "kv_head_order": kv_evidence, **target.run,
            "timings_s": timings, "probe_seconds": probe_seconds, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
     return driver.make_report(run, findings, statuses)
 
