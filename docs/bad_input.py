@@ -79,6 +79,8 @@ CASES = [
     ("an abbreviated flag (no prefix matching)", ["run", "--prob", "all"], True),
     ("a batch that does not split over the processes", ["run", "--nproc", "3"], True),
     ("fp16 without CUDA", ["run", "--amp", "fp16", "--device", "cpu"], True),
+    ("rotary positions on the encoder-decoder", ["run", "--pos", "rotary"], True),
+    ("a rotary fault without rotary positions", ["run", "--arch", "decoder", "--fault", "rotary_q_only"], True),
     ("--out that is a file", ["run", *TINY, "--out", "afile"], True),
     ("--out under a file", ["run", *TINY, "--out", "afile/run"], True),
     ("--out that already holds a run", ["run", *TINY, "--out", "run"], True),

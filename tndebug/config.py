@@ -7,11 +7,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from tndebug.faults import FAULTS, check_faults
+from tndebug.faults import FAULTS, TABLE_FAULTS, check_faults
 
 PRESETS = ("tiny", "small", "base")
 NORMS = ("pre", "post")
 ARCHS = ("seq2seq", "decoder")   # encoder-decoder (the paper), or one causal stack (GPT-style)
+NORM_KINDS = ("layernorm", "rmsnorm")   # the paper's LayerNorm, or RMSNorm (Zhang & Sennrich 2019)
+POSITIONS = ("sinusoidal", "rotary")    # the paper's table added at the input, or RoPE (Su et al.
+#                                         2021) applied to q and k inside self-attention
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,8 @@ class ModelConfig:
     pad_id: int = 0
     tie_embeddings: bool = False  # share target embedding and generator weights (paper §3.4)
     arch: str = "seq2seq"        # "decoder": one causal stack over prompt + continuation
+    norm_kind: str = "layernorm"  # "rmsnorm": x / rms(x) * g, no centring, no bias (eps = ln_eps)
+    pos: str = "sinusoidal"      # "rotary": nothing added at the embedding; q, k rotated by position
     faults: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -38,6 +43,15 @@ class ModelConfig:
             raise ValueError(f"norm={self.norm!r}; expected one of {NORMS}")
         if self.arch not in ARCHS:
             raise ValueError(f"arch={self.arch!r}; expected one of {ARCHS}")
+        if self.norm_kind not in NORM_KINDS:
+            raise ValueError(f"norm_kind={self.norm_kind!r}; expected one of {NORM_KINDS}")
+        if self.pos not in POSITIONS:
+            raise ValueError(f"pos={self.pos!r}; expected one of {POSITIONS}")
+        if self.pos == "rotary" and self.arch != "decoder":
+            # the encoder-decoder would need a rule for cross-attention (queries and keys from
+            # two sequences); not built
+            raise ValueError("pos='rotary' is built for arch='decoder' only (self-attention over "
+                             "one sequence); use arch='decoder' or pos='sinusoidal'")
         if self.arch == "decoder" and self.src_vocab != self.tgt_vocab:
             raise ValueError("arch='decoder' reads prompt and continuation with one vocabulary: "
                              "src_vocab must equal tgt_vocab")
@@ -50,6 +64,12 @@ class ModelConfig:
         if other:
             raise ValueError(f"fault {other[0]!r} exists only in a {FAULTS[other[0]].arch} model, "
                              f"not arch={self.arch!r}")
+        for f in self.faults:
+            if FAULTS[f].needs == "rotary" and self.pos != "rotary":
+                raise ValueError(f"fault {f!r} is a bug of rotary positions: it needs pos='rotary'")
+            if f in TABLE_FAULTS and self.pos == "rotary":
+                raise ValueError(f"fault {f!r} is a bug of the sinusoidal table, which pos='rotary' "
+                                 f"does not add: use pos='sinusoidal'")
 
     @property
     def d_k(self) -> int:

@@ -17,7 +17,8 @@ class Fault:
     where: str          # "attention" | "mask" | "embedding" | "block" | "training" | "config"
     summary: str        # what the buggy code does, in one line
     norms: tuple[str, ...] = ("pre", "post")   # placements where the fault applies
-    needs: str = ""      # a condition for the fault to show (e.g. "fp16", "resume")
+    needs: str = ""      # a condition for the fault to show (e.g. "fp16", "resume"; "rotary":
+    #                      a model with pos="rotary", which the config then requires)
     arch: str = ""       # "decoder": only a decoder-only model has it; "seq2seq": only an
     #                      encoder-decoder; "": both
 
@@ -79,10 +80,21 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     _F("lm_labels_shifted_twice", "label-shift", "training",
        "decoder-only: labels shifted in the data and again in the loss: it learns the token after next",
        arch="decoder"),
+    _F("rotary_q_only", "lm-decoding", "attention",
+       "decoder-only RoPE: q rotated by its position, k left unrotated: the scores depend on the "
+       "query's absolute position, not on the distance to the key", needs="rotary", arch="decoder"),
+    _F("rotary_on_v", "lm-decoding", "attention",
+       "decoder-only RoPE: v rotated too (apply_rotary(q, k, v)): each value carries its key's "
+       "absolute position into the output", needs="rotary", arch="decoder"),
+    _F("rotary_halves", "lm-decoding", "attention",
+       "decoder-only RoPE: q pairs feature i with i + d_k/2 (rotate_half), k pairs 2i with 2i+1 "
+       "(interleaved): q and k are rotated in different planes", needs="rotary", arch="decoder"),
     _F("no_dropout", "", "config", "dropout 0 everywhere (the notes claim heads then collapse; measured, not assumed)"),
 )}
 
 TRAINING_FAULTS = frozenset(n for n, f in FAULTS.items() if f.where == "training")
+# faults of the sinusoidal table added at the embedding: a pos="rotary" model adds none
+TABLE_FAULTS = frozenset({"no_pos_encoding", "pos_max_len_small"})
 
 
 def check_faults(names) -> None:

@@ -25,6 +25,7 @@ from tndebug.model.attention import MultiHeadAttention
 from tndebug.model.embedding import Embeddings, sinusoid_table
 from tndebug.model.hooks import tap
 from tndebug.model.layers import Stack, Sublayer
+from tndebug.model.norm import RMSNorm
 from tndebug.model.transformer import build
 
 SHORT_PE = 8    # rows of the too-short PE table of `pos_max_len_small`
@@ -117,6 +118,47 @@ def _mask_inverted(attn):
 def _shared_qkv(model):
     for attn in _attentions(model):                            # one Linear for Q, K and V
         attn.w_k = attn.w_v = attn.w_q
+
+
+# -- rotary positions (the attention's `positioned` step; both paths call it) --------------------
+def _rotary_attentions(model):
+    return [a for a in _attentions(model) if a.rope is not None]
+
+
+def _rotary_q_only(model):
+    """apply_rotary(q) alone: k keeps the projection's output."""
+    def positioned(self, prev, q, k, v, pos):
+        return prev(q, k, v, pos)[0], k, v
+    for attn in _rotary_attentions(model):
+        _swap(attn, "positioned", positioned)
+
+
+def _rotary_on_v(model):
+    """q, k and v all rotated, as `apply_rotary(q, k, v)` with one line too many."""
+    def positioned(self, prev, q, k, v, pos):
+        q, k, v = prev(q, k, v, pos)
+        return q, k, (v if pos is None else self.rope(v, pos))
+    for attn in _rotary_attentions(model):
+        _swap(attn, "positioned", positioned)
+
+
+def rotate_interleaved(rope, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The rotation with the pairs (2i, 2i + 1) (RoFormer's equations, GPT-J), the same angles
+    as the model's (i, i + d_k/2) layout.  # [B, h, T, d_k]"""
+    ang = rope.angles(pos).repeat_interleave(2, dim=-1)                   # [B, 1, T, d_k]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]                                   # [B, h, T, d_k/2]
+    return x * cos + torch.stack((-x2, x1), dim=-1).flatten(-2) * sin
+
+
+def _rotary_halves(model):
+    """q rotated with rotate_half (pairs i, i + d_k/2), k with interleaved pairs (2i, 2i + 1):
+    two helpers from two codebases, one for each."""
+    def positioned(self, prev, q, k, v, pos):
+        q, _, v = prev(q, k, v, pos)
+        return q, (k if pos is None else rotate_interleaved(self.rope, k, pos)), v
+    for attn in _rotary_attentions(model):
+        _swap(attn, "positioned", positioned)
 
 
 # -- masks (the model's `masks` method) --------------------------------------------------------
@@ -228,7 +270,7 @@ def _pre_ln_no_final_norm(model):
 
 def _tiny_ln_eps(model):
     for m in model.modules():
-        if isinstance(m, nn.LayerNorm):
+        if isinstance(m, (nn.LayerNorm, RMSNorm)):
             m.eps = 1e-12                              # rounds to 0 in float16
 
 
@@ -285,5 +327,9 @@ INJECT = {
     "dead_relu_init": _dead_relu_init,
     "kv_cache_causal_top_left": _kv_cache_causal_top_left,
     "kv_cache_position_off_by_one": _kv_cache_position_off_by_one,
+    # the step runs on the fused path too: it stays (the same numbers whether or not one watches)
+    "rotary_q_only": _rotary_q_only,
+    "rotary_on_v": _rotary_on_v,
+    "rotary_halves": _rotary_halves,
     "no_dropout": _no_dropout,
 }

@@ -130,8 +130,9 @@ def test_every_model_fault_has_a_test_here():
 @pytest.mark.parametrize("fault", MODEL_FAULTS)
 def test_every_model_fault_builds_and_runs(fault):
     norm = "pre" if "pre" in FAULTS[fault].norms else "post"
+    rotary = {"pos": "rotary"} if FAULTS[fault].needs == "rotary" else {}
     if FAULTS[fault].arch == "decoder":
-        logits = build(fault, norm=norm, arch="decoder")(batch()[1])
+        logits = build(fault, norm=norm, arch="decoder", **rotary)(batch()[1])
     else:
         logits = build(fault, norm=norm)(*batch())
     assert logits.shape == (B, T, 11)
@@ -403,3 +404,51 @@ def test_kv_cache_position_off_by_one():
     with torch.no_grad():
         assert torch.equal(m(ids), build(arch="decoder")(ids))
         assert (m.incremental(ids, 0)[:, :1] - m(ids)[:, :1]).abs().max() < 1e-5   # the prefix is exact
+
+
+# -- rotary positions (pos="rotary") ---------------------------------------------------------------
+@torch.no_grad()
+def shifted_attention(model, c=5) -> dict[str, float]:
+    """The first self-attention on one input at positions 0.. and at c..: how much its scores
+    (row differences would do; RoPE keeps them exactly), its values and its output move."""
+    attn = model.decoder.layers[0].self_attn
+    x = torch.randn(B, T, model.cfg.d_model, generator=torch.Generator().manual_seed(4))
+    pos = torch.arange(T).expand(B, T)
+    got, handles = {}, []
+    for name in ("scores", "v"):
+        point = getattr(attn, f"hook_{name}")
+        handles.append(point.register_forward_hook(
+            lambda m, i, o, n=name: got.setdefault(n, []).append(o)))
+    try:
+        out = [attn(x, x, None, pos), attn(x, x, None, pos + c)]
+    finally:
+        for h in handles:
+            h.remove()
+    return {"scores": (got["scores"][0] - got["scores"][1]).abs().max().item(),
+            "v": (got["v"][0] - got["v"][1]).abs().max().item(),
+            "out": (out[0] - out[1]).abs().max().item()}
+
+
+def rotary(*faults):
+    return build(*faults, arch="decoder", pos="rotary")
+
+
+def test_rotary_q_only():
+    healthy = shifted_attention(rotary())
+    assert max(healthy.values()) < 1e-5
+    assert shifted_attention(rotary("rotary_q_only"))["scores"] > LEAK
+
+
+def test_rotary_on_v():
+    moved = shifted_attention(rotary("rotary_on_v"))
+    assert moved["scores"] < 1e-5                     # q and k are rotated as they should be
+    assert moved["v"] > LEAK and moved["out"] > LEAK
+
+
+def test_rotary_halves():
+    m = rotary("rotary_halves")
+    assert shifted_attention(m)["scores"] > LEAK
+    attn = m.decoder.layers[0].self_attn              # at position 0 no rotation: no difference
+    x = torch.randn(1, 1, m.cfg.d_model)
+    q, k, _ = attn.positioned(*(attn.split_heads(x),) * 3, torch.zeros(1, 1, dtype=torch.long))
+    assert torch.equal(q, k)

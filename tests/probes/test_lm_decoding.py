@@ -158,3 +158,62 @@ def test_an_encoder_decoder_is_not_applicable():
     assert p.findings == [] and p.status() == "skipped"
     assert p.coverage == {"": {"status": "not applicable", "reason": p.coverage[""]["reason"]}}
     assert "encoder-decoder" in p.reason()  # DECODER_ONLY
+
+
+# -- rotary positions in tndebug's own model (pos="rotary") -------------------------------------
+ROTARY_CODES = {"rotary_q_only": "rotary-shift", "rotary_halves": "rotary-shift",
+                "rotary_on_v": "rotary-values"}
+FIRST = "decoder.layers.0.self_attn"
+
+
+def rotary_model(*faults, norm="pre", norm_kind="layernorm"):
+    torch.manual_seed(0)
+    return make_model(ModelConfig.tiny(arch="decoder", norm=norm, norm_kind=norm_kind, pos="rotary",
+                                       dropout=0.0).with_faults(*faults))
+
+
+@pytest.mark.parametrize("norm_kind", ("layernorm", "rmsnorm"))
+@pytest.mark.parametrize("norm", ("pre", "post"))
+def test_a_healthy_rotary_decoder_is_checked_and_passes(norm, norm_kind):
+    p = probe(tndebug_subject(rotary_model(norm=norm, norm_kind=norm_kind)))
+    assert p.findings == []
+    # relative positions: the rotary test applies (not "absolute by design") and passes
+    assert p.coverage == {FIRST: {"status": "checked"}, "": {"status": "checked"},
+                          "kv cache": {"status": "checked"}}
+
+
+@pytest.mark.parametrize("norm_kind", ("layernorm", "rmsnorm"))
+@pytest.mark.parametrize("norm", ("pre", "post"))
+@pytest.mark.parametrize("fault", ROTARY_CODES)
+def test_each_rotary_fault_is_named_at_the_first_attention(fault, norm, norm_kind):
+    from tndebug.faults import FAULTS
+    assert FAULTS[fault].probe == "lm-decoding"
+    p = probe(tndebug_subject(rotary_model(fault, norm=norm, norm_kind=norm_kind)))
+    assert [(f.code, f.severity, f.where) for f in p.findings] == [
+        (f"lm-decoding/{ROTARY_CODES[fault]}", "error", FIRST)]
+    ev = p.findings[0].evidence
+    moved = ev["values_move"] if fault == "rotary_on_v" else ev["relative"]
+    assert moved["delta"] > 100 * moved["tol"]
+    assert p.coverage["kv cache"] == {"status": "checked"}     # the cache rotates as the forward
+
+
+def _tiny_rotary_run(*faults, norm="pre", norm_kind="rmsnorm"):
+    from tndebug.train.config import DECODER_RUN, TrainConfig, model_config
+    from tndebug.train.loop import run_training
+    torch.manual_seed(0)
+    mc = model_config("copy", "tiny", norm, faults, arch="decoder", dropout=0.0, pos="rotary",
+                      norm_kind=norm_kind)
+    tc = TrainConfig(task="copy", steps=30, batch_size=16, eval_size=20, device="cpu",
+                     warmup=DECODER_RUN["warmup"], lr_factor=DECODER_RUN["lr_factor"])
+    return run_training(mc, tc, probes="all", evaluate_at_end=False).report
+
+
+@pytest.mark.parametrize("norm", ("pre", "post"))
+def test_a_tiny_rotary_rmsnorm_run_has_no_warning_and_its_bug_is_named(norm):
+    alarms = lambda r: [(f.code, f.where) for f in r.findings                       # noqa: E731
+                        if f.severity in ("warning", "error")]
+    healthy = _tiny_rotary_run(norm=norm)
+    assert alarms(healthy) == []
+    assert not [n for n, s in healthy.probes.items() if s["status"] in ("fail", "warn")]
+    assert alarms(_tiny_rotary_run("rotary_q_only", norm=norm)) == [
+        ("lm-decoding/rotary-shift", FIRST)]

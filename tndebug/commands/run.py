@@ -12,7 +12,7 @@ import sys
 from tndebug import driver
 from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, positive_float, \
     positive_int
-from tndebug.config import ARCHS, NORMS, PRESETS, ModelConfig
+from tndebug.config import ARCHS, NORM_KINDS, NORMS, POSITIONS, PRESETS, ModelConfig
 from tndebug.data import TASKS
 from tndebug.errors import SigTerm, UsageError
 from tndebug.faults import FAULTS
@@ -59,6 +59,13 @@ def add_parser(sub) -> None:
     p.add_argument("--norm", choices=NORMS, default=None,
                    help="LayerNorm placement: pre (x + f(norm(x)), final norm) or post (the paper's "
                         "norm(x + f(x))) (default pre)")
+    p.add_argument("--norm-kind", choices=NORM_KINDS, default=None,
+                   help="the normalisation at that placement: layernorm (the paper's) or rmsnorm "
+                        "(x / rms(x) * g: no centring, no bias) (default layernorm)")
+    p.add_argument("--pos", choices=POSITIONS, default=None,
+                   help="positions: sinusoidal (the paper's table, added at the embedding) or "
+                        "rotary (RoPE: q and k rotated by position in every self-attention, "
+                        "nothing added at the embedding; --arch decoder only) (default sinusoidal)")
     p.add_argument("--fault", action="append", default=[], metavar="NAME",
                    help="switch on a fault (repeatable, or comma-separated); `tndebug faults` lists them")
     p.add_argument("--probe", default="all", metavar="all|none|a,b",
@@ -135,8 +142,10 @@ def check_probes(spec: str) -> str:
     return spec
 
 
-def default_out(task: str, preset: str, norm: str, faults, arch: str = "seq2seq") -> str:
+def default_out(task: str, preset: str, norm: str, faults, arch: str = "seq2seq",
+                norm_kind: str = "layernorm", pos: str = "sinusoidal") -> str:
     kind = "-decoder" if arch == "decoder" else ""
+    kind += ("-rmsnorm" if norm_kind == "rmsnorm" else "") + ("-rotary" if pos == "rotary" else "")
     return f"runs/{task}-{preset}-{norm}{kind}" + (f"-{'+'.join(faults)}" if faults else "")
 
 
@@ -150,18 +159,21 @@ def configs(args):
     if args.resume is None:
         task, preset, norm = args.task or "copy", args.preset or "small", args.norm or "pre"
         arch = args.arch or "seq2seq"
+        norm_kind, pos = args.norm_kind or "layernorm", args.pos or "sinusoidal"
         lm = arch == "decoder"
         try:
-            mcfg = model_config(task, preset, norm, faults, arch=arch,
+            mcfg = model_config(task, preset, norm, faults, arch=arch, norm_kind=norm_kind, pos=pos,
                                 **({"dropout": DECODER_DROPOUT} if lm else {}))
         except ValueError as e:
-            hint = " (pass --arch decoder)" if "only in a decoder model" in str(e) else ""
-            raise UsageError(f"{e}{hint}") from None
+            msg = str(e)
+            hint = (" (pass --arch decoder)" if "only in a decoder model" in msg else
+                    " (pass --pos rotary)" if "needs pos='rotary'" in msg else "")
+            raise UsageError(f"{msg}{hint}") from None
         defaults = {**vars(_D), **(DECODER_RUN if lm else {})}
         given = {**{k: defaults[k] for k in ("warmup", "lr_factor")}, **given}
         tcfg = TrainConfig(task=task, steps=defaults["steps"] if args.steps is None else args.steps,
                            seed=args.seed or 0, device=args.device, amp=args.amp, **given)
-        return mcfg, tcfg, None, default_out(task, preset, norm, faults, arch), None
+        return mcfg, tcfg, None, default_out(task, preset, norm, faults, arch, norm_kind, pos), None
 
     from tndebug.train.checkpoint import load_checkpoint, resolve
     path = resolve(args.resume)
@@ -172,11 +184,11 @@ def configs(args):
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{path}: unreadable configuration in checkpoint: {e}") from None
     have = {"task": tcfg.task, "preset": preset_name(mcfg), "norm": mcfg.norm, "seed": tcfg.seed,
-            "arch": mcfg.arch}
+            "arch": mcfg.arch, "norm_kind": mcfg.norm_kind, "pos": mcfg.pos}
     for flag, value in have.items():
         asked = getattr(args, flag)
         if asked is not None and asked != value:
-            raise UsageError(f"--{flag} {asked} conflicts with the checkpoint ({flag} {value}); "
+            raise UsageError(f"--{flag.replace('_', '-')} {asked} conflicts with the checkpoint ({flag} {value}); "
                              f"drop the flag or start a new run")
     mcfg = mcfg.with_faults(*faults)
     tcfg = tcfg.replace(steps=_D.steps if args.steps is None else args.steps,
@@ -297,7 +309,9 @@ def _train(mcfg, tcfg, state, out, args, dist, signals=None) -> int:
     resume_step = int(state["global_step"]) if state else None    # TensorBoard purges from it
     with ReportSession(out, fmt=args.format, resume_step=resume_step) as session:   # closes TB
         what = (f"{tcfg.task}, {preset_name(mcfg)} preset, {mcfg.norm}-LN"
+                + (", RMSNorm" if mcfg.norm_kind == "rmsnorm" else "")
                 + (", decoder-only" if mcfg.arch == "decoder" else "")
+                + (", rotary positions" if mcfg.pos == "rotary" else "")
                 + (f", faults {'+'.join(mcfg.faults)}" if mcfg.faults else "")
                 + (f", resuming at step {int(state['global_step'])}" if state else ""))
         print(f"tndebug run: {what}; {tcfg.steps} steps -> {out}", file=sys.stderr)

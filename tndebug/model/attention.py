@@ -4,6 +4,10 @@ Masks are boolean "keep" masks: True where a query may attend to a key, as in
 `F.scaled_dot_product_attention`. Shapes: [B, 1, 1, S] for padding (broadcast over heads and
 queries), [B, 1, T, T] for padding & causal. The opposite convention, True = ignore, is
 `nn.MultiheadAttention`'s.
+
+With rotary positions (`cfg.pos == "rotary"`, tndebug/model/rotary.py) q and k are rotated by
+their tokens' positions after the head split, before the taps: hook_q and hook_k show what
+enters q k^T. Only self-attention is rotary (the config allows it in the decoder-only model).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from torch import nn
 from tndebug.config import ModelConfig
 from tndebug.model.dropout import make_dropout
 from tndebug.model.hooks import HookPoint, tap
+from tndebug.model.rotary import Rotary
 
 
 class MultiHeadAttention(nn.Module):
@@ -29,12 +34,13 @@ class MultiHeadAttention(nn.Module):
         self.w_o = nn.Linear(d, d)
         self.dropout = make_dropout(cfg)
         self.scale = 1.0 / math.sqrt(self.d_k)
+        self.rope = Rotary(self.d_k) if cfg.pos == "rotary" else None
         # The fused path computes what the explicit one does (tests/model/test_equivalence.py);
         # code that changes a step of the explicit path (tndebug/inject.py) turns it off.
         self.fusable = True
 
-        self.hook_q = HookPoint()              # [B, h, T, d_k]
-        self.hook_k = HookPoint()              # [B, h, S, d_k]
+        self.hook_q = HookPoint()              # [B, h, T, d_k] (rotary: rotated)
+        self.hook_k = HookPoint()              # [B, h, S, d_k] (rotary: rotated)
         self.hook_v = HookPoint()              # [B, h, S, d_k]
         self.hook_scores = HookPoint()         # scaled q k^T before the mask  [B, h, T, S]
         self.hook_masked_scores = HookPoint()  # after masked_fill             [B, h, T, S]
@@ -57,11 +63,14 @@ class MultiHeadAttention(nn.Module):
         with every key masked stays finite (uniform) instead of NaN."""
         return torch.finfo(dtype).min
 
-    def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor, keep: torch.Tensor | None,
+                pos: torch.Tensor | None = None) -> torch.Tensor:
+        """pos [B, T]: the positions of the tokens of a self-attention (x_q is x_kv), for the
+        rotary embedding; None: no rotation."""
         if self.fusable and not any(p.active for p in self._internal):
             # Fused path: same numbers as the explicit one (tests/model/test_equivalence.py),
             # taken only when no tap inside attention is observed.
-            q, k, v = self.project_fused(x_q, x_kv)
+            q, k, v = self.positioned(*self.project_fused(x_q, x_kv), pos)
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.scale,
                                                dropout_p=self.dropout.p if self.training else 0.0)
             if keep is not None:
@@ -70,9 +79,9 @@ class MultiHeadAttention(nn.Module):
                 empty = ~keep.any(dim=-1, keepdim=True)                       # [B, 1, T|1, 1]
                 z = z + empty * v.mean(dim=-2, keepdim=True)                  # [B, h, T, d_k]
         else:
-            q = tap(self.hook_q, self.split_heads(self.w_q(x_q)))    # [B, h, T, d_k]
-            k = tap(self.hook_k, self.split_heads(self.w_k(x_kv)))   # [B, h, S, d_k]
-            v = tap(self.hook_v, self.split_heads(self.w_v(x_kv)))   # [B, h, S, d_k]
+            q, k, v = self.positioned(self.split_heads(self.w_q(x_q)), self.split_heads(self.w_k(x_kv)),
+                                      self.split_heads(self.w_v(x_kv)), pos)    # [B, h, T|S, d_k]
+            q, k, v = tap(self.hook_q, q), tap(self.hook_k, k), tap(self.hook_v, v)
             z = self.explicit(q, k, v, keep)
         return tap(self.hook_out, self.w_o(self.merge_heads(z)))      # [B, T, d_model]
 
@@ -93,6 +102,13 @@ class MultiHeadAttention(nn.Module):
             b = torch.cat([self.w_k.bias, self.w_v.bias])
             k, v = F.linear(x_kv, w, b).split(d, dim=-1)                         # 2 x [B, S, d]
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)    # [B, h, T|S, d_k]
+
+    def positioned(self, q, k, v, pos):
+        """Rotary positions on q and k (RoFormer §3.4); v is left as it is. Both paths call this,
+        so the fused one rotates as the explicit one does.  # 3 x [B, h, T|S, d_k]"""
+        if self.rope is None or pos is None:
+            return q, k, v
+        return self.rope(q, pos), self.rope(k, pos), v
 
     def explicit(self, q, k, v, keep):
         scores = tap(self.hook_scores, (q @ k.transpose(-2, -1)) * self.scale)   # [B, h, T, S]

@@ -1,4 +1,7 @@
-"""Token embeddings scaled by sqrt(d_model) and sinusoidal positional encoding (paper §3.4-3.5)."""
+"""Token embeddings scaled by sqrt(d_model) and sinusoidal positional encoding (paper §3.4-3.5).
+
+With rotary positions (`cfg.pos == "rotary"`) nothing positional is added here: attention rotates
+q and k (tndebug/model/rotary.py). The table still bounds the length (max_len) alike."""
 from __future__ import annotations
 
 import math
@@ -34,6 +37,7 @@ class Embeddings(nn.Module):
         self.lut = nn.Embedding(vocab, cfg.d_model)
         self.scale = math.sqrt(cfg.d_model)
         self.register_buffer("pe", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
+        self.adds_pe = cfg.pos == "sinusoidal"
         self.dropout = make_dropout(cfg)
         self.hook_tok = HookPoint()   # scaled token embeddings  [B, T, d_model]
         self.hook_pe = HookPoint()    # the PE rows added          [1, T, d_model]
@@ -52,6 +56,8 @@ class Embeddings(nn.Module):
         decoder-only row carries), so row b's token t gets PE[t - shift[b]] (0 for the pads)."""
         tok = tap(self.hook_tok, self.lut(x) * self.scale)               # [B, T, d_model]
         pe = self.positions(x.shape[1]).unsqueeze(0).to(tok.dtype)       # [1, T, d_model]
+        if not self.adds_pe:                                             # rotary: in attention
+            return self.dropout(tap(self.hook_out, tok))
         if shift is not None and bool(shift.any()):
             idx = (torch.arange(x.shape[1], device=x.device)[None] - shift[:, None]).clamp(min=0)
             pe = self.positions(x.shape[1])[idx].to(tok.dtype)            # [B, T, d_model]

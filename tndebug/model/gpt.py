@@ -9,6 +9,9 @@ gets the same positions, and the same logits, as the row alone. Keys that are pa
 whatever side they are on. `encode`/`decode` let the seq2seq greedy decoder drive it: the prompt
 (BOS + source + EOS) is left-padded once, and each step runs the whole prefix.
 
+With `cfg.pos == "rotary"` the same positions rotate q and k in every self-attention instead of
+adding the sinusoidal table at the embedding (tndebug/model/rotary.py).
+
 `incremental(ids, split)` decodes the way generation does: the prefix once, filling a KV cache
 (each layer's keys and values [B, h, S, d_k]), then one token at a time through it; healthy, it
 gives the full forward's logits (tests/model/test_gpt.py).
@@ -53,8 +56,15 @@ class DecoderOnly(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         keep, lead = self.masks(ids)
-        x = self.decoder(self.tgt_embed(ids, lead), keep)
+        x = self.decoder(self.tgt_embed(ids, lead), keep, self.rotary_positions(ids, lead))
         return tap(self.hook_logits, self.generator(x))                      # [B, T, vocab]
+
+    def rotary_positions(self, ids: torch.Tensor, lead: torch.Tensor) -> torch.Tensor | None:
+        """Each token's position from its row's first real token (pads 0), for the rotary
+        self-attention; None when positions are the embedding's table.  # [B, T]"""
+        if self.cfg.pos != "rotary":
+            return None
+        return (torch.arange(ids.shape[1], device=ids.device)[None] - lead[:, None]).clamp(min=0)
 
     # -- the KV cache: generation one token at a time ------------------------------------------
     def incremental(self, ids: torch.Tensor, split: int) -> torch.Tensor:
@@ -75,9 +85,11 @@ class DecoderOnly(nn.Module):
         out = []
         for a, b in blocks:
             mask = self.block_mask(keep, a, b)                                 # [B, 1, b-a, b]
-            x = self.embed_at(ids[:, a:b], self.block_positions(pos, a, b))    # [B, b-a, d_model]
+            at = self.block_positions(pos, a, b)                               # [B, b-a]
+            x = self.embed_at(ids[:, a:b], at)                                 # [B, b-a, d_model]
             for layer, cache in zip(self.decoder.layers, caches):
-                x = layer.sublayer[0](x, lambda y, l=layer, c=cache, m=mask: attend(l.self_attn, y, c, m))
+                x = layer.sublayer[0](x, lambda y, l=layer, c=cache, m=mask, p=at:
+                                      attend(l.self_attn, y, c, m, p))
                 x = layer.sublayer[1](x, layer.ffn)
             if self.decoder.norm is not None:
                 x = self.decoder.norm(x)
@@ -102,6 +114,8 @@ class DecoderOnly(nn.Module):
         them (scaled token, PE row, dropout).  # [B, n, d_model]"""
         e = self.tgt_embed
         tok = e.lut(ids) * e.scale                                             # [B, n, d_model]
+        if not e.adds_pe:                                                      # rotary: in attention
+            return e.dropout(tok)
         pe = e.positions(int(pos.max()) + 1 if pos.numel() else 1)[pos]       # [B, n, d_model]
         return e.dropout(e.add_positions(tok, pe.to(tok.dtype)))
 
@@ -128,12 +142,15 @@ class DecoderOnly(nn.Module):
         return self(ids)[:, prompt.shape[1] - 1:]
 
 
-def attend(attn: MultiHeadAttention, x: torch.Tensor, cache: dict, keep: torch.Tensor) -> torch.Tensor:
-    """Self-attention of the query block x [B, n, d_model] over the cached keys and values and
-    its own, which it appends to `cache` ({"k", "v"}: [B, h, S, d_k]). keep [B, 1, n, S].
+def attend(attn: MultiHeadAttention, x: torch.Tensor, cache: dict, keep: torch.Tensor,
+           pos: torch.Tensor) -> torch.Tensor:
+    """Self-attention of the query block x [B, n, d_model] at positions pos [B, n] over the
+    cached keys and values and its own, which it appends to `cache` ({"k", "v"}: [B, h, S, d_k];
+    rotary keys are cached rotated). keep [B, 1, n, S].
     The explicit path of `MultiHeadAttention`, with keys from the cache."""
     q = attn.split_heads(attn.w_q(x))                                          # [B, h, n, d_k]
     k, v = attn.split_heads(attn.w_k(x)), attn.split_heads(attn.w_v(x))       # [B, h, n, d_k]
+    q, k, v = attn.positioned(q, k, v, pos if attn.rope is not None else None)
     if cache:
         k = torch.cat([cache["k"], k], dim=2)                                  # [B, h, S, d_k]
         v = torch.cat([cache["v"], v], dim=2)

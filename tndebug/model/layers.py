@@ -1,7 +1,8 @@
-"""Encoder and decoder layers (paper §3.1), with the residual + LayerNorm placement selectable.
+"""Encoder and decoder layers (paper §3.1), with the residual + norm placement selectable.
 
 post (the paper):               x = norm(x + dropout(f(x)))
 pre  (The Annotated Transformer): x = x + dropout(f(norm(x))), and a final norm after the stack
+norm: the paper's LayerNorm, or RMSNorm (`cfg.norm_kind`, tndebug/model/norm.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tndebug.config import ModelConfig
 from tndebug.model.attention import MultiHeadAttention
 from tndebug.model.dropout import make_dropout
 from tndebug.model.hooks import HookPoint, tap
+from tndebug.model.norm import make_norm
 
 
 class FeedForward(nn.Module):
@@ -30,17 +32,13 @@ class FeedForward(nn.Module):
         return tap(self.hook_out, self.w_2(self.dropout(h)))
 
 
-def layer_norm(cfg: ModelConfig) -> nn.LayerNorm:
-    return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
-
-
 class Sublayer(nn.Module):
     """Residual connection around one sublayer, with its LayerNorm placed pre or post."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.pre = cfg.norm == "pre"
-        self.norm = layer_norm(cfg)
+        self.norm = make_norm(cfg)
         self.dropout = make_dropout(cfg)
         self.hook_resid = HookPoint()    # the residual stream after this sublayer  [B, T, d_model]
 
@@ -60,8 +58,9 @@ class EncoderLayer(nn.Module):
         self.sublayer = nn.ModuleList([Sublayer(cfg) for _ in range(2)])
         self.hook_out = HookPoint()   # [B, S, d_model]
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        x = self.sublayer[0](x, lambda y: self.self_attn(y, y, keep))
+    def forward(self, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """pos [B, S]: the tokens' positions, for rotary self-attention (None: not rotary)."""
+        x = self.sublayer[0](x, lambda y: self.self_attn(y, y, keep, pos))
         return tap(self.hook_out, self.sublayer[1](x, self.ffn))
 
 
@@ -86,7 +85,7 @@ class Stack(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_cls) -> None:
         super().__init__()
         self.layers = nn.ModuleList([layer_cls(cfg) for _ in range(cfg.n_layers)])
-        self.norm = layer_norm(cfg) if cfg.norm == "pre" else None
+        self.norm = make_norm(cfg) if cfg.norm == "pre" else None
         self.hook_out = HookPoint()   # the stack's output  [B, T, d_model]
 
     def forward(self, x: torch.Tensor, *args) -> torch.Tensor:

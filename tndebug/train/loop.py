@@ -320,6 +320,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
     tail = [x for x in history["loss"][-10:] if math.isfinite(x)]
     run_info = {
         "task": task.name, "preset": preset_name(model_cfg), "arch": model_cfg.arch, "norm": model_cfg.norm,
+        "norm_kind": model_cfg.norm_kind, "pos": model_cfg.pos,
         "faults": list(model_cfg.faults), "seed": train_cfg.seed, "steps": train_cfg.steps,
         "device": str(device), "amp": train_cfg.amp, "dtype": str(compute_dtype).replace("torch.", ""),
         "batch_size": train_cfg.batch_size, "warmup": train_cfg.warmup, "lr_factor": train_cfg.lr_factor,
