@@ -16,7 +16,11 @@ Runs:
            `needs="resume"` faults train `--resume-at` steps, write a checkpoint, and continue for
            the remaining steps from it; the fault acts in the resumed leg (findings of both legs
            are recorded, tagged by leg). `needs="fp16"` faults run fp32 (CPU): latent only.
-* healthy: no fault, each healthy task x {pre, post} x the evaluation healthy seeds.
+           `needs="rotary"` faults run the decoder-only model with rotary positions (variant
+           "rotary": `tndebug run --arch decoder --pos rotary`).
+* healthy: no fault, each healthy task x {pre, post} x the evaluation healthy seeds; and, when the
+           plan has a rotary fault and `--archs` the decoder, the same runs with rotary positions
+           (variant "rotary"), the reference those faults are compared with.
 * benign:  dropout 0.0, dropout 0.3, tied embeddings, and a healthy resume (same two legs as the
            resume fault), on `--fault-task` x {pre, post}.
 * calibration: the same healthy/benign/fault configurations on separate seeds (`--calib-seeds`),
@@ -65,9 +69,12 @@ def make_plan(args) -> list[dict]:
     def fault_jobs(split, seed):
         for name in faults:
             arch = {"arch": "decoder"} if FAULTS[name].arch == "decoder" else {}
+            variant = "rotary" if FAULTS[name].needs == "rotary" else ""
             for norm in FAULTS[name].norms:
-                yield dict(common, split=split, kind="fault", fault=name, variant="",
+                yield dict(common, split=split, kind="fault", fault=name, variant=variant,
                            task=args.fault_task, norm=norm, seed=seed, **arch)
+
+    rotary = "decoder" in args.archs and any(FAULTS[n].needs == "rotary" for n in faults)
 
     def healthy_jobs(split, seed):
         for task in args.healthy_tasks:
@@ -76,6 +83,9 @@ def make_plan(args) -> list[dict]:
                     yield dict(common, split=split, kind="healthy", fault="", variant="",
                                task=task, norm=norm, seed=seed,
                                **({"arch": arch} if arch != "seq2seq" else {}))
+                if rotary:            # the rotary faults' reference: the same model, healthy
+                    yield dict(common, split=split, kind="healthy", fault="", variant="rotary",
+                               task=task, norm=norm, seed=seed, arch="decoder")
 
     def benign_jobs(split, seed):
         for variant in args.benign:
@@ -131,6 +141,8 @@ def run_job(job: dict) -> dict:
             kw["dropout"] = 0.3
         elif job["variant"] == "tied":
             kw["tie_embeddings"] = True
+        elif job["variant"] == "rotary":
+            kw["pos"] = "rotary"
         faults = (job["fault"],) if job["fault"] else ()
         decoder = job.get("arch") == "decoder"
         if decoder:     # `tndebug run --arch decoder`'s own defaults

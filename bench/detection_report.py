@@ -19,7 +19,9 @@ Definitions (FAILURE_MODES §3):
   the same task and norm; per fault, an exact one-sided permutation test (stratified by norm)
   of the mean exact match, faulty vs healthy: "worse" when p < 0.05 (the same test on the
   greedy token accuracy beside it: short runs leave exact match low everywhere). The reference
-  of resume faults is the healthy resume control (benign variant "resume").
+  of resume faults is the healthy resume control (benign variant "resume"), that of rotary
+  faults (`Fault.needs == "rotary"`) the healthy decoder-only model with rotary positions
+  (healthy variant "rotary").
 """
 from __future__ import annotations
 
@@ -67,6 +69,9 @@ EXPECTED_WHERE = {
     "warmup_restart_on_resume": r"^(lr_schedule|optimizer(\.state)?)$",
     "no_warmup_high_lr": r"^(lr_schedule|optimizer|)$",        # the run's schedule (run level)
     "dead_relu_init": r"(^|\.)ffn(\.|$)",
+    "rotary_q_only": r"^decoder\.layers\.0\.self_attn$",     # the first attention (periodic test)
+    "rotary_on_v": r"^decoder\.layers\.0\.self_attn$",
+    "rotary_halves": r"^decoder\.layers\.0\.self_attn$",
 }
 # faults whose probe has an exact (static or behavioural) test when the fault becomes active
 EXACT_AT_ACTIVATION = {
@@ -75,7 +80,7 @@ EXACT_AT_ACTIVATION = {
     "view_without_transpose", "shared_qkv", "identical_head_init", "no_pos_encoding", "no_emb_scale",
     "pos_max_len_small", "no_residual", "pre_ln_no_final_norm", "tiny_ln_eps",
     "neg_inf_fill_all_masked", "fill_1e9_fp16", "label_smoothing_on_pad", "warmup_restart_on_resume",
-    "dead_relu_init", "kl_raw_logits",
+    "dead_relu_init", "kl_raw_logits", "rotary_q_only", "rotary_on_v", "rotary_halves",
 }
 RECALL_TARGET = 0.95
 
@@ -161,6 +166,8 @@ def alarms(run: dict, probe: str | None = None, severities=ALARM) -> list[dict]:
 # Deviations from the paper that models train with: their probe names them as info unless the
 # model's behaviour shows the harm (docs/severity.md, issue 19), so that info is the detection.
 DEVIATIONS = frozenset({"no_emb_scale"})
+# what a fault's exact match is compared with, by the reference runs' variant
+REFERENCE = {"": "healthy", "resume": "healthy resume control", "rotary": "healthy rotary decoder"}
 
 
 def _named_at(fault) -> tuple[str, ...]:
@@ -218,9 +225,9 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
 
     # healthy reference exact match per (task, norm, variant)
     ref, ref_tok = defaultdict(list), defaultdict(list)
-    for r in healthy:
-        ref[(r["task"], r["norm"], "")].append(em(r))
-        ref_tok[(r["task"], r["norm"], "")].append(tok(r))
+    for r in healthy:               # variant "" or "rotary" (the rotary faults' healthy model)
+        ref[(r["task"], r["norm"], r["variant"])].append(em(r))
+        ref_tok[(r["task"], r["norm"], r["variant"])].append(tok(r))
     for r in benign:
         ref[(r["task"], r["norm"], r["variant"])].append(em(r))
         ref_tok[(r["task"], r["norm"], r["variant"])].append(tok(r))
@@ -257,7 +264,7 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
                 steps.append(fa["step"] - (r.get("fault_active_from") or 0))
         confusion = {p: rate(sum(bool(alarms(r, p)) for r in rs), len(rs)) for p in PROBE_NAMES}
         # silent fault
-        ref_variant = "resume" if fault.needs == "resume" else ""
+        ref_variant = fault.needs if fault.needs in ("resume", "rotary") else ""
         strata, strata_tok, silent = [], [], 0
         ems_f, ems_h = [], []
         for norm in sorted({r["norm"] for r in rs}):
@@ -291,7 +298,7 @@ def analyse(runs: list[dict], metas: list[dict], main_steps: int | None = None) 
             "confusion": confusion,
             "exact_match_faulty_mean": round(statistics.mean(ems_f), 4) if ems_f else None,
             "exact_match_reference_mean": round(statistics.mean(ems_h), 4) if ems_h else None,
-            "reference": f"{'healthy resume control' if ref_variant else 'healthy'} {rs[0]['task']}",
+            "reference": f"{REFERENCE[ref_variant]} {rs[0]['task']}",
             "silent_runs": rate(silent, len(rs)),
             "worse_than_healthy_p": round(p, 4) if p is not None else None,
             "worse_than_healthy": (p is not None and p < 0.05),

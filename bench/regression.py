@@ -118,11 +118,14 @@ def detection_cases() -> dict:
 
 def _detection_run(tmp: Path, fault: str, norm: str, decoder: bool, resume: bool) -> dict:
     """bench/detection.py's run_job, shortened: `tndebug run --probe all` on copy, one seed."""
+    from tndebug.faults import FAULTS
     from tndebug.train import TrainConfig, model_config, run_training
     kw = {}
     if decoder:                      # `tndebug run --arch decoder`'s own defaults, as detection.py
         from tndebug.train.config import DECODER_DROPOUT, DECODER_RUN
         kw = {"dropout": DECODER_DROPOUT, "arch": "decoder"}
+    if fault and FAULTS[fault].needs == "rotary":   # a bug of rotary positions: a rotary model
+        kw["pos"] = "rotary"
     mcfg = model_config("copy", "tiny", norm, (fault,) if fault else (), **kw)
     tcfg = TrainConfig(task="copy", steps=DETECTION_STEPS, seed=DETECTION_SEED, device="cpu", eval_size=20,
                        **({k: DECODER_RUN[k] for k in ("warmup", "lr_factor")} if decoder else {}))
