@@ -34,7 +34,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
           bos_id: int | None = None, probes: str | Iterable[str] | None = None,
           src_vocab: int | None = None, tgt_vocab: int | None = None,
           max_len: int | None = None, out=None, overwrite: bool = False, sinks=(),
-          select=None, ignore=None) -> Report:
+          select=None, ignore=None, arch: str | None = None) -> Report:
     """Run triage's probes on `model` as it is now.
 
     Args:
@@ -52,6 +52,9 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         out: a directory for report.json, report.md, figures/ and tb/ (docs/triage.md,
             Outputs); one that already holds a report is refused unless overwrite=True.
         sinks: reporters shown the probed step (`ReportSession.sinks`; `out=` makes its own).
+        arch: "decoder" (GPT-style) or "encoder" (BERT-style) for your own one-stack model, which
+            both take forward(model, ids, pad_id); None: an encoder when the class name says
+            Bert/Roberta/Electra/Encoder/MLM, else a decoder (run.arch_from says which).
     Returns:
         A Report (`verdict`, `findings`, `probes`, `exit_code(fail_on)`), as `tndebug triage`'s.
     Raises:
@@ -63,13 +66,13 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
             return written(session, check(model, forward, data, pad_id=pad_id, bos_id=bos_id,
                                           probes=probes, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                                           max_len=max_len, sinks=session.sinks,
-                                          select=select, ignore=ignore))
+                                          select=select, ignore=ignore, arch=arch))
     from tndebug.probes._head_weights import duplicate_heads
     from tndebug.capture import projection_weights
     t0 = time.perf_counter()
     names = _names(probes)
     subject, info = live_subject(model, forward, pad_id=pad_id, bos_id=bos_id,
-                                 src_vocab=src_vocab, tgt_vocab=tgt_vocab)
+                                 src_vocab=src_vocab, tgt_vocab=tgt_vocab, arch=arch)
     set_max_len(subject, max_len, "check")
     model = unwrap(model)
     batch = _batch(subject, data)
@@ -91,6 +94,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                                 f"your own mask code", step=0, evidence={"adapter": info["adapter"]}, code="mask-broadcast/tndebug-masks"))
     statuses.update(driver.checks_statuses(findings, statuses))
     run = {"mode": "check", "model": type(model).__name__, "adapter": info["adapter"],
+           "arch": subject.kind, **({"arch_from": info["arch_from"]} if info.get("arch_from") else {}),
            "pad_id": subject.pad_id, "bos_id": subject.bos_id, "src_vocab": subject.src_vocab,
            "tgt_vocab": subject.tgt_vocab, "data": "data=" if data is not None else
            "random ids from the model's vocabulary", "held_out_sequences": int(batch[0].shape[0]),

@@ -22,8 +22,8 @@ from torch import nn
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library.args import forward_vocab, ids_in_vocabulary
-from tndebug.capture.adapters import Adapter, adapter_kind, as_logits, builtin_adapter, first_tensor, \
-    guess_adapter
+from tndebug.capture.adapters import ARCHS, Adapter, adapter_kind, as_logits, first_tensor, \
+    guess_adapter, resolve_adapter
 from tndebug.capture import GenericCapture
 from tndebug.capture.subjects import fed_tables, make_subject, token_tables, vocab_rule
 
@@ -68,7 +68,8 @@ def _token_id(value, name: str) -> int:
 
 def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: int | None = 0,
                  bos_id: int | None = None, src_vocab: int | None = None,
-                 tgt_vocab: int | None = None, need_attention: bool = True):
+                 tgt_vocab: int | None = None, need_attention: bool = True,
+                 arch: str | None = None):
     """(Subject with a GenericCapture, info dict) for `model` as it is now.
 
     info: {"adapter", "attention_modules", "logits_module", "pad_id", "bos_id", "hf"}.
@@ -77,6 +78,9 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     """
     if not isinstance(model, nn.Module):
         raise UsageError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if arch is not None and arch not in ARCHS:
+        raise UsageError(f"arch={arch!r}; expected one of {', '.join(ARCHS)} (or None: told from "
+                         f"the model)")
     model = unwrap(model)
     info: dict = {"hf": False}
     first_content = None
@@ -117,13 +121,18 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         src_vocab, tgt_vocab = src_vocab or hi, tgt_vocab or hi
         info.update(hf=True, hf_ids=ids)
     elif forward is None:
-        guess = guess_adapter(model)
-        if guess is None:
+        if guess_adapter(model) is None and arch not in ("decoder", "encoder"):
             raise UsageError(
                 f"do not know how to call {type(model).__name__}: pass forward=fn with "
                 f"def fn(model, src, tgt, pad_id) -> logits [B, T, V] (src [B, S] and tgt [B, T] "
-                f"batch first, tgt BOS-led)")
-        adapter = builtin_adapter(guess, model)
+                f"batch first, tgt BOS-led), or def fn(model, ids, pad_id) -> logits [B, T, V] "
+                f"for one stack (arch='encoder' if bidirectional)")
+        if arch == "seq2seq" and guess_adapter(model) in ("gpt", "bert"):
+            raise UsageError(f"arch='seq2seq', but {type(model).__name__} takes one input: pass "
+                             f"forward=fn with def fn(model, src, tgt, pad_id) -> logits")
+        adapter = resolve_adapter(None, model, arch)
+        info["arch_from"] = (adapter.kind_from.replace("--arch encoder", "arch='encoder'")
+                             .replace("--arch decoder", "arch='decoder'"))
         if adapter.kind in ("decoder", "encoder"):   # gpt / bert: forward(model, ids, pad_id)
             kind, lm_forward = adapter.kind, adapter.forward
             wrap = _ignoring_src if kind == "decoder" else _ignoring_tgt
@@ -133,9 +142,17 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
             raise UsageError(f"forward: expected a callable forward(model, src, tgt, pad_id) -> "
                              f"logits, got {type(forward).__name__}")
         name = getattr(forward, "__name__", "forward")
-        if adapter_kind(forward, name, "forward") == "decoder":   # forward(model, ids, pad_id)
+        one = adapter_kind(forward, name, "forward") == "decoder"   # forward(model, ids, pad_id)
+        if one and arch == "seq2seq" or not one and arch in ("decoder", "encoder"):
+            raise UsageError(f"arch={arch!r} does not fit forward={name}, which takes "
+                             f"{'(model, ids, pad_id)' if one else '(model, src, tgt, pad_id)'}")
+        if one:
             lm_forward = _checked_lm(forward, name)
-            kind, adapter = "decoder", Adapter(f"forward={name}", _ignoring_src(lm_forward))
+            kind = "encoder" if arch == "encoder" else "decoder"
+            wrap = _ignoring_tgt if kind == "encoder" else _ignoring_src
+            adapter = Adapter(f"forward={name}", wrap(lm_forward))
+            info["arch_from"] = (f"arch={arch!r}" if arch else "forward(model, ids, pad_id): one "
+                                 "stack, read as decoder-only (arch='encoder' if bidirectional)")
         else:
             adapter = Adapter(f"forward={name}", _checked(forward, name))
     pad_id = 0 if pad_id is None else _token_id(pad_id, "pad_id")

@@ -74,7 +74,7 @@ class Watch(_WatchHooks):
                  src_vocab: int | None = None, tgt_vocab: int | None = None,
                  hook_optimizer: bool = True, dist: Any = None, overwrite: bool = False,
                  max_len: int | None = None, select=None, ignore=None,
-                 budget: float | None = DEFAULT_FRACTION) -> None:
+                 budget: float | None = DEFAULT_FRACTION, arch: str | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(_inner_optimizer(optimizer), torch.optim.Optimizer):
@@ -96,6 +96,7 @@ class Watch(_WatchHooks):
         self._model_ref = weakref.ref(self._model)
         self._optimizer = _inner_optimizer(optimizer) if optimizer is not None else None
         self._forward, self._pad_id, self._bos_id = forward, pad_id, bos_id
+        self._arch = arch
         self.out = A.output_dir(out, overwrite=self._overwrite, start_step=start_step,
                                 main=A.is_main_process(dist))
         self._claim = contextlib.ExitStack()     # the output directory's lock, held in the block
@@ -148,7 +149,8 @@ class Watch(_WatchHooks):
         needs_attention = any(r.startswith("attn.") for p in probes for r in p.reads)
         self._subject, self._info = live_subject(
             model, self._forward, pad_id=self._pad_id, bos_id=self._bos_id,
-            src_vocab=self._vocab[0], tgt_vocab=self._vocab[1], need_attention=needs_attention)
+            src_vocab=self._vocab[0], tgt_vocab=self._vocab[1], need_attention=needs_attention,
+            arch=self._arch)
         set_max_len(self._subject, self._max_len, "watch")
         self._pad_id = self._subject.pad_id
         self._start_id = (self._info.get("hf_ids") or {}).get("start", self._subject.bos_id)
@@ -403,6 +405,8 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kw
             over it, scheduled looks are skipped (each probe still looks once; run.probe_budget
             says what was spent and skipped). None: every scheduled look (one process only:
             under DDP the ranks must probe the same steps, so no budget applies).
+        arch: "decoder" (GPT-style) or "encoder" (BERT-style) for your own one-stack model, which
+            both take forward(model, ids, pad_id); None: told from the class name, else decoder.
     Raises:
         tndebug.errors.UsageError on entering, for a model or forward it cannot use.
     """
