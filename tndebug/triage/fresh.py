@@ -83,12 +83,10 @@ def scale_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str
     targets = [f for f in out if _unscaled_error(f) and f.evidence.get("judged_on") != "fresh init"]
     if not targets:
         return out, statuses
-    st = statuses.setdefault("missing-scale", {})
-    try:
-        init = probe_fresh(["missing-scale"]).findings
-    except Exception as e:  # noqa: BLE001 - the user's constructor may raise anything
-        st["fresh_init"] = f"not built ({type(e).__name__}: {str(e).strip()[:120]}); judged on the checkpoint"
+    init = _on_fresh(probe_fresh, "missing-scale", statuses)
+    if init is None:
         return out, statuses
+    st = statuses["missing-scale"]
     folded, unfolded = {}, set()
     for f in init:
         if f.probe == "missing-scale" and f.evidence.get("diagnosis") == NO_SCALE:
@@ -194,12 +192,10 @@ def rank_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str 
     targets = [f for f in findings if _trained_rank(f)]
     if not targets:
         return findings, statuses
-    st = statuses.setdefault("variance-drift", {})
-    try:
-        init = probe_fresh(["variance-drift"]).findings
-    except Exception as e:  # noqa: BLE001 - the user's constructor may raise anything
-        st["fresh_init"] = f"not built ({type(e).__name__}: {str(e).strip()[:120]}); judged on the checkpoint"
+    init = _on_fresh(probe_fresh, "variance-drift", statuses)
+    if init is None:
         return findings, statuses
+    st = statuses["variance-drift"]
     at_init = {f.where: f for f in init if f.code == "variance-drift/rank-collapse"}
     built = how or "the model's own constructor, seed 0"
     result = []
@@ -230,3 +226,15 @@ def rank_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str 
         st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
                         "warn" if any(f.severity == "warning" for f in mine) else "pass")
     return result, statuses
+
+
+def _on_fresh(probe_fresh, name: str, statuses: dict) -> list | None:
+    """Probe `name`'s findings on the fresh initialisation, or None when it cannot be built (the
+    user's constructor may raise anything), which statuses[name]["fresh_init"] then says."""
+    statuses.setdefault(name, {})
+    try:
+        return probe_fresh([name]).findings
+    except Exception as e:  # noqa: BLE001 - the user's constructor may raise anything
+        statuses.setdefault(name, {})["fresh_init"] = (f"not built ({type(e).__name__}: "
+                                                       f"{str(e).strip()[:120]}); judged on the checkpoint")
+        return None
