@@ -67,6 +67,7 @@ def probe_once(subject: Subject, names: Iterable[str], batch, *,
     try:
         with ProbeEngine(probes, run, sinks=sinks) as engine:
             engine.setup()
+            give_back_freed()        # the setups' freed traces, before the pass's gradients
             engine.begin_step(0, src, tgt_in)
             logits = subject.logits(src, tgt_in)
             loss = run.criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
@@ -82,6 +83,18 @@ def probe_once(subject: Subject, names: Iterable[str], batch, *,
         model.zero_grad(set_to_none=True)
         model.train(was)
     return ProbeResult(findings, statuses, seconds, (src, tgt_in, tgt_out))
+
+
+def give_back_freed() -> None:
+    """Return freed heap pages to the system (glibc's malloc_trim): tensors freed by Python stay
+    resident otherwise, under every later peak (triage of a Hugging Face directory: the file's
+    copy of the weights after loading, the exact tests' traces before the recorded pass's
+    gradients). Changes no value; nothing where the C library has no malloc_trim."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 # -- findings -------------------------------------------------------------------------------------
