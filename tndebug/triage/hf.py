@@ -197,7 +197,7 @@ def triage_hf(opts, patch=None, sinks=()):
     sd = renamed(model, sd)                            # saved names -> the model's (GPTNeoX)
     checks = hf_checks.tied_head(model, sd)            # before loading: unties as transformers does
     tied = load_tied(model, sd, folder)
-    _give_back_freed()                                # the file's copy, now the model's
+    driver.give_back_freed()                          # the file's copy, now the model's
     more, files_note = hf_checks.weight_files_differ(folder, files, read_weights)
     checks += more + hf_checks.ids_vs_tokenizer(folder, config)
     model.eval()
@@ -346,17 +346,6 @@ def triage_hf(opts, patch=None, sinks=()):
            "temperature_sweep": sweep_ev, "timings_s": timings, "probe_seconds": probe_seconds,
            "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
     return driver.make_report(run, findings, statuses)
-
-
-def _give_back_freed() -> None:
-    """Return freed heap pages to the system (glibc's malloc_trim): the file's tensors, freed
-    once the model holds the weights, would otherwise stay resident (+0.5 GB on GPT-2 small)
-    under every later peak. Nothing where the C library has no malloc_trim."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _shape(model_type: str, raw: dict, causal: dict, masked: dict) -> str:
