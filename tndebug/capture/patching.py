@@ -128,21 +128,15 @@ def _patched(state: _State):
             ops = operands[0] if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
             if state.current() is None or len(ops) != 2:
                 return orig(eq, *operands, **kwargs)
+            a, b = ops
+            if state.kv_swap:                # k or v with its kv heads swapped: one product
+                b = state.swap_kv(b)
             state.busy = True
             try:
-                out = orig(eq, *operands, **kwargs)
+                out = (orig(eq, *operands, **kwargs) if b is ops[1]
+                       else orig(eq, a, b, **kwargs))
             finally:
                 state.busy = False
-            a, b = ops
-            if state.kv_swap:
-                swapped = state.swap_kv(b)
-                if swapped is not b:
-                    b = swapped
-                    state.busy = True
-                    try:
-                        out = orig(eq, a, b, **kwargs)
-                    finally:
-                        state.busy = False
             call = state.current()
             if call is not None and isinstance(b, torch.Tensor) and b.dim() == 2:
                 if state.trace is not None:                  # "btd,de->bte": a projection

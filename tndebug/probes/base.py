@@ -57,6 +57,20 @@ class StepInfo:
     tgt_in: torch.Tensor | None = None
     tgt_out: torch.Tensor | None = None
     grads_ready: bool = True
+    # {id(parameter): its gradient's L2 norm (fp32 device scalar)} when backward freed each
+    # gradient as it was made (triage's one pass: a weight-sized .grad per parameter held at
+    # once was most of its peak memory); None when the gradients are in each `.grad`
+    grad_norms: dict[int, torch.Tensor] | None = None
+
+
+def grad_norm_of(p: torch.nn.Parameter, info: StepInfo | None) -> torch.Tensor | None:
+    """The L2 norm (fp32) of `p`'s gradient at this step, or None where it got none: from
+    `info.grad_norms` when the step freed the gradients as backward made them, else `p.grad`."""
+    if info is not None and info.grad_norms is not None:
+        return info.grad_norms.get(id(p))
+    if p.grad is None:
+        return None
+    return torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
 
 
 @dataclass

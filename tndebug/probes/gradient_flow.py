@@ -157,19 +157,24 @@ class GradientFlowProbe(Probe):
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
         stats: dict = {}
         if info.grads_ready and self._groups:
-            stats["grad_norm"], stats["grad_present"] = self._group_norms()
+            stats["grad_norm"], stats["grad_present"] = self._group_norms(info.grad_norms)
         for site, h in trace.ffn_hidden.items():
             stats[f"active/{site}"] = _fires(h).reshape(-1, h.shape[-1]).any(0)  # [d_ff]
             stats[f"tokens/{site}"] = h.numel() // h.shape[-1]
         return stats
 
-    def _group_norms(self) -> tuple[torch.Tensor, list[bool]]:
+    def _group_norms(self, freed: dict[int, torch.Tensor] | None = None
+                     ) -> tuple[torch.Tensor, list[bool]]:
         """L2 norm of each layer group's gradients [G], on the device: one fused norm over every
         gradient, then a segment sum of squares (a loop of per-tensor ops cost 2 ms a step on
-        `tiny`, most of this probe's overhead)."""
+        `tiny`, most of this probe's overhead). `freed` holds each parameter's norm where the
+        step freed the gradients as backward made them (StepInfo.grad_norms)."""
         grads, owner, present = [], [], []
         for i, params in enumerate(self._groups.values()):
-            mine = [p.grad for _, p in params if p.grad is not None]
+            if freed is None:
+                mine = [p.grad for _, p in params if p.grad is not None]
+            else:
+                mine = [freed[id(p)] for _, p in params if id(p) in freed]
             grads += mine
             owner += [i] * len(mine)
             present.append(bool(mine))
@@ -180,7 +185,10 @@ class GradientFlowProbe(Probe):
             index = self._index.get(key)
             if index is None:          # the set of present gradients rarely changes: cache it
                 index = self._index[key] = torch.tensor(owner, device=device)
-            sq = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2)
+            if freed is None:
+                sq = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2)
+            else:
+                sq = torch.stack([g.to(device) for g in grads]).pow(2)
             out.index_add_(0, index, sq)
         return out.sqrt(), present
 

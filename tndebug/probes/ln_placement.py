@@ -53,7 +53,7 @@ import torch
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
 from tndebug.probes._residual import NORM_TOL, residual_carries
-from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.base import Probe, RunContext, StepInfo, grad_norm_of
 from tndebug.probes.schedule import Schedule
 from tndebug.capture.trace import StreamPoint, Trace
 
@@ -126,21 +126,21 @@ class LnPlacement(Probe):
         if info.loss is not None:
             out["loss"] = info.loss.detach().float().reshape(1)
         if self.placement in (None, "post") and (self._hazard is not None or not self.lr_decided):
-            norm = self._grad_norm()
+            norm = self._grad_norm(info)
             if norm is not None:
                 out["grad_norm"] = norm
         if self.placement is None and trace.streams and self._pending is None:
             self._pending = trace        # setup could not trace: decide from this one in update
         return out
 
-    def _grad_norm(self):
+    def _grad_norm(self, info: StepInfo):
         """‖∇θ L‖ over every parameter with a gradient (a device scalar, no sync), or None."""
         model = self._run.subject.model if self._run is not None else None
-        grads = [p.grad.detach() for p in model.parameters() if p.grad is not None] \
+        norms = [n for n in (grad_norm_of(p, info) for p in model.parameters()) if n is not None] \
             if model is not None else []
-        if not grads:
+        if not norms:
             return None
-        return torch.stack([g.float().norm() for g in grads]).norm().reshape(1)
+        return torch.stack(norms).norm().reshape(1)
 
     def update(self, stats: dict[str, Any], info: StepInfo) -> None:
         lr = info.lr
