@@ -155,13 +155,15 @@ MASK = V - 1
 
 def train(model, shape: str, steps: int, seed: int = 0) -> float:
     """A copy task: decoder-only [bos, x, x] (the second x predictable from the first),
-    seq2seq x -> x, encoder-only masked-LM on x with 15% masked. AdamW 3e-3. Returns the last loss."""
+    seq2seq x -> x, encoder-only masked-LM on [x, x] with 15% masked (a masked id is predictable
+    from its copy in the other half; masked-LM on random ids alone has nothing to learn and
+    leaves the model on its prior). AdamW 3e-3. Returns the last loss."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
-        x = torch.randint(*WORDS, (16, T_LEN // 2 if shape == "decoder" else T_LEN), generator=g)
+        x = torch.randint(*WORDS, (16, T_LEN if shape == "seq2seq" else T_LEN // 2), generator=g)
         if shape == "decoder":
             ids = torch.cat([torch.ones(16, 1, dtype=torch.long), x, x], 1)
             labels = ids.clone()
@@ -170,6 +172,7 @@ def train(model, shape: str, steps: int, seed: int = 0) -> float:
         elif shape == "seq2seq":
             loss = model(input_ids=x, attention_mask=torch.ones_like(x), labels=x).loss
         else:
+            x = torch.cat([x, x], 1)
             pick = torch.rand(x.shape, generator=g) < 0.15
             pick[:, 0] = True
             labels = torch.where(pick, x, torch.full_like(x, -100))
