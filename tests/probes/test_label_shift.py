@@ -34,7 +34,10 @@ def test_a_misshifted_loss_is_named_from_what_the_model_learnt(fault, code):
     (f,) = report.findings
     assert f.severity == "error" and f.evidence["loss_last"] <= 0.5 * f.evidence["loss_first"]
     rate = f.evidence["self_rate" if fault.endswith("unshifted") else "after_next_rate"]
-    assert rate >= 0.9 and rate >= 2 * f.evidence["next_rate"]
+    # well past the probe's own cut (SELF_RATE 0.9, AFTER_NEXT_RATE 0.5): after-next measured
+    # 0.898 at step 250 on a 2-core Intel Xeon, above 0.9 on AMD EPYC (float sums differ)
+    assert rate >= (0.9 if fault.endswith("unshifted") else 0.8)
+    assert rate >= 2 * f.evidence["next_rate"]
 
 
 def test_a_healthy_decoder_passes_once_it_has_learnt():
