@@ -1,4 +1,4 @@
-"""Grouped-query attention in the user's own code (tndebug/triage/kv_order.py): weights trained
+"""Grouped-query attention in the user's own code (tndebug/probes/_kv_order.py): weights trained
 with the kv heads repeated one way and run by code that repeats them the other way are named
 (checkpoint/kv-head-order), both ways round; weights run by the code they were trained with are
 not, and a model that repeats no kv heads is not applicable. The model is tests/foreign/
@@ -114,3 +114,24 @@ def test_kv_swapped_reorders_repeated_heads_exactly():
     assert order == "tiled" and torch.equal(out, inter)
     for plain in (torch.randn(2, 4, 5, 3), kv[:, :1].expand(2, 4, 5, 3), torch.randn(2, 4, 5)):
         assert kv_swapped(plain)[1] == ""                              # distinct, broadcast, 3-D
+
+
+def test_check_names_weights_run_in_the_other_order_on_data_they_solve(files):
+    """tndebug.check on a live model (weights trained interleaved, loaded into tiled code, the
+    porting bug) runs the same test: an error on data the weights solve; on random ids it cannot
+    tell, and says so in run.kv_head_order instead of naming anything."""
+    import tndebug
+    ckpts, _ = files
+    model = rotary_gpt.build(**SIZES)
+    model.load_state_dict(torch.load(ckpts["interleaved"])["model"])
+    rotary_gpt.broken(model, "kv_tiled")
+    lm = as_lm(get_task("copy").batch(data_generator(7, "eval"), 16))
+    report = tndebug.check(model, rotary_gpt.forward, data=(lm.src, lm.tgt_in, lm.tgt_out),
+                           arch="decoder")
+    found = [f for f in report.findings if f.code == "checkpoint/kv-head-order"]
+    assert len(found) == 1 and found[0].severity == "error", report.findings
+    assert report.run["kv_head_order"]["verdict"] == "mismatch"
+    blind = tndebug.check(model, rotary_gpt.forward, arch="decoder")
+    assert blind.run["kv_head_order"]["verdict"] != "mismatch", blind.run["kv_head_order"]
+    assert blind.run["kv_head_order"]["data"] == "random ids"
+    assert not [f for f in blind.findings if f.code == "checkpoint/kv-head-order"]

@@ -6,7 +6,9 @@
 The probes that judge code and weights from one forward and backward (`TRIAGE_PROBES`: the
 mask tests, the fitted scale, NaN provenance, head and depth statistics, ...) run as
 `tndebug triage --model` runs them (`tndebug.driver.probe_once`), on `data` or on random
-ids from the model's vocabulary; duplicated heads are read from the weights. The model's
+ids from the model's vocabulary; duplicated heads are read from the weights; grouped-query
+key/value heads repeated in the other order than the weights were trained with are found on
+`data` the model solves (`run.kv_head_order`: "inconclusive" on random ids). The model's
 gradients are cleared (`zero_grad(set_to_none=True)`) and its train/eval mode restored.
 
 `CheckResult` (the pytest plugin's value) wraps the report with `assert_clean`.
@@ -69,6 +71,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                                           select=select, ignore=ignore, arch=arch))
     from tndebug.probes._head_weights import duplicate_heads
     from tndebug.capture import projection_weights
+    from tndebug.probes._kv_order import kv_order
     t0 = time.perf_counter()
     names = _names(probes)
     subject, info = live_subject(model, forward, pad_id=pad_id, bos_id=bos_id,
@@ -80,6 +83,11 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
     with torch.random.fork_rng(devices=[subject.device] if subject.device.type == "cuda" else []):
         probed = driver.probe_once(subject, names, batch, compute_dtype=dtype, sinks=sinks)
     findings, statuses, seconds = probed.findings, probed.statuses, probed.seconds
+    # weights ported from code that repeats grouped-query kv heads the other way (triage's test)
+    kv, kv_evidence = kv_order(lambda s, t: subject.logits(s, t), subject.capture, batch,
+                               subject.pad_id, subject.tgt_vocab,
+                               data="data=" if data is not None else "random ids")
+    findings += kv
     if info["hf"]:
         from tndebug.capture.hf import attention_weights
         from tndebug.probes.hf_fixes import hf_fix, hf_where
@@ -100,7 +108,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
            "random ids from the model's vocabulary", "held_out_sequences": int(batch[0].shape[0]),
            "compute_dtype": str(dtype).removeprefix("torch."),
            "attention_modules": info["attention_modules"], "probes_run": names,
-           "probe_inputs": subject.inputs(),
+           "probe_inputs": subject.inputs(), "kv_head_order": kv_evidence,
            "probe_seconds": seconds, "wall_s": round(time.perf_counter() - t0, 3),
            "status": "completed"}
     return driver.make_report(run, findings, statuses, select=driver.codes_option(select, "select="),

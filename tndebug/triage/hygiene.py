@@ -20,14 +20,15 @@ import torch
 import torch.nn.functional as F
 
 from tndebug.findings import Finding
+# the paired comparison of held-out losses, shared with the kv-order test (probes/_paired.py)
+from tndebug.probes._paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS,  # noqa: F401
+                                    SOLVED, Z_SE, paired_gain, sequence_losses)
 from tndebug.triage.loading import Checkpoint
 
 # FAILURE_MODES 2.2 / 2b: scale the scores by alpha = 2^(k/2), k = -6..6; argmin outside
 # [1/sqrt 2, sqrt 2] -> error.
 SWEEP_K = range(-6, 7)
 ALPHA_LOW, ALPHA_HIGH = 2 ** -0.5, 2 ** 0.5
-# SOLVED: no run (docs/severity.md); sweep: no held-out corpus.
-SOLVED = 0.5            # the sweep is judged only if the best loss < SOLVED * ln V
 
 FIX_RESUME = ("save {'model': model.state_dict(), 'optimizer': opt.state_dict(), 'step': step} "
               "and restore all three, so the warmup and Adam's moments continue [note 000]")
@@ -131,19 +132,6 @@ def embedding_scale(lut: torch.Tensor, scale: float, where: str, rho_low: float 
 # -- behaviour: the temperature sweep ------------------------------------------------------------
 ScaleCtx = Callable[[float], "contextmanager"]
 
-# A mismatch needs a significant gain over alpha = 1 (the argmin of 13 noisy losses is
-# never exactly 1): paired over the held-out sequences, the gain must be positive on a clear
-# majority of them and its mean more than 2 standard errors (a one-sided z of 2, p ~ 0.02), and
-# large in itself, >= MIN_GAIN_NATS and >= MIN_GAIN_REL of the loss at alpha = 1. A checkpoint
-# trained without 1/sqrt(d_k) and loaded into scaled code is off by sqrt(d_k) >= 2.8 and loses
-# nats, not hundredths; a gain below 0.05 nats per token (a likelihood ratio of 1.05) is what
-# temperature calibration of a healthy model gives, not a missing scale.
-# Set on no run (d1c22cc): statistical levels; only unit tests reach them (not held out; docs/thresholds.md).
-MIN_SEQS = 8            # fewer paired sequences: no test, no finding
-MAJORITY = 0.75         # share of sequences whose loss is lower at the best alpha
-Z_SE = 2.0              # mean gain > Z_SE standard errors
-MIN_GAIN_NATS = 0.05
-MIN_GAIN_REL = 0.05
 NOT_APPLICABLE = ("the checkpoint was triaged with its own code (--model), which it was trained "
                   "with, so it sits at alpha ~ 1 by construction: the sweep cannot reveal a "
                   "missing scale here (missing-scale measures the scale the code applies)")
@@ -154,32 +142,6 @@ def held_out_loss(forward: Callable, src, tgt_in, tgt_out, pad_id: int) -> float
     logits = forward(src, tgt_in)                                          # [B, T, V]
     return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt_out.reshape(-1),
                                  ignore_index=pad_id))
-
-
-def sequence_losses(forward: Callable, src, tgt_in, tgt_out, pad_id: int) -> tuple[float, torch.Tensor]:
-    """(mean cross-entropy over non-pad targets, per-sequence mean cross-entropy [B]); rows
-    without a target token are NaN."""
-    logits = forward(src, tgt_in)                                          # [B, T, V]
-    B, T = tgt_out.shape
-    tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt_out.reshape(-1),
-                          ignore_index=pad_id, reduction="none").reshape(B, T)   # [B, T]
-    keep = (tgt_out != pad_id).float()                                     # [B, T]
-    n = keep.sum(1)                                                        # [B]
-    per_seq = (tok * keep).sum(1) / n                                      # [B], NaN where n = 0
-    return float((tok * keep).sum() / keep.sum().clamp(min=1)), per_seq
-
-
-def paired_gain(at_1: torch.Tensor, at_best: torch.Tensor) -> dict:
-    """The paired comparison of per-sequence losses at alpha = 1 and at the best alpha."""
-    ok = at_1.isfinite() & at_best.isfinite()
-    gain = (at_1 - at_best)[ok].double()                                   # [n] > 0: best is better
-    n = int(gain.numel())
-    if n < 2:
-        return {"n": n}
-    mean = float(gain.mean())
-    se = float(gain.std(unbiased=True)) / math.sqrt(n)
-    return {"n": n, "mean_gain": mean, "se": se, "z": mean / se if se > 0 else
-            (math.inf if mean > 0 else 0.0), "share_better": float((gain > 0).double().mean())}
 
 
 def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, vocab: int,

@@ -38,7 +38,7 @@ from tndebug.triage import hygiene, layouts
 from tndebug.capture.adapters import GUESSED
 from tndebug.capture.user_model import parse_config
 from tndebug.triage.fresh import apart_from_weights
-from tndebug.triage.kv_order import kv_order
+from tndebug.probes._kv_order import kv_order
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.target import Target, check_task_vocab
 from tndebug.triage.user_code import user_target

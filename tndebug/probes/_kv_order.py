@@ -1,5 +1,5 @@
 """Grouped-query attention: are the key/value heads repeated in the order these weights were
-trained with?
+trained with? Run by `tndebug triage` (triage/run.py) and `tndebug.check` alike.
 
 With n_kv < n_head key/value heads, each kv head serves n_head / n_kv query heads. Code repeats
 them one of two ways: interleaved (HF's `repeat_kv`, `repeat_interleave`: q head i reads kv
@@ -11,7 +11,7 @@ The test is behavioural and exact in what it changes: the same forward with the 
 put in the other order at the score and value products (and SDPA), `GenericCapture.swapping_kv`,
 nothing else touched. Weights trained with the code's own order get worse under the swap, so
 a finding needs the swap to be *better*, by the temperature sweep's significance rule
-(triage/hygiene.py: paired over held-out sequences, a large gain, a majority of sequences), on
+(probes/_paired.py: paired over held-out sequences, a large gain, a majority of sequences), on
 data the checkpoint solves in one of the two orders. A model whose code repeats no kv heads
 (plain multi-head attention, SDPA's own `enable_gqa`) is not applicable.
 """
@@ -22,7 +22,7 @@ import math
 import torch
 
 from tndebug.findings import Finding
-from tndebug.triage.hygiene import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS, SOLVED, Z_SE,
+from tndebug.probes._paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS, SOLVED, Z_SE,
                                     paired_gain, sequence_losses)
 
 OTHER = {"interleaved": "tiled", "tiled": "interleaved"}
@@ -43,13 +43,13 @@ def kv_order(forward, capture, batch, pad_id: int, vocab: int, data: str = "--ta
     if swapping is None:
         return [], {"verdict": "not applicable", "reason": "the capture cannot reorder heads"}
     src, tgt_in, tgt_out = batch
-    with torch.no_grad():
-        at_code, per_code = sequence_losses(forward, src, tgt_in, tgt_out, pad_id)
-        with swapping() as orders:
+    with torch.no_grad():                 # the swapped forward first: most models repeat no
+        with swapping() as orders:        # kv heads, and then the code's own forward is not needed
             at_swap, per_swap = sequence_losses(forward, src, tgt_in, tgt_out, pad_id)
-    if not orders:
-        return [], {"verdict": "not applicable",
-                    "reason": "no attention repeats grouped-query key/value heads in its code"}
+        if not orders:
+            return [], {"verdict": "not applicable",
+                        "reason": "no attention repeats grouped-query key/value heads in its code"}
+        at_code, per_code = sequence_losses(forward, src, tgt_in, tgt_out, pad_id)
     order = max(set(orders), key=orders.count)            # the code's order (one per operand)
     test = paired_gain(per_code, per_swap)
     gain = at_code - at_swap if math.isfinite(at_code) else math.inf
