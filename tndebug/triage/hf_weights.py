@@ -72,7 +72,9 @@ def load_tied(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path) -> li
     if unexpected:
         raise UsageError(f"the weights in {folder} do not fit its config.json: {len(unexpected)} "
                          f"unexpected key(s) (e.g. {', '.join(unexpected[:3])})")
-    missing = model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False).missing_keys
+    missing = [k for k in own if k not in sd]
+    del own                                  # its references would keep the random weights alive
+    take_file_tensors(model, sd)
     model.tie_weights()
     after = model.state_dict()
     # the file's tensors give way to the model's own where they hold the same values in the
@@ -89,6 +91,45 @@ def load_tied(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path) -> li
         raise UsageError(f"the weights in {folder} do not fit its config.json: {len(untied)} "
                          f"missing key(s) not tied to a loaded weight (e.g. {', '.join(untied[:3])})")
     return tied
+
+
+def take_file_tensors(model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
+    """Load `sd` into `model` by handing each parameter or buffer the file's tensor (converted to
+    the model's dtype where the file's differs) instead of copying it into the model's own
+    random one, which is then freed: one copy of the weights at the peak, not two (issue 21:
+    peak memory of a BART-base-size triage; a safetensors file's tensors are memory-mapped).
+
+    Ties are kept as they were: every place that held one tensor object (shared embeddings, a
+    tied head) gets one new object. Where the file gives the places of one tensor different
+    values, they are copied in turn into the shared one, as `load_state_dict` does (the last
+    wins). `sd` itself is unchanged: its tensors keep the file's dtype."""
+    places: dict[int, list[tuple[nn.Module, str, bool, str]]] = {}
+    held: dict[int, torch.Tensor] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        dot = prefix + "." if prefix else ""
+        for name, p in module._parameters.items():
+            if p is not None:
+                places.setdefault(id(p), []).append((module, name, True, dot + name))
+                held[id(p)] = p
+        for name, b in module._buffers.items():
+            if b is not None and name not in module._non_persistent_buffers_set:
+                places.setdefault(id(b), []).append((module, name, False, dot + name))
+                held[id(b)] = b
+    with torch.no_grad():
+        for key, where in places.items():
+            old = held[key]
+            given = [sd[full] for *_, full in where if full in sd]
+            if not given:
+                continue                       # tied to another, or not in the file: kept
+            if any(not torch.equal(given[0], g) for g in given[1:]):
+                for g in given:                # one tensor, different values: as load_state_dict
+                    old.copy_(g)
+                continue
+            new = given[0] if given[0].dtype == old.dtype else given[0].to(old.dtype)
+            if where[0][2]:
+                new = nn.Parameter(new, requires_grad=old.requires_grad)
+            for module, name, is_param, _ in where:
+                (module._parameters if is_param else module._buffers)[name] = new
 
 
 @contextmanager
