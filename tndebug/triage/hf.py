@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -41,8 +42,8 @@ from tndebug.capture import subjects
 from tndebug.capture.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
 from tndebug.capture.hf_encoder import MLM_CALLS, make_mlm_adapter
 from tndebug.triage.hf_encoder import MLM_LOSS, mlm_ids_note
-from tndebug.triage.hf_weights import (WEIGHTS, _line, load_tied, read_weights,  # noqa: F401
-                                       renamed, sliced_output, weight_files)
+from tndebug.triage.hf_weights import (WEIGHTS, _line, init_missing, load_tied,  # noqa: F401
+                                       read_weights, renamed, sliced_output, weight_files)
 
 INSTALL = "pip install 'tndebug[hf]'"
 OWN_CHECKPOINTS = ("checkpoint.pt", "model.pt")     # tndebug's (and plain torch) files win
@@ -120,16 +121,36 @@ def load_config(folder: Path):
     return tf, config, kinds[shape]
 
 
-def build_model(tf, config, attn: str | None, kind: str = "seq2seq") -> nn.Module:
+def build_model(tf, config, attn: str | None, kind: str = "seq2seq", *, init: bool = True) -> nn.Module:
     """The model in float32 whatever config.dtype says: 16-bit weights are upcast exactly on
     load, so every tolerance is fp32's while the values are the file's (issue 19; the saved
-    dtype still decides the fp16 hazards, as run.compute_dtype)."""
+    dtype still decides the fp16 hazards, as run.compute_dtype).
+
+    `init` False: the weights are left uninitialised (transformers' `no_init_weights`), for a
+    model whose weights all come from the file: drawing 139M random numbers was half of building
+    a BART-base-size model and its peak memory. Buffers computed in the modules' constructors
+    are computed as ever; what only the initialisation fills and the file lacks is filled by
+    `init_missing` after loading."""
     kw = {"attn_implementation": attn} if attn else {}
     kw["dtype"] = torch.float32
     auto = {"decoder": tf.AutoModelForCausalLM, "encoder": tf.AutoModelForMaskedLM}.get(
         kind, tf.AutoModelForSeq2SeqLM)
+    quiet = nullcontext()
+    if not init:
+        try:
+            from transformers.initialization import no_init_weights       # transformers 5
+        except ImportError:
+            try:
+                from transformers.modeling_utils import no_init_weights   # transformers 4
+            except ImportError:
+                no_init_weights = None
+        quiet = no_init_weights() if no_init_weights is not None else quiet
     try:
-        return auto.from_config(config, **kw)
+        with quiet:
+            model = auto.from_config(config, **kw)
+        if not init:
+            model.tie_weights()     # no_init_weights skips it with the init: ties as config.json says
+        return model
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"cannot build {config.model_type} from config.json"
                          f"{f' with --attn {attn}' if attn else ''}: {_line(e)}") from None
@@ -193,10 +214,11 @@ def triage_hf(opts, patch=None, sinks=()):
     files = weight_files(folder)
     sd = read_weights(files)
     lap("load")
-    model = build_model(tf, config, attn, kind)
+    model = build_model(tf, config, attn, kind, init=False)    # every weight comes from the file
     sd = renamed(model, sd)                            # saved names -> the model's (GPTNeoX)
     checks = hf_checks.tied_head(model, sd)            # before loading: unties as transformers does
-    tied = load_tied(model, sd, folder)
+    tied, unfilled = load_tied(model, sd, folder)
+    seeded(lambda: init_missing(model, unfilled))      # keys the file may lack (Marian's sinusoids)
     driver.give_back_freed()                          # the file's copy, now the model's
     more, files_note = hf_checks.weight_files_differ(folder, files, read_weights)
     checks += more + hf_checks.ids_vs_tokenizer(folder, config)

@@ -58,9 +58,11 @@ def read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
     return sd
 
 
-def load_tied(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path) -> list[str]:
-    """Load `sd` into `model`; returns the missing keys restored by weight tying. Anything else
-    that does not fit is a one-line UsageError naming a few keys."""
+def load_tied(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path) -> tuple[list[str], list[str]]:
+    """Load `sd` into `model`; returns (the missing keys restored by weight tying, the missing
+    keys the model declares it may lack: `_keys_to_ignore_on_load_missing`, which only the
+    initialisation fills: see `init_missing`). Anything else that does not fit is a one-line
+    UsageError naming a few keys."""
     own = model.state_dict()
     ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
     unexpected = [k for k in sd if k not in own and not any(r.search(k) for r in ignore)]
@@ -86,11 +88,25 @@ def load_tied(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path) -> li
     loaded = {after[k].data_ptr() for k in sd if k in after}
     tied = [k for k in missing if after[k].data_ptr() in loaded]
     ignore_missing = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_missing", None) or [])]
-    untied = [k for k in missing if k not in tied and not any(r.search(k) for r in ignore_missing)]
+    allowed = [k for k in missing if k not in tied and any(r.search(k) for r in ignore_missing)]
+    untied = [k for k in missing if k not in tied and k not in allowed]
     if untied:
         raise UsageError(f"the weights in {folder} do not fit its config.json: {len(untied)} "
                          f"missing key(s) not tied to a loaded weight (e.g. {', '.join(untied[:3])})")
-    return tied
+    return tied, allowed
+
+
+def init_missing(model: nn.Module, keys: list[str]) -> None:
+    """Initialise, as the model's own initialisation would, the modules owning `keys`: weights
+    the file lacks and the model built without initialising (`build_model(init=False)`), such as
+    Marian's sinusoidal position tables, which transformers computes in `_init_weights`.
+    Nothing for a model without `_init_weights`."""
+    init = getattr(model, "_init_weights", None)
+    owners = {k.rpartition(".")[0] for k in keys}
+    for name in sorted(owners):
+        if init is not None:
+            with torch.no_grad():
+                init(model.get_submodule(name) if name else model)
 
 
 def take_file_tensors(model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
