@@ -4,7 +4,9 @@ long the full job takes on 2 quiet CPU cores.
 A command is a list of arguments after `python`, run from the repository root. In a quick
 command `{out}` stands for a scratch folder, so that `--quick` never overwrites a results file
 that the README or docs quote. Estimates come from the wall times the results files recorded
-(`wall_s`, or per-run times times the runs), scaled to the current presets where those changed.
+(`wall_s`, or per-run times times the runs), scaled to the current presets where those changed;
+where machines differed the slower one's (default_run 895 s, triage_speed 347 s, detection 3676 s
+on the 2-core Intel Xeon of 2026-12-03, whose provenance the results files keep).
 """
 from __future__ import annotations
 
@@ -46,12 +48,12 @@ JOBS: tuple[Job, ...] = (
         (("bench/default_run.py",),),
         (("bench/default_run.py", "--settings", "new", "--seeds", "0", "--norms", "pre", "--only", "runs",
           "--out", "{out}/default_run.json"),),
-        (R + "default_run.json", R + "default_run.md"), 10.0, ok_codes=(0, 1)),  # 1: target not met, written
+        (R + "default_run.json", R + "default_run.md"), 15.0, ok_codes=(0, 1)),  # 1: target not met, written
     Job("triage_speed", "`tndebug triage` of a base checkpoint, three ways in, 1 and 2 threads",
         (("bench/triage_speed.py",),),
         (("bench/triage_speed.py", "--reps", "1", "--cases", "tndebug", "--threads", "1",
           "--out", "{out}/triage_speed.json"),),
-        (R + "triage_speed.json",), 4.0),
+        (R + "triage_speed.json",), 6.0),
     Job("triage_figures", "what triage's figures cost (issue 23: <= 2 s): the figure stage itself, "
         "timed in a base-checkpoint triage and in 5 fresh processes, one thread; --no-figures draws none",
         (("bench/triage_speed.py", "--reps", "0", "--figures-direct", "5", "--warm", "2",
@@ -124,7 +126,7 @@ JOBS: tuple[Job, ...] = (
           "--eval-size", "20", "--workers", "1", "--out", "{out}/detection.jsonl"),
          ("bench/detection_report.py", "--jsonl", "{out}/detection.jsonl", "--json", "{out}/detection.json",
           "--md", "{out}/detection.md")),
-        (R + "detection.jsonl", R + "detection.json", R + "detection.md"), 20.0),
+        (R + "detection.jsonl", R + "detection.json", R + "detection.md"), 62.0),
     Job("sample_runs", "sample_runs/: real `tndebug run` outputs, healthy and one fault per probe",
         (("bench/sample_runs.py",),),
         (("bench/sample_runs.py", "no_scale", "--root", "{out}/sample_runs", "--out", "{out}/sample_runs.json"),),
