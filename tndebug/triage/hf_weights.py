@@ -102,11 +102,11 @@ def init_missing(model: nn.Module, keys: list[str]) -> None:
     Marian's sinusoidal position tables, which transformers computes in `_init_weights`.
     Nothing for a model without `_init_weights`."""
     init = getattr(model, "_init_weights", None)
-    owners = {k.rpartition(".")[0] for k in keys}
-    for name in sorted(owners):
-        if init is not None:
-            with torch.no_grad():
-                init(model.get_submodule(name) if name else model)
+    if init is None:
+        return
+    with torch.no_grad():
+        for name in sorted({k.rpartition(".")[0] for k in keys}):
+            init(model.get_submodule(name) if name else model)
 
 
 def take_file_tensors(model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
