@@ -109,7 +109,8 @@ def test_narrow_terminal_stacks_message_evidence_fix():
     assert "fix: divide by sqrt(d_k)" in out
 
 
-def test_nested_evidence_is_named_not_dumped():
+def test_nested_evidence_is_named_not_dumped(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)     # a pipe's width (pytest-xdist's workers set 80)
     r = Report(run={}, findings=[Finding("mask-broadcast", "error", "future keys visible", step=0,
                                          evidence={"modules": {"decoder.layers.0.self_attn": {"mass": 1.0}},
                                                    "thresholds": {"mass": 1e-6}})])

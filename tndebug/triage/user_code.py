@@ -153,6 +153,8 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
     try:
         with fed_tables(model, src[:2], tgt_in[:2]) as fed, torch.no_grad():
             logits = _call(adapter, model, src[:2], tgt_in[:2], pad_id)
+    except UsageError:
+        raise                   # the adapter's output already judged (its shape): that line is the one
     except Exception as e:  # noqa: BLE001 - the user's adapter may raise anything
         width = max(src.shape[1], tgt_in.shape[1])
         called = ("forward(model, ids [B,T], pad_id)" if adapter.kind in ("decoder", "encoder")
