@@ -307,32 +307,45 @@ class LMDecoding(Probe):
         ragged = _pads(s, 4, T, plain)                                  # left-padded, as generation
         for b, k in enumerate(ks):
             ragged[b, k:] = plain[b, :T - k]
-        cases = {"rows without padding, split 1": (plain, 1),
-                 f"rows without padding, split {T // 2}": (plain, T // 2),
-                 f"left-padded rows, split {max(ks) + 2}": (ragged, max(ks) + 2)}
+        # A model's small batches cost their weights' reads, not their rows: the unpadded and
+        # the left-padded rows run as one batch (eval mode: each row's logits are its own), and
+        # the cases that decode from the same split share one pass through the cache.
+        both = torch.cat([plain, ragged])                                  # [8, T]
+        P, R = [0, 1, 2, 3], [4, 5, 6, 7]
+        mid, late = T // 2, max(max(ks) + 2, T // 2)   # the ragged prefix: >= 2 real tokens a row
+        cases = {"rows without padding, split 1": (P, 1),
+                 f"rows without padding, split {mid}": (P, mid),
+                 f"left-padded rows, split {late}": (R, late)}
         worst, per_case = Check(), {}
         try:
-            for what, (ids, split) in cases.items():
-                full = _call(what, s.logits, ids[:, :0], ids)                  # [B, T, V]
-                causal = Check()
-                for t in range(split, T):
-                    part = _call(what, s.logits, ids[:, :0], ids[:, :t + 1])
-                    causal = causal.merge(compare(full[:, t:t + 1], part[:, t:t + 1],
-                                                  (ids != s.pad_id)[:, t:t + 1]))
-                if causal.failed:
-                    self.skip(f"the full forward is not causal (its logit at t changes with later "
-                              f"tokens by {causal.delta:.3g}; mask-broadcast names the leak): no "
-                              f"cache can match it", where=CACHE)
-                    return
-                inc = _call(what + ", through the KV cache", s.incremental, ids, split)
-                want = full[:, split:]
+            what = "rows with and without left padding"
+            full = _call(what, s.logits, both[:, :0], both)                  # [8, T, V]
+            causal = Check()
+            for t in range(1, T):                        # the full forward must be causal first
+                rows = P + R if t >= max(ks) + 2 else P
+                part = _call(what, s.logits, both[rows, :0], both[rows, :t + 1])
+                causal = causal.merge(compare(full[rows, t:t + 1], part[:, t:t + 1],
+                                              (both[rows] != s.pad_id)[:, t:t + 1]))
+            if causal.failed:
+                self.skip(f"the full forward is not causal (its logit at t changes with later "
+                          f"tokens by {causal.delta:.3g}; mask-broadcast names the leak): no "
+                          f"cache can match it", where=CACHE)
+                return
+            for split in sorted({sp for _, sp in cases.values()}):
+                group = [(name, rows) for name, (rows, sp) in cases.items() if sp == split]
+                rows = [r for _, g in group for r in g]
+                inc = _call(" and ".join(n for n, _ in group) + ", through the KV cache",
+                            s.incremental, both[rows], split)                 # [B, T - split, V]
+                want = full[rows, split:]
                 if inc is None or tuple(inc.shape) != tuple(want.shape):
                     self.skip(f"the cache's logits have shape {None if inc is None else list(inc.shape)}"
                               f", not {list(want.shape)} (positions {split}..{T - 1})", where=CACHE)
                     return
-                c = compare(want, inc.to(want.dtype), ids[:, split:] != s.pad_id)
-                per_case[what] = vars(c)
-                worst = worst.merge(c)
+                at = 0
+                for name, g in group:
+                    c = compare(want[at:at + len(g)], inc[at:at + len(g)].to(want.dtype),
+                                both[g, split:] != s.pad_id)
+                    per_case[name], worst, at = vars(c), worst.merge(c), at + len(g)
             if not worst.finite:
                 self.skip("non-finite logits through the cache or the full forward: the "
                           "comparison cannot decide", where=CACHE)
