@@ -5,6 +5,7 @@ user's model (through an adapter) and run the same probes on their code.
 """
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 from typing import Callable
 
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from tndebug.capture.taps import TapCapture
-from tndebug.capture.trace import Trace
+from tndebug.capture.trace import StacksEntered, Trace
 
 # Below MIN_PROBE_LEN positions (3 real tokens and a pad) no exact test can run, so a shorter
 # length limit is not searched for.
@@ -186,13 +187,20 @@ class Subject:
         finally:
             self.model.train(was)
 
-    def trace(self, src: torch.Tensor, tgt: torch.Tensor, reads=("all",)) -> Trace:
-        """One forward pass (caller chooses the mode) recorded into a Trace."""
+    def trace(self, src: torch.Tensor, tgt: torch.Tensor, reads=("all",), *,
+              until_stacks: bool = False) -> Trace:
+        """One forward pass (caller chooses the mode) recorded into a Trace. `until_stacks`:
+        only what enters the stacks is wanted (reads "embed"), so a capture that can stops the
+        forward there (the layers never run; `trace.logits` stays None)."""
         if self.capture is None:
             raise RuntimeError("this subject cannot capture internals")
         trace = Trace(src=src, tgt=tgt, pad_id=self.pad_id)
-        with self.capture.recording(reads, trace):
-            trace.logits = self.logits(src, tgt).detach()
+        stop = {"until_stacks": True} if until_stacks and _takes(self.capture.recording, "until_stacks") else {}
+        with self.capture.recording(reads, trace, **stop):
+            try:
+                trace.logits = self.logits(src, tgt).detach()
+            except StacksEntered:
+                pass
         return trace
 
     def random_batch(self, batch: int = 8, src_len: int = 10, tgt_len: int = 10, *,
@@ -221,6 +229,15 @@ class Subject:
         if not self.has_target:
             tgt = src.clone()
         return src.to(self.device), tgt.to(self.device)
+
+
+def _takes(fn, name: str) -> bool:
+    """Whether `fn` accepts the keyword `name` (a capture of the user's own may not)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def tndebug_subject(model) -> Subject:

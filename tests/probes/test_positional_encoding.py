@@ -182,3 +182,42 @@ def test_hand_wrapped_positions_are_the_same_error():
     assert kinds(findings, NAME) == {("error", "src_embed"), ("error", "tgt_embed")}
     ev = findings[0].evidence
     assert (ev["first_duplicate_position"], ev["same_row_as"]) == (8, 0)
+
+
+# -- the overflow test stops at the stacks where the model declares its length ---------------
+
+def _gpt2_clamped(clamp):
+    """A small Hugging Face GPT-2 (max_len 64); with `clamp`, positions from it on reuse row
+    clamp - 1 (a table too short for the length the config declares)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=40, n_positions=64, bos_token_id=1,
+        eos_token_id=1)).eval()
+    if clamp:
+        wpe = model.transformer.wpe
+        wpe.forward = lambda pos, f=wpe.forward: f(pos.clamp(max=clamp - 1))
+    return model
+
+
+@pytest.mark.parametrize("clamp", [None, 24])
+def test_the_overflow_test_runs_no_layer_within_the_declared_length(clamp):
+    from tndebug.capture.generic import GenericCapture
+    from tndebug.subject import Subject
+    model = _gpt2_clamped(clamp)
+    lengths = []
+    model.transformer.h[0].ln_1.register_forward_hook(lambda m, a, out: lengths.append(out.shape[1]))
+    fwd = lambda m, ids, pad: m(input_ids=ids, attention_mask=(ids != pad).long()).logits  # noqa: E731
+    subject = Subject(model, fwd, pad_id=0, bos_id=1, src_vocab=40, tgt_vocab=40, first_content=2,
+                      kind="decoder", capture=GenericCapture(model, kind="decoder"), max_len=64)
+    probe = PositionalEncodingProbe()
+    probe.run = None
+    probe._overflow_test(subject)
+    assert 64 not in lengths                               # the layers never saw the long row
+    reused = [f for f in probe.findings if f.code.endswith("pe-rows-reused")]
+    if clamp is None:
+        assert reused == [] and probe.coverage            # checked, and nothing reused
+    else:
+        (f,) = reused
+        assert (f.evidence["first_duplicate_position"], f.evidence["same_row_as"]) == (24, 23)
+        assert f.evidence["probe_length"] == 64

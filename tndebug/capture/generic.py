@@ -296,9 +296,12 @@ class GenericCapture:
 
     # -- recording ---------------------------------------------------------------------------
     @contextmanager
-    def recording(self, reads=("all",), trace: Trace | None = None):
+    def recording(self, reads=("all",), trace: Trace | None = None, *, until_stacks: bool = False):
+        """Record `reads` into `trace`; with `until_stacks`, the forward stops (StacksEntered)
+        once every stack has been entered."""
         trace = trace if trace is not None else Trace()
         state = _State(self, trace, frozenset(reads))
+        state.until_stacks = until_stacks
         try:
             with self._installed(state, self._paths_for(state)):
                 yield trace

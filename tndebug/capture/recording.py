@@ -9,7 +9,7 @@ from dataclasses import field
 
 import torch
 
-from tndebug.capture.trace import AttentionRecord, StreamPoint, Trace
+from tndebug.capture.trace import AttentionRecord, StacksEntered, StreamPoint, Trace
 from tndebug.capture.projections import _find_projection, _looks_like_probs, _same, _same_map, masked_by_addition
 from tndebug.capture.streams import _Streams
 from tndebug.capture.structure import _CROSS_NAME, _layer_index, _owner_layer, _stack_of
@@ -79,6 +79,7 @@ class _State(_Streams):
         self.tok_site: dict[str, str] = {}
         self.pos_calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []   # (path, in, out)
         self.stack_in: dict[str, torch.Tensor] = {}   # "encoder"/"decoder" -> input (raw layout)
+        self.until_stacks = False               # raise StacksEntered once every stack is entered
         self.streams: list[tuple[str, str, int | None, str, torch.Tensor]] = []
         self.last_add = self.normed = None      # post-norm streams (streams._Streams)
         self.post_norm_stacks: set[str] = set()
@@ -86,6 +87,11 @@ class _State(_Streams):
         self.stream_norm: dict[int, tuple] = {}   # stream index -> its norm's (weight, bias)
         self.records: list[tuple[_AttnCall, AttentionRecord]] = []
         self.seen_sites: dict[str, int] = {}
+
+    def _all_entered(self) -> bool:
+        """Every stack the capture found (a named stack module, or numbered blocks) has an input."""
+        known = set(self.cap.stacks.values()) | {stack for stack, _ in self.cap.layers.values()}
+        return bool(known) and known <= set(self.stack_in)
 
     # -- module hooks ------------------------------------------------------------------------
     def pre_hook(self, name: str):
@@ -107,6 +113,8 @@ class _State(_Streams):
                 x = args[0] if args else next(iter(kwargs.values()), None)
                 if isinstance(x, torch.Tensor) and x.is_floating_point():
                     self.stack_in[stack] = x.detach()
+                    if self.until_stacks and self._all_entered():
+                        raise StacksEntered
             if name in cap.sublayers:
                 self._add_called(args, kwargs)
             if name in cap.ffn_out and args and isinstance(args[0], torch.Tensor):

@@ -47,7 +47,9 @@ class TapCapture:
         return "stream" in reads or "grad.stream" in reads
 
     @contextmanager
-    def recording(self, reads, trace: Trace | None = None):
+    def recording(self, reads, trace: Trace | None = None, *, until_stacks: bool = False):
+        """`until_stacks` is accepted and ignored: tndebug's own model runs whole (its taps
+        have no stop point; the record is the same)."""
         reads = frozenset(reads)
         trace = trace or Trace()
         handles = []

@@ -28,6 +28,13 @@ READS = frozenset({f"attn.{f}" for f in ATTN_FIELDS} |
 KINDS = ("enc_self", "dec_self", "cross")
 
 
+class StacksEntered(BaseException):
+    """A recording asked to stop once every stack has been entered (`Subject.trace(...,
+    until_stacks=True)`) ends the forward here: what enters the stacks (the embeddings) is
+    recorded, the layers are never run. A BaseException, so a model's own `except Exception`
+    does not swallow it; Subject.trace catches it."""
+
+
 def check_reads(probe_name: str, reads) -> None:
     for r in reads:
         if r not in READS:

@@ -72,12 +72,12 @@ class _StepCapture:
         return self._open is not None
 
     @contextlib.contextmanager
-    def recording(self, reads, trace=None):
+    def recording(self, reads, trace=None, **stop):
         if not self.step_mode:
-            with self.inner.recording(reads, trace) as t:
+            with self.inner.recording(reads, trace, **stop) as t:
                 yield t
             return
-        cm = self.inner.recording(reads, trace)
+        cm = self.inner.recording(reads, trace, **stop)
         t = cm.__enter__()
         self._open = cm
         try:

@@ -284,7 +284,12 @@ class PositionalEncodingProbe(Probe):
             seq = torch.full((1, length), tok, dtype=torch.long, device=subject.device)
             try:
                 with subject.evaluating():
-                    trace = subject.trace(seq, seq, reads=("embed",))
+                    # within the length the model declares (max_len), only the embeddings
+                    # are needed: the layers are not run. Without one, the whole forward runs,
+                    # since a length the layers refuse must halve the probe (rows the model
+                    # never sees at that length are not its defect)
+                    trace = subject.trace(seq, seq, reads=("embed",),
+                                          until_stacks=subject.max_len is not None)
                 break
             except Exception as e:  # noqa: BLE001 - raising on a long input is healthy
                 refused = refused or (length, first_reason(e))
