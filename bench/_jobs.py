@@ -97,6 +97,13 @@ JOBS: tuple[Job, ...] = (
         (("bench/watch_overhead.py", "--steps", "20", "--skip", "4", "--rounds", "1", "--models", "sdpa-small",
           "--arms", "default", "--no-memory", "--max-load", "100", "--out", "{out}/watch_overhead_budget.json"),),
         (R + "watch_overhead_budget.json",), 12.0),
+    Job("watch_overhead_gpt", "tndebug.watch at its default budget on a nanoGPT-style decoder-only loop "
+                              "(issue 21's 1.03x target), 800 steps x 2 rounds, paired",
+        (("bench/watch_overhead.py", "--models", "gpt", "--arms", "default",
+          "--out", R + "watch_overhead_gpt.json"),),
+        (("bench/watch_overhead.py", "--steps", "20", "--skip", "4", "--rounds", "1", "--models", "gpt",
+          "--arms", "default", "--no-memory", "--max-load", "100", "--out", "{out}/watch_overhead_gpt.json"),),
+        (R + "watch_overhead_gpt.json",), 6.0),
     Job("watch_breakdown", "where the watch's overhead goes, step by step, SDPA and BART",
         (("bench/watch_breakdown.py", "--model", "sdpa", "--steps", "800"),
          ("bench/watch_breakdown.py", "--model", "bart", "--steps", "800")),

@@ -1,7 +1,8 @@
 """What `tndebug.watch` costs the user's own loop: no watch vs watch on the probes' default
 schedules within its default budget (3% of the step time) vs the same schedules unbudgeted vs
-every probe on every step, for a fused-QKV SDPA model, Hugging Face BART (~60 ms a step) and a
-small SDPA model (~25 ms a step, where a probed step costs most relative to the user's).
+every probe on every step, for a fused-QKV SDPA model, Hugging Face BART (~60 ms a step), a
+small SDPA model (~25 ms a step, where a probed step costs most relative to the user's) and a
+nanoGPT-style decoder-only model (`--models gpt`: tests/foreign/nanogpt.py, SDPA, tied head).
 
     python bench/watch_overhead.py                     # 800 steps, 2 rounds, both models, both arms
     python bench/watch_overhead.py --steps 60 --rounds 1 --models sdpa --no-memory --out /tmp/w.json
@@ -31,7 +32,7 @@ leaves; the paired difference moves by tenths of a percent.
 Peak memory: each arm once more in its own subprocess, peak RSS (`ru_maxrss`) and the peak of
 Python allocations (tracemalloc) during the loop.
 
-Targets (issues 13 and 20): default <= 1.03x on every model; every probe on every step <= 2x.
+Targets (issues 13, 20 and 21): default <= 1.03x on every model; every probe on every step <= 2x.
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ sys.path.insert(0, str(ROOT / "tests" / "api"))
 sys.path.insert(0, str(ROOT))
 import models as M  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests" / "foreign"))
+import nanogpt  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "bench"))
 from _provenance import Provenance  # noqa: E402
 
@@ -70,6 +74,9 @@ SIZES = {   # small sizes: a step of tens of milliseconds on one CPU thread
     "sdpa": dict(d=128, h=4, n_layer=3, d_ff=512),
     "bart": dict(d_model=128, layers=3, heads=4, d_ff=512),
     "sdpa-small": dict(d=80, h=4, n_layer=2, d_ff=320),     # ~25 ms a step (issue 20)
+    # a nanoGPT-style decoder-only model (tests/foreign/nanogpt.py, fused c_attn, SDPA is_causal,
+    # tied head) on the same copy batches as one sequence, source then target (issue 21)
+    "gpt": dict(n_embd=128, n_head=4, n_layer=3, block_size=40, vocab_size=M.V),
 }
 BATCH, LENGTH = 32, 16
 
@@ -78,7 +85,24 @@ def build(kind: str):
     torch.manual_seed(0)
     if kind.startswith("sdpa"):
         return M.FusedSDPA(**SIZES[kind]), M.fused_forward
+    if kind == "gpt":
+        return nanogpt.build("sdpa", **SIZES["gpt"]), nanogpt.forward
     return M.bart(**SIZES["bart"]), None
+
+
+def train_step(kind: str, model, src, tgt):
+    """The user's forward and loss: tests/api/models.py's, or a language model's on the copy
+    task as one sequence per row, [BOS] content [BOS] content, right-padded (every next token,
+    pads ignored)."""
+    if kind != "gpt":
+        return M.train_step(kind, model, src, tgt)
+    bos = tgt[:, :1]                                                          # tgt = [BOS] + src
+    ids = torch.cat([bos, src, bos, src], 1)                                  # [B, 2S + 2]
+    order = torch.sort((ids == M.PAD).int(), dim=1, stable=True).indices      # pads to the end
+    ids = ids.gather(1, order)
+    logits = nanogpt.forward(model, ids[:, :-1], M.PAD)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             ids[:, 1:].reshape(-1), ignore_index=M.PAD)
 
 
 def watch_args(arm: str) -> dict:
@@ -119,7 +143,7 @@ def one_run(kind: str, arm: str, steps: int, skip: int) -> dict:
         gc.collect()
         gc.freeze()                          # as in paired(): see the module's docstring
         for src, tgt in batches:
-            loss = M.train_step(kind, model, src, tgt)
+            loss = train_step(kind, model, src, tgt)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -161,7 +185,7 @@ def paired(kind: str, arm: str, steps: int, skip: int, *, on_step=None, out=None
 
     def step(model, opt, src, tgt):
         c0, w0 = time.thread_time(), time.perf_counter()
-        loss = M.train_step(kind, model, src, tgt)
+        loss = train_step(kind, model, src, tgt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
