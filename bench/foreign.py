@@ -189,9 +189,12 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
          "## Per style", "",
          "| style | healthy runs | false alarms | rate | clean only because probes broke | bug runs | caught | recall | collateral errors | crashes |",
          "|---|---|---|---|---|---|---|---|---|---|"]
-    for s in corpus.STYLES:
-        h = [r for r in records if r["style"] == s.name and r["fault"] == "healthy"]
-        b = [r for r in records if r["style"] == s.name and r["fault"] != "healthy"]
+    # every style run, the decoder-only and encoder-only corpora (not in corpus.STYLES) too
+    names = [s.name for s in corpus.STYLES]
+    names += [n for n in dict.fromkeys(r["style"] for r in records) if n not in names]
+    for name in names:
+        h = [r for r in records if r["style"] == name and r["fault"] == "healthy"]
+        b = [r for r in records if r["style"] == name and r["fault"] != "healthy"]
         if not h and not b:
             continue
         fa = sum(r["outcome"] == "false alarm" for r in h)
@@ -199,7 +202,7 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
         caught = sum(r["outcome"].startswith("caught") for r in b)
         coll = sum("collateral" in r["outcome"] for r in b)
         crashes = sum(r["outcome"] == "crash" for r in h + b)
-        L.append(f"| {s.name} | {len(h)} | {fa} | {fa / max(len(h), 1):.0%} | {unjudged} | {len(b)} | {caught} | "
+        L.append(f"| {name} | {len(h)} | {fa} | {fa / max(len(h), 1):.0%} | {unjudged} | {len(b)} | {caught} | "
                  f"{caught / max(len(b), 1):.0%} | {coll} | {crashes} |")
     tot_h = [r for r in records if r["fault"] == "healthy"]
     tot_b = [r for r in records if r["fault"] != "healthy"]
