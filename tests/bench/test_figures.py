@@ -32,7 +32,6 @@ NOT_REPRODUCED = "not reproduced at this commit"
 # them. `python -m bench all` on a quiet machine replaces each; remove its entry then (the last
 # test fails while an entry names a file that records its provenance).
 LEGACY = {
-    "bench/results/foreign_at_b735d21.md", "bench/results/foreign_at_b735d21.json",
     "bench/results/watch_breakdown_sdpa.json",
     "bench/results/watch_breakdown_bart.json",
 }
