@@ -124,25 +124,26 @@ class GradientFlowProbe(Probe):
             self.cover("", "no verdict", "the model has no trainable parameters")
         ever: dict[str, torch.Tensor] = {}
         tokens = 0
+        def slices():
+            """Two seeded random batches in slices of rows: the same tokens (eval mode: each
+            row's activations are its own), but one slice's hidden activations held at a time
+            (64x32 tokens of 12 layers x 3072 units are 300 MB)."""
+            for i in range(2):
+                g = torch.Generator().manual_seed(100 + i)
+                src, tgt = subject.random_batch(batch=64, src_len=32, tgt_len=32,
+                                                pad_share=0.0, generator=g)
+                for rows in range(0, src.shape[0], SETUP_ROWS):
+                    yield src[rows:rows + SETUP_ROWS], tgt[rows:rows + SETUP_ROWS]
+
         try:
             with subject.evaluating():
-                for i in range(2):
-                    g = torch.Generator().manual_seed(100 + i)
-                    src, tgt = subject.random_batch(batch=64, src_len=32, tgt_len=32,
-                                                    pad_share=0.0, generator=g)
-                    # in slices of rows: the same tokens (eval mode: each row's activations are
-                    # its own), but one slice's hidden activations held at a time (64x32 tokens
-                    # of 12 layers x 3072 units are 300 MB)
-                    for rows in range(0, src.shape[0], SETUP_ROWS):
-                        trace = subject.trace(src[rows:rows + SETUP_ROWS], tgt[rows:rows + SETUP_ROWS],
-                                              reads=("ffn.hidden",))
-                        tokens += src[rows:rows + SETUP_ROWS].numel()
-                        for site, h in trace.ffn_hidden.items():
-                            act = _fires(h).reshape(-1, h.shape[-1]).any(0)        # [d_ff]
-                            ever[site] = act if site not in ever else ever[site] | act
-                        del trace
-                        if _settled(ever):
-                            break
+                for src, tgt in slices():
+                    trace = subject.trace(src, tgt, reads=("ffn.hidden",))
+                    tokens += (src if src.numel() else tgt).numel()   # decoder-only: no src
+                    for site, h in trace.ffn_hidden.items():
+                        act = _fires(h).reshape(-1, h.shape[-1]).any(0)            # [d_ff]
+                        ever[site] = act if site not in ever else ever[site] | act
+                    del trace
                     if _settled(ever):
                         break
         except Exception as e:  # noqa: BLE001
