@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from tndebug.capture.taps import TapCapture
-from tndebug.capture.trace import StacksEntered, Trace
+from tndebug.capture.trace import StopForward, Trace
 
 # Below MIN_PROBE_LEN positions (3 real tokens and a pad) no exact test can run, so a shorter
 # length limit is not searched for.
@@ -188,18 +188,23 @@ class Subject:
             self.model.train(was)
 
     def trace(self, src: torch.Tensor, tgt: torch.Tensor, reads=("all",), *,
-              until_stacks: bool = False) -> Trace:
-        """One forward pass (caller chooses the mode) recorded into a Trace. `until_stacks`:
-        only what enters the stacks is wanted (reads "embed"), so a capture that can stops the
-        forward there (the layers never run; `trace.logits` stays None)."""
+              until_stacks: bool = False, stop_before: str | None = None) -> Trace:
+        """One forward pass (caller chooses the mode) recorded into a Trace. A capture that can
+        stops the forward early (the rest never runs; `trace.logits` stays None): with
+        `until_stacks`, once what enters the stacks is recorded (reads "embed"); with
+        `stop_before` (a module path: the output head), as that module is called."""
         if self.capture is None:
             raise RuntimeError("this subject cannot capture internals")
         trace = Trace(src=src, tgt=tgt, pad_id=self.pad_id)
-        stop = {"until_stacks": True} if until_stacks and _takes(self.capture.recording, "until_stacks") else {}
+        stop = {}
+        if until_stacks and _takes(self.capture.recording, "until_stacks"):
+            stop["until_stacks"] = True
+        if stop_before is not None and _takes(self.capture.recording, "stop_before"):
+            stop["stop_before"] = stop_before
         with self.capture.recording(reads, trace, **stop):
             try:
                 trace.logits = self.logits(src, tgt).detach()
-            except StacksEntered:
+            except StopForward:
                 pass
         return trace
 

@@ -358,3 +358,55 @@ def test_post_ln_growth_is_measured_along_depth_not_from_a_small_input():
     assert _post_ln_growth(0.1, 1.0) == []
     (f,) = _post_ln_growth(1.0, 10.0)
     assert f.severity == "warning" and f.evidence["growth"] > 6
+
+
+# -- the wide setup pass stops before the output head ------------------------------------------
+def _gpt_subject(n_embd: int, patch=None):
+    import sys
+    from pathlib import Path
+    from tndebug.capture.generic import GenericCapture
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "foreign"))
+    import nanogpt
+    torch.manual_seed(0)
+    model = nanogpt.build("manual", n_embd=n_embd, n_head=4, vocab_size=50).eval()
+    if patch is not None:
+        patch(model)
+    s = Subject(model, nanogpt.forward, pad_id=0, bos_id=1, src_vocab=50, tgt_vocab=50,
+                capture=GenericCapture(model, kind="decoder"), kind="decoder", max_len=32)
+    s.capture.discover(lambda: nanogpt.forward(model, torch.randint(2, 50, (1, 8)), 0))
+    return s
+
+
+def test_wide_setup_pass_stops_before_the_head_and_records_the_same_stream():
+    """A model wider than 64 gets a wide pass for the null-vector test: it stops as the output
+    head (lm_head, found from the gradient pass's module order) is called, so its logits are
+    never computed, and the stream points are those of the whole forward, value for value."""
+    from tndebug.probes import _depth_stats as ds
+    s = _gpt_subject(96)
+    run = RunContext(subject=s)
+    trace = ds.setup_trace(run)
+    grads = ds.setup_grads(run, trace)
+    assert trace is not grads and ds.output_head(s, grads) == "lm_head"
+    assert trace.logits is None                       # the head never ran
+    with s.evaluating():
+        whole = s.trace(trace.src, trace.tgt, reads=("grad.stream",))
+    assert whole.logits is not None
+    assert [p.name for p in trace.streams] == [p.name for p in whole.streams]
+    for a, b in zip(trace.streams, whole.streams):
+        assert torch.equal(a.x, b.x)
+    probe = VarianceDrift()
+    probe.setup(run)                                   # the logits' r comes from the gradient pass
+    assert probe.checked and alarms(probe.findings) == []
+
+
+def test_no_head_module_means_no_stop():
+    """A head written as x @ E.T in forward (no module gives the logits): no stop point."""
+    from tndebug.probes import _depth_stats as ds
+    def head_in_forward(model):
+        weight = model.lm_head.weight
+        del model.lm_head
+        model.lm_head = lambda x: x @ weight.T          # not a module: nothing to hook
+    s = _gpt_subject(96, head_in_forward)
+    run = RunContext(subject=s)
+    trace = ds.setup_trace(run)
+    assert ds.output_head(s, ds.setup_grads(run, trace)) is None and trace.logits is not None

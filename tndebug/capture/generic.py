@@ -160,7 +160,7 @@ class GenericCapture:
         From structure, not names: outside attention, a module whose own Linear children include
         an expansion d -> f and a contraction f -> d (two Linears around an activation, or three
         in a gated FFN such as T5's wi_0/wi_1/wo; Hugging Face's Conv1D counts as a Linear, see
-        `_affine_dims`) is a feed-forward block; the contraction's
+        `affine_dims`) is a feed-forward block; the contraction's
         input is the hidden. When f == d the two cannot be told apart by shape, and the one
         registered second is taken (every implementation we know defines w_1 before w_2).
         The usual names (`w_2`, `linear2`, `fc2`, ...) count too.
@@ -169,7 +169,7 @@ class GenericCapture:
         for owner, m in modules.items():
             if any(owner == a or owner.startswith(a + ".") for a in self.attention):
                 continue
-            linears = [(n, c, _affine_dims(c)) for n, c in m.named_children()]
+            linears = [(n, c, affine_dims(c)) for n, c in m.named_children()]
             linears = [(n, c, dims) for n, c, dims in linears if dims is not None]
             for i, (n2, l2, (in2, out2)) in enumerate(linears):
                 pairs = [l1 for n1, l1, (in1, out1) in linears if l1 is not l2
@@ -203,7 +203,7 @@ class GenericCapture:
                 if any(a == path or a.startswith(path + ".") for a in self.attention):
                     continue
                 affine = [(f"{path}.{k}", d) for k, x in c.named_children()
-                          for d in [_affine_dims(x)] if d is not None]
+                          for d in [affine_dims(x)] if d is not None]
                 if len(affine) == 1:
                     kids.append(affine[0])
             for i, (_, (d_in, f)) in enumerate(kids):
@@ -296,14 +296,20 @@ class GenericCapture:
 
     # -- recording ---------------------------------------------------------------------------
     @contextmanager
-    def recording(self, reads=("all",), trace: Trace | None = None, *, until_stacks: bool = False):
+    def recording(self, reads=("all",), trace: Trace | None = None, *, until_stacks: bool = False,
+                  stop_before: str | None = None):
         """Record `reads` into `trace`; with `until_stacks`, the forward stops (StacksEntered)
-        once every stack has been entered."""
+        once every stack has been entered; with `stop_before` (a module path), as that module
+        is called (HeadReached)."""
         trace = trace if trace is not None else Trace()
         state = _State(self, trace, frozenset(reads))
         state.until_stacks = until_stacks
+        state.stop_before = stop_before
+        paths = self._paths_for(state)
+        if stop_before is not None and stop_before not in paths:
+            paths.append(stop_before)
         try:
-            with self._installed(state, self._paths_for(state)):
+            with self._installed(state, paths):
                 yield trace
         finally:
             state.finalise()
@@ -370,7 +376,7 @@ class GenericCapture:
                 h.remove()
 
 
-def _affine_dims(m: nn.Module) -> tuple[int, int] | None:
+def affine_dims(m: nn.Module) -> tuple[int, int] | None:
     """(in, out) of a module that is one weight matrix applied to the last dimension: an
     nn.Linear (weight [out, in]), or a leaf whose 2-d weight is [in, out] with `nf` = out, as
     Hugging Face's Conv1D (GPT-2: x @ W + b through torch.addmm); else None."""

@@ -9,7 +9,7 @@ from dataclasses import field
 
 import torch
 
-from tndebug.capture.trace import AttentionRecord, StacksEntered, StreamPoint, Trace
+from tndebug.capture.trace import AttentionRecord, HeadReached, StacksEntered, StreamPoint, Trace
 from tndebug.capture.projections import _find_projection, _looks_like_probs, _same, _same_map, masked_by_addition
 from tndebug.capture.streams import _Streams
 from tndebug.capture.structure import _CROSS_NAME, _layer_index, _owner_layer, _stack_of
@@ -80,6 +80,7 @@ class _State(_Streams):
         self.pos_calls: list[tuple[str, torch.Tensor, torch.Tensor]] = []   # (path, in, out)
         self.stack_in: dict[str, torch.Tensor] = {}   # "encoder"/"decoder" -> input (raw layout)
         self.until_stacks = False               # raise StacksEntered once every stack is entered
+        self.stop_before: str | None = None     # raise HeadReached as this module is called
         self.streams: list[tuple[str, str, int | None, str, torch.Tensor]] = []
         self.last_add = self.normed = None      # post-norm streams (streams._Streams)
         self.post_norm_stacks: set[str] = set()
@@ -98,6 +99,8 @@ class _State(_Streams):
         cap = self.cap
 
         def hook(module, args, kwargs):
+            if name == self.stop_before:
+                raise HeadReached
             if name in cap.attention and (self.follow_attention or self.alpha is not None
                                           or self.kv_swap):
                 query = args[0] if args else kwargs.get("query", kwargs.get("x"))

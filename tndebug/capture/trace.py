@@ -28,11 +28,20 @@ READS = frozenset({f"attn.{f}" for f in ATTN_FIELDS} |
 KINDS = ("enc_self", "dec_self", "cross")
 
 
-class StacksEntered(BaseException):
-    """A recording asked to stop once every stack has been entered (`Subject.trace(...,
-    until_stacks=True)`) ends the forward here: what enters the stacks (the embeddings) is
-    recorded, the layers are never run. A BaseException, so a model's own `except Exception`
-    does not swallow it; Subject.trace catches it."""
+class StopForward(BaseException):
+    """A recording asked to stop early ends the forward here: the rest of the model never runs
+    and `trace.logits` stays None. A BaseException, so a model's own `except Exception` does
+    not swallow it; Subject.trace catches it."""
+
+
+class StacksEntered(StopForward):
+    """`Subject.trace(..., until_stacks=True)`: every stack has been entered; what enters the
+    stacks (the embeddings) is recorded, the layers are never run."""
+
+
+class HeadReached(StopForward):
+    """`Subject.trace(..., stop_before=path)`: the module at `path` (the output head) is about
+    to run; every stream point below it is recorded, the head's logits are never computed."""
 
 
 def check_reads(probe_name: str, reads) -> None:

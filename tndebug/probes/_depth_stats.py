@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tndebug.capture.generic import affine_dims
 from tndebug.capture.trace import StreamPoint, Trace
 
 # A LayerNorm output x = γ ⊙ z + β with Σ_i z_i = 0 satisfies Σ_i x_i/γ_i = const for every
@@ -318,9 +319,33 @@ def setup_trace(run) -> Trace:
     if wide[0].shape == src.shape and wide[1].shape == tgt.shape:
         trace = grads                            # the same seeded draw: one pass gives both
     else:
-        trace = _streams_only(subject, wide, [sp.name for sp in grads.streams])
+        trace = _streams_only(subject, wide, [sp.name for sp in grads.streams], output_head(subject, grads))
     run.extras[SETUP_TRACE] = trace
     return trace
+
+
+def output_head(subject, trace: Trace) -> str | None:
+    """The module that turns the stream into the logits, told from `trace` (a recording that
+    kept every module's output in order): the last module called after the last stream point
+    that is a leaf one-matrix module (`affine_dims`) taking the stream's width d and giving
+    the logits' shape (triage may cut its rows to the ids it probes). None when there is no
+    such module (a head written as `x @ E.T` in forward). No stream point is recorded after
+    it, so a pass that wants the stream alone can stop as it is called: on a 50k vocabulary
+    the head is a third of the forward's work, and its logits 460 MB on the wide batch."""
+    if trace.logits is None or not trace.streams or not trace.order:
+        return None
+    last = trace.streams[-1].name
+    after = [i for i, (name, _) in enumerate(trace.order) if name == last]
+    if not after:
+        return None
+    d = trace.streams[-1].x.shape[-1]
+    modules = dict(subject.model.named_modules())
+    for name, x in reversed(trace.order[after[-1] + 1:]):
+        m = modules.get(name)
+        if m is not None and x.shape == trace.logits.shape and not any(True for _ in m.children()) \
+                and (affine_dims(m) or (None,))[0] == d:
+            return name
+    return None
 
 
 def setup_grads(run, trace: Trace) -> Trace:
@@ -331,14 +356,15 @@ def setup_grads(run, trace: Trace) -> Trace:
     return trace
 
 
-def _streams_only(subject, batch, names: list[str]) -> Trace:
-    """The stream points of `batch` (eval, no grad). Asked as "grad.stream", a generic capture
-    records the stream points alone; "stream" also keeps every module's output for NaN
-    provenance (2.2 GB on 192 sequences of a 768-wide 12-layer model). When that gives other
-    points than the gradient pass's `names` (tndebug's taps record the embedding output for
-    "stream" only), the batch runs again as "stream"."""
+def _streams_only(subject, batch, names: list[str], head: str | None = None) -> Trace:
+    """The stream points of `batch` (eval, no grad), stopped before the output `head` when one
+    is given. Asked as "grad.stream", a generic capture records the stream points alone;
+    "stream" also keeps every module's output for NaN provenance (2.2 GB on 192 sequences of
+    a 768-wide 12-layer model). When that gives other points than the gradient pass's `names`
+    (tndebug's taps record the embedding output for "stream" only), the batch runs again as
+    "stream", and whole."""
     with subject.evaluating():
-        trace = subject.trace(*batch, reads=("grad.stream",))
+        trace = subject.trace(*batch, reads=("grad.stream",), stop_before=head)
         if [sp.name for sp in trace.streams] != names:
             trace = subject.trace(*batch, reads=("stream",))
     return trace

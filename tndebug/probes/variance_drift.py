@@ -94,6 +94,13 @@ class VarianceDrift(Probe):
             return
         self._detect_placement(trace, run)
         stats = self.observe(trace, None)
+        if "logits_r" not in stats and trace.logits is None:
+            # the wide pass stopped before the output head: the logits' r from the gradient
+            # pass (the first probe batch, same draw), over its own tokens
+            grads = ds.setup_grads(run, trace)
+            if grads.logits is not None and grads.logits.dim() == 3:
+                keep = ds.token_keep(grads, "decoder", grads.logits)
+                stats["logits_r"] = ds.depth_profile([grads.logits], keep)[0, 0]
         if "depth" not in stats:
             self.skip("the capture's stream points could not be profiled")
             return
