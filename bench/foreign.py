@@ -113,13 +113,22 @@ def lm_cases(style: str, seeds, bug_seeds) -> list[tuple]:
             [(style, v, b, s) for v, b in module.BUG_CASES for s in bug_seeds])
 
 
-def one_lm_run(style: str, variant: str, bug: str | None, seed: int, folder: Path) -> dict:
-    """One one-stack model of `style`: trained its corpus's way, triaged with the adapter guessed
-    from the model (`gpt`, or `bert` from MiniBert's class name), judged as one_run judges (a
-    benign bug, EXPECTED_PROBE None, must be clean)."""
+def _own_steps() -> dict[str, int]:
+    """The steps each one-stack corpus trains by default (its make_checkpoint's)."""
+    import inspect
+    return {style: inspect.signature(module.make_checkpoint).parameters["steps"].default
+            for style, (module, _) in ONE_STACK.items()}
+
+
+def one_lm_run(style: str, variant: str, bug: str | None, seed: int, folder: Path,
+               steps: int | None = None) -> dict:
+    """One one-stack model of `style`: trained its corpus's way (its own number of steps unless
+    `steps`), triaged with the adapter guessed from the model (`gpt`, or `bert` from
+    MiniBert's class name), judged as one_run judges (a benign bug, EXPECTED_PROBE None, must
+    be clean)."""
     module = ONE_STACK[style][0]
     t0 = time.perf_counter()
-    path = module.make_checkpoint(variant, bug, seed, folder)
+    path = module.make_checkpoint(variant, bug, seed, folder, **({"steps": steps} if steps else {}))
     t1 = time.perf_counter()
     probe = module.EXPECTED_PROBE.get(bug)
     benign = bug is not None and probe is None      # the same model: a healthy variant
@@ -167,6 +176,11 @@ def cell(records: list[dict], probe: str) -> str:
     return f"{' '.join(parts)}/{n}" if parts else ""
 
 
+def _one_stack_note(meta: dict) -> str:
+    steps = meta.get("one_stack_steps")
+    return f" ({', '.join(f'{k} {v}' for k, v in steps.items())})" if steps else ""
+
+
 def write_md(path: Path, meta: dict, records: list[dict]) -> None:
     rows = defaultdict(list)
     for r in records:
@@ -178,7 +192,7 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
          f"the corpus (tests/foreign) and this script as in the provenance; transformers {meta['transformers']}",
          f"* {meta['runs']} runs ({meta['healthy_runs']} healthy over seeds {meta['seeds']}, "
          f"{meta['bug_runs']} with a bug over seeds {meta['bug_seeds']}), {meta['steps']} training "
-         f"steps each, wall {meta['wall_s']:.0f} s; {meta['date']}"]
+         f"steps each{_one_stack_note(meta)}, wall {meta['wall_s']:.0f} s; {meta['date']}"]
     L += [f"* left out at this commit: {name} ({why})" for name, why in meta.get("styles_left_out", {}).items()]
     L += ["",
          "Healthy: a *false alarm* is any warning or error. Bug: *caught* when the probe that owns "
@@ -266,7 +280,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5, help="init seeds per healthy model (default 5)")
     ap.add_argument("--bug-seeds", type=int, default=3, help="init seeds per bug (default 3)")
-    ap.add_argument("--steps", type=int, default=10, help="training steps before saving (default 10)")
+    ap.add_argument("--steps", type=int, default=10,
+                    help="training steps of the encoder-decoder styles before saving (default 10)")
+    ap.add_argument("--one-stack-steps", type=int, default=None, metavar="N",
+                    help="training steps of the nanoGPT and MiniBERT corpora (default: their own, "
+                         f"{', '.join(f'{k} {v}' for k, v in _own_steps().items())})")
     ap.add_argument("--styles", default=None, help="comma-separated styles (default: all)")
     ap.add_argument("--out", default=str(OUT), help="output path without suffix (.md and .json)")
     ap.add_argument("--at", default=None, metavar="COMMIT",
@@ -295,7 +313,7 @@ def main(argv=None) -> int:
             if s in UNAVAILABLE:
                 continue
             try:
-                rec = (one_lm_run(s, v, b, seed, Path(tmp)) if s in ONE_STACK
+                rec = (one_lm_run(s, v, b, seed, Path(tmp), args.one_stack_steps) if s in ONE_STACK
                        else one_run(s, v, b, seed, Path(tmp), args.steps))
             except Exception as e:  # noqa: BLE001 - only under --at: the corpus needs newer tndebug
                 if os.environ.get("FOREIGN_BENCH_AT") is None:
@@ -319,7 +337,8 @@ def main(argv=None) -> int:
     meta = {"bench": "foreign", "commit": commit,
             "dirty_note": " (tndebug/ has uncommitted changes)" if dirty else "",
             "tndebug_from": str(pkg), "transformers": tf_version, "seeds": seeds,
-            "bug_seeds": bug_seeds, "steps": args.steps, "runs": len(records),
+            "bug_seeds": bug_seeds, "steps": args.steps,
+            "one_stack_steps": {k: args.one_stack_steps or v for k, v in _own_steps().items()}, "runs": len(records),
             "healthy_runs": sum(r["fault"] == "healthy" for r in records),
             "bug_runs": sum(r["fault"] != "healthy" for r in records),
             "styles_left_out": dict(sorted(UNAVAILABLE.items())),
