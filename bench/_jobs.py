@@ -84,6 +84,17 @@ JOBS: tuple[Job, ...] = (
         (("bench/foreign.py", "--seeds", "1", "--bug-seeds", "1", "--steps", "2", "--styles", "seq_first",
           "--out", "{out}/foreign"),),
         (R + "foreign.json", R + "foreign.md", R + "foreign_at_b735d21.json", R + "foreign_at_b735d21.md"), 5.0),
+    Job("foreign_trained", "the foreign-code corpus trained 1000 steps, every style (issue 19: "
+        "checkpoints trained long enough for init-time properties to drift); healthy over 3 seeds, "
+        "each bug over 1",
+        (("bench/foreign.py", "--steps", "1000", "--one-stack-steps", "1000", "--seeds", "3",
+          "--bug-seeds", "0", "--out", R + "foreign_trained"),
+         ("bench/foreign.py", "--steps", "1000", "--one-stack-steps", "1000", "--seeds", "0",
+          "--bug-seeds", "1", "--out", R + "foreign_trained_bugs")),
+        (("bench/foreign.py", "--seeds", "1", "--bug-seeds", "0", "--steps", "20", "--one-stack-steps", "20",
+          "--styles", "seq_first,nanogpt", "--out", "{out}/foreign_trained"),),
+        (R + "foreign_trained.json", R + "foreign_trained.md", R + "foreign_trained_bugs.json",
+         R + "foreign_trained_bugs.md"), 40.0),
     Job("watch_overhead", "tndebug.watch on the user's loop, paired, SDPA, HF BART and a ~25 ms SDPA; "
                           "the default budget against none; 800 steps x 2 rounds",
         (("bench/watch_overhead.py", "--models", "sdpa,bart,sdpa-small"),),
