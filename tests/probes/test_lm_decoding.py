@@ -78,6 +78,47 @@ def test_a_model_without_any_padding_mask_gets_an_info_not_an_error():
     assert f.where == "decoder.layers.0.self_attn" and "left-pad" in f.message
 
 
+def test_a_mask_from_lengths_that_assumes_right_padding_is_an_error():
+    # keep = arange(T) < n_real: a left-padded row shows its pads and hides its last real keys
+    m = model()
+    orig = m.masks
+
+    def from_lengths(ids):
+        keep, lead = orig(ids)
+        n = (ids != m.cfg.pad_id).sum(1)
+        by_length = torch.arange(ids.shape[1], device=ids.device)[None] < n[:, None]   # [B, T]
+        causal = keep.new_ones(ids.shape[1], ids.shape[1]).tril()
+        return by_length[:, None, None, :] & causal, torch.zeros_like(lead)
+    m.masks = from_lengths
+    p = probe(tndebug_subject(m))
+    (f,) = p.findings
+    assert (f.code, f.severity) == ("lm-decoding/left-pad", "error")
+    assert "assumes right padding" in f.message and "ids != pad_id" in f.fix
+
+
+def test_a_saturated_softmax_without_a_padding_mask_stays_an_info():
+    # no pad mask and scores so large that softmax underflows to exact zeros on real keys (as in
+    # a nanoGPT trained 1000 steps without 1/sqrt(d_k)): single zeros are not a mask hiding keys
+    m = model()
+    orig = m.masks
+
+    def causal_only(ids):
+        keep, lead = orig(torch.ones_like(ids))
+        return keep, torch.zeros_like(lead)
+    m.masks = causal_only
+    with torch.no_grad():
+        for layer in m.decoder.layers:
+            for lin in (layer.self_attn.w_q, layer.self_attn.w_k):
+                lin.weight.mul_(12.0)
+    s = tndebug_subject(m)
+    ids = torch.randint(s.first_content, s.tgt_vocab, (5, 13), generator=torch.Generator().manual_seed(1))
+    probs = s.trace(ids[:, :0], ids, reads=LMDecoding.reads).records()[0].probs
+    assert bool((probs == 0).any())                                  # the softmax saturates
+    p = probe(s)
+    (f,) = p.findings
+    assert (f.code, f.severity) == ("lm-decoding/no-pad-mask", "info")
+
+
 def test_a_padding_mask_that_shows_left_pads_is_named_at_the_attention():
     # pad_mask_query_axis: the mask hides pad queries, not pad keys; a causal model never sees its
     # right pads, so only left pads are attended

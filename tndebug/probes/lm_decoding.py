@@ -64,6 +64,31 @@ def _pads(s: Subject, batch: int, n: int, like: torch.Tensor) -> torch.Tensor:
     return torch.full((batch, n), s.pad_id, dtype=like.dtype, device=like.device)
 
 
+def _hides_a_real_key(p: torch.Tensor, p_ref: torch.Tensor | None) -> bool:
+    """Some real key of a left-padded row gets exactly 0 from every real query at or after it,
+    in every head and every row of the batch (each padded alike, each with its own tokens),
+    while the same key of the unpadded rows is seen: the padding hides it (a mask from lengths
+    hides a left-padded row's last LEFT_PADS keys, the first of them from LEFT_PADS queries).
+    Zeros alone are no evidence: a softmax of finite scores underflows to 0 once a score sits
+    ~104 below its row's maximum, which unscaled trained scores reach (nanoGPT without
+    1/sqrt(d_k), 1000 steps: 2 zeros among 550 real entries), and a near one-hot attention
+    zeros whole columns of one row, but which ones follows that row's tokens. A column needs
+    LEFT_PADS (head, query) entries, so a head-averaged record's last key, seen by one query,
+    cannot decide alone.  p: [B, h, L, L] with LEFT_PADS pads first; p_ref: [B, h, L - LEFT_PADS, ..]"""
+    def unseen(q: torch.Tensor, lead: int) -> torch.Tensor:              # [L] key columns
+        L = q.shape[-1]
+        real_past = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+        real_past[:lead] = False
+        real_past[:, :lead] = False                  # real query, real key at or before it
+        seen = real_past.sum(0) * q.shape[1]         # (head, query) entries per key
+        return ((q == 0) | ~real_past).flatten(0, 2).all(0) & (seen >= LEFT_PADS)
+
+    hidden = unseen(p, LEFT_PADS)[LEFT_PADS:]
+    if p_ref is not None and p_ref.shape[-1] == hidden.shape[-1]:
+        hidden = hidden & ~unseen(p_ref, 0)
+    return bool(hidden.any())
+
+
 def _left(s: Subject, ids: torch.Tensor, ks: list[int]) -> torch.Tensor:
     """Row b = ks[b] pads, the row, then pads up to the batch's width.  # [B, T + max(ks)]"""
     B, T = ids.shape
@@ -257,9 +282,6 @@ class LMDecoding(Probe):
             return "", generic, NOTE["positions_ignore_left_pad"] + " " + PAD_MASK_FIX, False
         leaks, hidden = [], False
         L = less.shape[1]
-        real_past = torch.ones(L, L, dtype=torch.bool, device=less.device).tril()
-        real_past[:LEFT_PADS] = False
-        real_past[:, :LEFT_PADS] = False                 # real query, real key at or before it
         for rec in padded.records():
             if rec.probs is None or rec.probs.dim() != 4 or rec.probs.shape[-1] != less.shape[1]:
                 continue
@@ -267,8 +289,9 @@ class LMDecoding(Probe):
             mass = p[:, :, LEFT_PADS:, :LEFT_PADS].sum(-1).max()                  # real queries
             if float(mass) > MASS_TOL:
                 leaks.append((rec.site, float(mass)))
-            # a masked key gets exactly 0 (a softmax of a finite score never does at these sizes)
-            hidden = hidden or bool(((p == 0) & real_past).any())
+            r = ref.attention.get(rec.site)
+            hidden = hidden or _hides_a_real_key(p, None if r is None or r.probs is None
+                                                 else r.probs.float())
             # a mask that treats the pad *queries* (rows, not keys) shows there: their rows are
             # emptied, and come out non-finite or spread over future keys
             pad_rows = p[:, :, :LEFT_PADS]
