@@ -106,11 +106,9 @@ _XT_EINSUM = ("head-collapse raises in tndebug's _head_stats.py (P [B, h, T, d_h
 XT_KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
     # (fixed: the einsum path's healthy runs and its no_scale / shared_qkv, once the capture
     # saw calls bound before its patch through a TorchFunctionMode; _XT_EINSUM says the cause)
-    ("xtransformers", "rotary-flash", "inverted_pad_mask"):
-        "collateral error: positional-encoding 'encoder ignores token order' (rel diff 0). Rotary "
-        "positions live only in attention; with the inverted mask no real query has a key, "
-        "x-transformers zeroes those rows after SDPA, and the probabilities tndebug recomputes "
-        "from the SDPA call are NaN there, which _attention_blind does not count as blind",
+    # (fixed: rotary-flash inverted_pad_mask, a collateral 'encoder ignores token order': the
+    # probabilities of x-transformers' zeroed rows are not captured, so positional-encoding now
+    # also tests behaviourally whether any token reaches another, _pe_order.tokens_unmixed)
 }
 
 

@@ -1,4 +1,4 @@
-"""positional-encoding's two second looks at an "order ignored" result, before it is an error:
+"""positional-encoding's second looks at an "order ignored" result, before it is an error:
 the permutation difference again in float64 (rounding, or a weak but real order signal?), and
 whether every encoder self-attention ignores its keys (then the mask, not the positions, is
 what the test saw)."""
@@ -55,3 +55,35 @@ def attention_blind(subject: Subject, src: torch.Tensor, tgt: torch.Tensor) -> s
             return ""
     return ("every encoder self-attention ignores its keys (real queries attend only to pads, "
             "or uniformly): the order test is confounded by the mask (see mask-broadcast)")
+
+
+def tokens_unmixed(subject: Subject, src: torch.Tensor, keep: torch.Tensor, tol: float,
+                   generator: torch.Generator) -> str:
+    """Why order cannot be judged, when the encoder mixes no tokens: each real position's
+    output depends on its own token alone (resampling every other real token moves it by less
+    than `tol`, relative). Positions that reach the output only through attention (rotary, a
+    relative bias) are then lost with the mixing, not missing: the mask or attention that reads
+    nothing is the cause, and mask-broadcast names a mask. A behavioural twin of
+    `attention_blind` for attention whose probabilities are not captured (a fused kernel whose
+    fully masked rows the code zeroes after it). "" when the tokens mix, or the test cannot run."""
+    col = torch.arange(src.shape[1], device=src.device)[None, :].expand_as(src)
+    held = keep & (col % 2 == 0)                 # [B, S] real positions kept as they are
+    moved = keep & ~held                         # the other real positions, resampled
+    if not bool(held.any()) or not bool(moved.any()):
+        return ""
+    other = src.clone()
+    other[moved] = torch.randint(subject.first_content, subject.src_vocab, (int(moved.sum()),),
+                                 generator=generator).to(src.device)
+    try:
+        with subject.evaluating():
+            a, b = subject.encode(src), subject.encode(other)
+    except Exception:  # noqa: BLE001 - the permutation test ran; this is only a confound check
+        return ""
+    if a is None or b is None or a.shape != b.shape:
+        return ""
+    change = rel_diff(b[held], a[held])
+    if not change < tol:
+        return ""
+    return (f"the encoder mixes no tokens: resampling the other real tokens moves a position's "
+            f"output by {change:.1e} (< {tol:g}), so nothing reaches it from its neighbours and "
+            f"token order cannot either (a mask that hides every real key: see mask-broadcast)")

@@ -168,7 +168,8 @@ class PositionalEncodingProbe(Probe):
                 # a weak order signal, not rounding
                 self.metric(0, "pe/encoder/permutation_rel_diff_float64", rel64)
                 return
-            blind = _pe_order.attention_blind(subject, src, tgt)
+            blind = (_pe_order.attention_blind(subject, src, tgt)
+                     or _pe_order.tokens_unmixed(subject, src, keep, tol, g))
             if blind:
                 self._order = None
                 self.cover("", "no verdict", blind)
