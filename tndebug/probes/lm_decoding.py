@@ -98,6 +98,17 @@ def _left(s: Subject, ids: torch.Tensor, ks: list[int]) -> torch.Tensor:
     return out
 
 
+def _future_leak(s: Subject, ids: torch.Tensor) -> Check:
+    """Whether the logit at t of unpadded rows `ids` [B, T] changes when the tokens after t are
+    dropped (the forward on ids[:, :t+1]): a causal model's does not, to rounding."""
+    full = _call("rows without padding", s.logits, ids[:, :0], ids)       # [B, T, V]
+    leak = Check()
+    for t in range(1, ids.shape[1] - 1):
+        part = _call("a prefix of the rows", s.logits, ids[:, :0], ids[:, :t + 1])
+        leak = leak.merge(compare(full[:, t:t + 1], part[:, t:t + 1]))
+    return leak
+
+
 def _resampled(s: Subject, ids: torch.Tensor, cols, seed: int) -> torch.Tensor:
     """ids with other content tokens at columns `cols`."""
     g = torch.Generator().manual_seed(seed)
@@ -239,6 +250,18 @@ class LMDecoding(Probe):
                       f"mask-broadcast/tgt-pad-leak): pads leak whatever their side, so whether "
                       f"positions follow the padding cannot be told", where="")
             return
+        if left.failed:
+            try:
+                leak = _future_leak(s, ids)
+            except ModelRaised:          # the prefixes are shorter rows of a batch it ran
+                leak = Check()
+            if leak.failed:
+                # left padding is a question about generation, which a model that reads the
+                # future cannot do right whatever its positions: the leak is the story
+                self.skip(f"the full forward is not causal (its logit at t changes with later "
+                          f"tokens by {leak.delta:.3g}; mask-broadcast names the leak): left "
+                          f"padding is not judged on a model that cannot generate", where="")
+                return
         self.cover("", "checked")
         if not left.failed:
             return
