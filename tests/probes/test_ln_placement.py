@@ -398,3 +398,24 @@ def test_norm_signature_ignores_non_finite_rows_quietly(capfd):
                                                             rel=1e-6, abs=1e-12, nan_ok=True)
     assert ds.is_normalised(clean) is True
     assert "MKL" not in capfd.readouterr().err
+
+
+# -- a norm whose gain collapsed to 0 (issue 19: T5 with zeroed RMSNorm weights) ------------
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_a_norm_with_gain_0_is_named_and_healthy_norms_are_not(norm):
+    torch.manual_seed(0)
+    model = make_model(ModelConfig.tiny(norm=norm))
+    probe = LnPlacement()
+    probe.setup(RunContext(subject=tndebug_subject(model)))
+    assert not [f for f in probe.findings if f.code == "ln-placement/norm-collapsed"]
+    sub = model.encoder.layers[1].sublayer[0]
+    with torch.no_grad():
+        sub.norm.weight.zero_()            # a LayerNorm with gain 0: every token leaves as β
+        sub.norm.bias.normal_()            # (its bias kept, and not 0: still one output for all)
+    probe = LnPlacement()
+    probe.setup(RunContext(subject=tndebug_subject(model)))
+    (f,) = [f for f in probe.findings if f.code == "ln-placement/norm-collapsed"]
+    assert f.severity == "error" and f.where.startswith("encoder.layers.1.sublayer.0"), f
+    assert f.evidence["out_spread"] <= f.evidence["threshold_out_same"]
+    assert f.evidence["in_spread"] > f.evidence["threshold_in_varies"]
+    assert "nn.init.ones_" in f.fix

@@ -214,3 +214,24 @@ def test_triage_with_data_names_an_untied_head_that_does_not_fit(tmp_path):
     report = triage_hf(TriageOptions(str(broken), data=str(data)))
     got = [f for f in report.findings if f.code == "checkpoint/head-unfit"]
     assert [(f.severity, f.where) for f in got] == [("error", "lm_head.weight")], describe(report.findings)
+
+
+def test_t5_with_norm_gains_zeroed_names_the_norms_not_a_shared_projection(tmp_path):
+    """Issue 19: a T5 whose RMSNorm weights are 0 (every token leaves each norm as 0) got six
+    'Q, K and V come from one projection' errors and dead-unit warnings with an init fix; the
+    norm is what breaks it. The healthy T5 gets no norm finding."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(config("t5"))
+    model.save_pretrained(tmp_path / "healthy")
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.endswith("layer_norm"):
+                module.weight.zero_()
+    model.save_pretrained(tmp_path / "zeroed")
+    healthy = triage_hf(TriageOptions(str(tmp_path / "healthy")))
+    assert not [f for f in healthy.findings if f.code == "ln-placement/norm-collapsed"]
+    report = triage_hf(TriageOptions(str(tmp_path / "zeroed")))
+    bad = [f for f in report.findings if f.severity != "info"]
+    assert [f.code for f in bad] == ["ln-placement/norm-collapsed"], describe(bad)
+    assert "more norms" in bad[0].message
+    assert report.probes["head-collapse"]["status"] != "fail"

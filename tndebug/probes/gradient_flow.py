@@ -123,6 +123,7 @@ class GradientFlowProbe(Probe):
         if not self._groups:
             self.cover("", "no verdict", "the model has no trainable parameters")
         ever: dict[str, torch.Tensor] = {}
+        varies: dict[str, bool] = {}      # the hidden activations differ between tokens
         tokens = 0
         def slices():
             """Two seeded random batches in slices of rows: the same tokens (eval mode: each
@@ -143,6 +144,9 @@ class GradientFlowProbe(Probe):
                     for site, h in trace.ffn_hidden.items():
                         act = _fires(h).reshape(-1, h.shape[-1]).any(0)            # [d_ff]
                         ever[site] = act if site not in ever else ever[site] | act
+                        flat = h.reshape(-1, h.shape[-1])
+                        varies[site] = varies.get(site, False) or bool(
+                            (flat.amax(0) - flat.amin(0)).max() > 0)
                     del trace
                     if _settled(ever):
                         break
@@ -154,6 +158,13 @@ class GradientFlowProbe(Probe):
                       where="")
             return
         for site, act in ever.items():
+            if not varies.get(site, True):
+                # every token gives the same hidden activations: the FFN's input carries no
+                # token (a norm whose gain is 0 before it: ln-placement names it), so whether
+                # its units can fire is not shown by these inputs
+                self.cover(site, "no verdict", "the FFN's hidden activations are the same for "
+                           "every token (its input carries no token): dead units not judged")
+                continue
             self._judge_dead(site, act.cpu(), tokens, 0, "on random inputs", DEAD_SHARE)
 
     def _judge_dead(self, site: str, ever_active: torch.Tensor, tokens: int, step: int,

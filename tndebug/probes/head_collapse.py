@@ -60,6 +60,16 @@ EXACT_ASYM = 1e-4     # ...below this, symmetric to float rounding: S = c·q q�
 # FAILURE_MODES 4b also asks for self-argmax > 0.9; with shared Q/K/V we measure 0.67-0.89 at
 # init on padded random batches (‖q_j‖ > ‖q_i‖ beats q_i·q_i), so it is evidence, not a condition.
 SAME = 1e-6           # relative difference for "the same tensor"
+
+
+def _token_constant(t: torch.Tensor | None) -> bool:
+    """t [..., T, d_k] the same at every position to SAME of its scale (0 included): a tensor
+    made from an input with no token in it."""
+    if t is None or t.dim() < 2 or t.shape[-2] < 2:
+        return False
+    t = t.detach().float()
+    spread = (t.amax(-2) - t.amin(-2)).abs().max()
+    return bool(spread <= SAME * t.abs().max())
 REDUNDANT_JS = 0.01   # every pair below this: redundant layer (info only, 4c)
 
 _QKV = ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.masked_scores", "attn.probs")
@@ -141,6 +151,16 @@ class HeadCollapse(Probe):
             ev["in_proj_q_equals_k"] = True
             ev["in_proj_v_equals_q"] = bool(torch.equal(packed[0], packed[2]))
         self_attn = rec.kind != "cross"
+        same_for_all = [r for r in ("q", "k") if _token_constant(getattr(rec, r))]
+        # (which Linear made q or k is matched by value, which tells nothing then; equal packed
+        # slices are a weight identity and still count)
+        if same_for_all and not ev.get("in_proj_q_equals_k"):
+            # an input with no token in it (a norm whose gain is 0 before the attention: ln-
+            # placement names it) makes q, k and v equal whatever the projections are
+            self.cover(site, "no verdict", f"{' and '.join(same_for_all)} are the same for every "
+                       f"token (the attention's input carries no token), so whether Q and K share "
+                       f"a projection cannot be told")
+            return
         if self_attn and rec.q is not None and rec.k is not None and rec.q.shape == rec.k.shape:
             diff = float((rec.q - rec.k).norm() / rec.k.norm().clamp(min=1e-30))
             ev["q_minus_k_rel"] = round(diff, 8)

@@ -52,6 +52,7 @@ import torch
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
+from tndebug.probes import _norm_gain
 from tndebug.probes._residual import NORM_TOL, residual_carries
 from tndebug.probes.base import Probe, RunContext, StepInfo, grad_norm_of
 from tndebug.probes.schedule import Schedule
@@ -87,6 +88,7 @@ class LnPlacement(Probe):
         "placement": "the norm placement found (pre-LN, post-LN), advisory",
         "no-final-norm": "a pre-LN stack without a final LayerNorm",
         "residual-normalised": "the residual carries the normalised input (x = norm(x); x = x + f(x))",
+        "norm-collapsed": "a norm whose output is the same for every token (its gain is 0)",
         "no-warmup-shows": "post-LN without warmup at a high lr, and its symptom shows",
         "no-warmup-hazard": "post-LN without warmup at a high lr, no symptom (advisory)",
     }
@@ -108,10 +110,32 @@ class LnPlacement(Probe):
     # -- moments ---------------------------------------------------------------------------
     def setup(self, run: RunContext) -> None:
         self._run = run
+        self._collapsed_norms(run.subject)
         trace = ds.setup_trace_or_skip(self, run)
         if trace is None:
             return
         self._decide(trace, step=0, run=run)
+
+    def _collapsed_norms(self, subject) -> None:
+        """Norms whose gain collapsed to 0 (`_norm_gain`): one error at the first, the others
+        counted, shown in this forward pass: what follows each sees one input for every token."""
+        found = _norm_gain.collapsed(subject)
+        if not found:
+            return
+        c = found[0]
+        more = f" (+{len(found) - 1} more norms)" if len(found) > 1 else ""
+        self.report("error", f"{c.module} gives every token the same output (its tokens differ "
+                    f"by {c.out_spread:.1e} of its scale after it, {c.in_spread:.2g} before): "
+                    f"its gain is 0, so what follows it sees one input for every token{more}",
+                    where=c.module, step=0, code="norm-collapsed",
+                    evidence={"in_spread": c.in_spread, "out_spread": c.out_spread,
+                              "modules": [x.module for x in found],
+                              "threshold_in_varies": _norm_gain.IN_VARIES,
+                              "threshold_out_same": _norm_gain.OUT_SAME},
+                    fix=f"{c.module}.weight is 0: reload the weights it was trained with (a key "
+                        f"that did not load, or a conversion that zeroed it), or initialise it "
+                        f"with nn.init.ones_ (norms that scale by 1 + weight, as Gemma's, keep "
+                        f"zeros)")
 
     def _own_schedule(self) -> Schedule:
         """Steps 0, 1, 2, 4, 8, 16; then every SYMPTOM_EVERY while the warmup hazard is open."""
