@@ -78,3 +78,20 @@ def test_user_code_folding_the_scale_at_init_is_by_design(tmp_path):
     report = triage(TriageOptions(str(_moved(tmp_path, False, 1.0)), model=spec, probes="missing-scale"))
     errors = [f for f in report.findings if f.probe == "missing-scale" and f.severity == "error"]
     assert errors and all(f.evidence["judged_on"] == "checkpoint" for f in errors)
+
+
+def test_nan_weights_get_one_file_finding_and_no_statistics_through_them(tmp_path):
+    """Issue 19: a checkpoint NaN from step 0 got a non-finite-gradient error with the fix 'keep
+    residual + LayerNorm and Xavier init' (and dead-unit warnings with an init fix), and one
+    error per tensor. Statistics measured through NaN weights say only that the weights are
+    NaN: withdrawn, the probe 'no verdict' with the reason; the file gets one error."""
+    report = _triage(_ckpt(tmp_path, True))
+    (nan,) = [f for f in report.findings if f.code == "checkpoint/nonfinite-weights"]
+    assert "more tensors" in nan.message and len(nan.evidence["tensors"]) > 1
+    stats = [f for f in report.findings if f.probe in ("gradient-flow", "variance-drift",
+                                                        "head-collapse", "ln-placement")
+             and f.severity != "info"]
+    assert not stats, [(f.probe, f.message) for f in stats]
+    st = report.probes["gradient-flow"]
+    assert st["status"] == "no verdict" and "non-finite" in st["reason"], st
+    assert report.verdict == "errors"

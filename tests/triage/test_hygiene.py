@@ -20,7 +20,11 @@ def test_non_finite_weights_name_the_tensor():
           "steps": torch.tensor(3)}
     (f,) = hygiene.non_finite(sd)
     assert (f.probe, f.severity, f.where) == ("checkpoint", "error", "b.weight")
-    assert f.evidence == {"non_finite": 2, "nan": 1, "numel": 3}
+    assert f.evidence == {"non_finite": 2, "nan": 1, "numel": 3,
+                          "tensors": {"b.weight": {"non_finite": 2, "nan": 1, "numel": 3}}}
+    (f,) = hygiene.non_finite({**sd, "c.weight": torch.full((2,), float("nan"))})   # one line
+    assert f.where == "b.weight" and f.message.endswith("(+1 more tensors)")
+    assert set(f.evidence["tensors"]) == {"b.weight", "c.weight"}
     assert hygiene.non_finite({"a": torch.ones(2)}) == []
 
 

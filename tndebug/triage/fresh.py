@@ -45,9 +45,10 @@ NO_SCALE = "no 1/sqrt(d_k)"
 def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = ""):
     """The checkpoint's probe findings and statuses, with the code judged on a fresh
     initialisation where the weights cannot show it: every exact test of the code when the
-    weights hold NaN/Inf, the 1/sqrt(d_k) fold whenever the checkpoint has no scale. Returns
+    weights hold NaN/Inf (and the statistics measured through them withdrawn: not_judged_on_nan),
+    the 1/sqrt(d_k) fold whenever the checkpoint has no scale. Returns
     (findings, statuses). `probe_fresh` None: nothing to build, the checkpoint's alone."""
-    findings, statuses = list(probed.findings), probed.statuses
+    findings, statuses = not_judged_on_nan(list(probed.findings), probed.statuses, state_dict)
     if probe_fresh is None:
         return findings, statuses
     if not all(bool(t.isfinite().all()) for t in state_dict.values()
@@ -55,6 +56,32 @@ def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = ""):
         findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names, how)
     findings, statuses = scale_at_init(findings, statuses, probe_fresh, how)
     return rank_at_init(findings, statuses, probe_fresh, how)
+
+
+def not_judged_on_nan(findings: list[Finding], statuses: dict, state_dict) -> tuple[list, dict]:
+    """Statistics of a forward and backward through non-finite weights (non-finite gradients,
+    dead units, rank, norms) say only that the weights are NaN, which checkpoint/nonfinite-
+    weights says; their fixes (an init, a residual) would send the user the wrong way. Their
+    warnings and errors are withdrawn, each such probe "no verdict" with the reason. The exact
+    tests of the code (CODE_PROBES, judged on a fresh initialisation too) and the file's own
+    findings stay. Returns (findings, statuses)."""
+    if all(bool(t.isfinite().all()) for t in state_dict.values()
+           if isinstance(t, torch.Tensor) and t.is_floating_point()):
+        return findings, statuses
+    keep = set(CODE_PROBES) | {"checkpoint", "lr-schedule"}
+    out, withdrawn = [], {}
+    for f in findings:
+        if f.probe in keep or f.severity == "info" or f.evidence.get("judged_on") == "fresh init":
+            out.append(f)
+        else:
+            withdrawn.setdefault(f.probe, []).append(f.code or f.probe)
+    for name, codes in withdrawn.items():
+        statuses[name] = {**statuses.get(name, {}), "status": "no verdict",
+                          "reason": "the checkpoint's weights are non-finite (checkpoint/"
+                                    "nonfinite-weights): what this probe measured through them "
+                                    f"({', '.join(sorted(set(codes)))}) says only that",
+                          "withdrawn": sorted(set(codes))}
+    return out, statuses
 
 
 def seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:

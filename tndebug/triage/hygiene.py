@@ -44,7 +44,9 @@ def _f(probe, severity, message, where="", evidence=None, fix="", *, code: str) 
 
 # -- the file ------------------------------------------------------------------------------------
 def non_finite(sd: dict[str, torch.Tensor]) -> list[Finding]:
-    out = []
+    """One error for the file's non-finite tensors: the first named, the others counted (a
+    checkpoint NaN from a -inf fill at step 0 has NaN in every matrix: one line, not forty)."""
+    bad_keys: list[tuple[str, int, int, int]] = []          # (key, non-finite, nan, numel)
     for key, t in sd.items():
         if not t.is_floating_point():
             continue
@@ -52,13 +54,21 @@ def non_finite(sd: dict[str, torch.Tensor]) -> list[Finding]:
             continue
         bad = int((~torch.isfinite(t)).sum())
         if bad:
-            nan = int(torch.isnan(t).sum())
-            out.append(_f("checkpoint", "error",
-                          f"{key} holds {bad} non-finite values ({nan} NaN, {bad - nan} inf) of {t.numel()}",
-                          where=key, evidence={"non_finite": bad, "nan": nan, "numel": t.numel()},
-                          fix="the run diverged before this save: resume from an earlier checkpoint "
-                              "and find the first NaN with `tndebug run` (nan-scores)", code="checkpoint/nonfinite-weights"))
-    return out
+            bad_keys.append((key, bad, int(torch.isnan(t).sum()), t.numel()))
+    if not bad_keys:
+        return []
+    key, bad, nan, numel = bad_keys[0]
+    more = f" (+{len(bad_keys) - 1} more tensors)" if len(bad_keys) > 1 else ""
+    return [_f("checkpoint", "error",
+               f"{key} holds {bad} non-finite values ({nan} NaN, {bad - nan} inf) of {numel}{more}",
+               where=key, evidence={"non_finite": bad, "nan": nan, "numel": numel,
+                                    "tensors": {k: {"non_finite": b, "nan": n, "numel": m}
+                                                for k, b, n, m in bad_keys}},
+               fix="the run diverged before this save: resume from an earlier checkpoint and "
+                   "find the first NaN with `tndebug run` (nan-scores); a checkpoint NaN from "
+                   "its first steps points at the code (with --model its exact tests also run "
+                   "on a fresh initialisation)",
+               code="checkpoint/nonfinite-weights")]
 
 
 def resume_state(ckpt: Checkpoint) -> list[Finding]:
