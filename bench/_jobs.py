@@ -49,6 +49,10 @@ JOBS: tuple[Job, ...] = (
         (("bench/default_run.py", "--settings", "new", "--seeds", "0", "--norms", "pre", "--only", "runs",
           "--out", "{out}/default_run.json"),),
         (R + "default_run.json", R + "default_run.md"), 15.0, ok_codes=(0, 1)),  # 1: target not met, written
+    Job("decoder_run", "`tndebug run --arch decoder --probe all` (issue 21's target), seeds 0-2, both norms",
+        (("bench/decoder_run.py",),),
+        (("bench/decoder_run.py", "--seeds", "0", "--norms", "pre", "--out", "{out}/decoder_run.json"),),
+        (R + "decoder_run.json", R + "decoder_run.md"), 4.0, ok_codes=(0, 1)),  # 1: target not met, written
     Job("triage_speed", "`tndebug triage` of a base checkpoint, three ways in, 1 and 2 threads",
         (("bench/triage_speed.py",),),
         (("bench/triage_speed.py", "--reps", "1", "--cases", "tndebug", "--threads", "1",

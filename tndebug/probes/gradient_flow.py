@@ -29,6 +29,7 @@ from tndebug.notes import FAULT_NOTES
 from tndebug.probes._misc_stats import (RunningMedian, first_reason, group_parameters,
                                         layer_group, metric_tag)
 from tndebug.probes import tags
+from tndebug.probes import _norm_gain
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.capture.trace import Trace
@@ -157,14 +158,19 @@ class GradientFlowProbe(Probe):
             self.skip("no FFN found (no hidden activations in the trace); dead-unit test not run",
                       where="")
             return
+        collapsed = None
         for site, act in ever.items():
-            if not varies.get(site, True):
-                # every token gives the same hidden activations: the FFN's input carries no
-                # token (a norm whose gain is 0 before it: ln-placement names it), so whether
-                # its units can fire is not shown by these inputs
-                self.cover(site, "no verdict", "the FFN's hidden activations are the same for "
-                           "every token (its input carries no token): dead units not judged")
-                continue
+            if not varies.get(site, True) and 1.0 - act.float().mean().item() > DEAD_SHARE:
+                # the same hidden activations for every token: dead ReLUs (inputs that vary, all
+                # below 0) or an input that carries no token, as after a norm whose gain is 0
+                # (ln-placement names it). Only the second leaves the units' fate unshown.
+                if collapsed is None:
+                    collapsed = [c.module for c in _norm_gain.collapsed(subject)]
+                if collapsed:
+                    self.cover(site, "no verdict", f"the FFN's hidden activations are the same "
+                               f"for every token and {collapsed[0]} gives every token one "
+                               f"output (ln-placement/norm-collapsed): dead units not judged")
+                    continue
             self._judge_dead(site, act.cpu(), tokens, 0, "on random inputs", DEAD_SHARE)
 
     def _judge_dead(self, site: str, ever_active: torch.Tensor, tokens: int, step: int,
