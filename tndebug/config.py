@@ -13,8 +13,9 @@ PRESETS = ("tiny", "small", "base")
 NORMS = ("pre", "post")
 ARCHS = ("seq2seq", "decoder")   # encoder-decoder (the paper), or one causal stack (GPT-style)
 NORM_KINDS = ("layernorm", "rmsnorm")   # the paper's LayerNorm, or RMSNorm (Zhang & Sennrich 2019)
-POSITIONS = ("sinusoidal", "rotary")    # the paper's table added at the input, or RoPE (Su et al.
-#                                         2021) applied to q and k inside self-attention
+POSITIONS = ("sinusoidal", "rotary", "learned")   # the paper's table added at the input, RoPE (Su
+#   et al. 2021) applied to q and k inside self-attention, or a learned table added at the input
+#   (GPT-2's wpe, BERT's position embeddings)
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class ModelConfig:
     tie_embeddings: bool = False  # share target embedding and generator weights (paper §3.4)
     arch: str = "seq2seq"        # "decoder": one causal stack over prompt + continuation
     norm_kind: str = "layernorm"  # "rmsnorm": x / rms(x) * g, no centring, no bias (eps = ln_eps)
-    pos: str = "sinusoidal"      # "rotary": nothing added at the embedding; q, k rotated by position
+    pos: str = "sinusoidal"      # "rotary": nothing added at the embedding; q, k rotated by position;
+    #                              "learned": a trained [max_len, d_model] table added instead
     faults: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -67,9 +69,9 @@ class ModelConfig:
         for f in self.faults:
             if FAULTS[f].needs == "rotary" and self.pos != "rotary":
                 raise ValueError(f"fault {f!r} is a bug of rotary positions: it needs pos='rotary'")
-            if f in TABLE_FAULTS and self.pos == "rotary":
-                raise ValueError(f"fault {f!r} is a bug of the sinusoidal table, which pos='rotary' "
-                                 f"does not add: use pos='sinusoidal'")
+            if f in TABLE_FAULTS and self.pos != "sinusoidal":
+                raise ValueError(f"fault {f!r} is a bug of the sinusoidal table, which "
+                                 f"pos={self.pos!r} does not add: use pos='sinusoidal'")
 
     @property
     def d_k(self) -> int:

@@ -143,8 +143,6 @@ def test_positions_reach_the_logits():
 def test_the_config_keeps_rotary_to_the_decoder_and_its_faults_to_rotary():
     with pytest.raises(ValueError, match="pos='rotary' is built for arch='decoder' only"):
         ModelConfig.tiny(pos="rotary")
-    with pytest.raises(ValueError, match="pos='learned'"):
-        ModelConfig.tiny(arch="decoder", pos="learned")
     with pytest.raises(ValueError, match="needs pos='rotary'"):
         ModelConfig.tiny(arch="decoder").with_faults("rotary_q_only")
     with pytest.raises(ValueError, match="sinusoidal table"):

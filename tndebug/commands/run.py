@@ -63,9 +63,14 @@ def add_parser(sub) -> None:
                    help="the normalisation at that placement: layernorm (the paper's) or rmsnorm "
                         "(x / rms(x) * g: no centring, no bias) (default layernorm)")
     p.add_argument("--pos", choices=POSITIONS, default=None,
-                   help="positions: sinusoidal (the paper's table, added at the embedding) or "
+                   help="positions: sinusoidal (the paper's table, added at the embedding), "
                         "rotary (RoPE: q and k rotated by position in every self-attention, "
-                        "nothing added at the embedding; --arch decoder only) (default sinusoidal)")
+                        "nothing added at the embedding; --arch decoder only) or learned (a "
+                        "trained table added at the embedding, GPT-2's wpe) (default sinusoidal)")
+    p.add_argument("--tie-embeddings", action="store_true", default=None,
+                   help="share the target token embedding and the output head's weights (paper "
+                        "§3.4; nanoGPT's wte / lm_head); needs one vocabulary for source and "
+                        "target (default: untied)")
     p.add_argument("--fault", action="append", default=[], metavar="NAME",
                    help="switch on a fault (repeatable, or comma-separated); `tndebug faults` lists them")
     p.add_argument("--probe", default="all", metavar="all|none|a,b",
@@ -145,7 +150,7 @@ def check_probes(spec: str) -> str:
 def default_out(task: str, preset: str, norm: str, faults, arch: str = "seq2seq",
                 norm_kind: str = "layernorm", pos: str = "sinusoidal") -> str:
     kind = "-decoder" if arch == "decoder" else ""
-    kind += ("-rmsnorm" if norm_kind == "rmsnorm" else "") + ("-rotary" if pos == "rotary" else "")
+    kind += ("-rmsnorm" if norm_kind == "rmsnorm" else "") + (f"-{pos}" if pos != "sinusoidal" else "")
     return f"runs/{task}-{preset}-{norm}{kind}" + (f"-{'+'.join(faults)}" if faults else "")
 
 
@@ -163,6 +168,7 @@ def configs(args):
         lm = arch == "decoder"
         try:
             mcfg = model_config(task, preset, norm, faults, arch=arch, norm_kind=norm_kind, pos=pos,
+                                tie_embeddings=bool(args.tie_embeddings),
                                 **({"dropout": DECODER_DROPOUT} if lm else {}))
         except ValueError as e:
             msg = str(e)
@@ -184,7 +190,8 @@ def configs(args):
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{path}: unreadable configuration in checkpoint: {e}") from None
     have = {"task": tcfg.task, "preset": preset_name(mcfg), "norm": mcfg.norm, "seed": tcfg.seed,
-            "arch": mcfg.arch, "norm_kind": mcfg.norm_kind, "pos": mcfg.pos}
+            "arch": mcfg.arch, "norm_kind": mcfg.norm_kind, "pos": mcfg.pos,
+            "tie_embeddings": mcfg.tie_embeddings}
     for flag, value in have.items():
         asked = getattr(args, flag)
         if asked is not None and asked != value:
@@ -311,7 +318,8 @@ def _train(mcfg, tcfg, state, out, args, dist, signals=None) -> int:
         what = (f"{tcfg.task}, {preset_name(mcfg)} preset, {mcfg.norm}-LN"
                 + (", RMSNorm" if mcfg.norm_kind == "rmsnorm" else "")
                 + (", decoder-only" if mcfg.arch == "decoder" else "")
-                + (", rotary positions" if mcfg.pos == "rotary" else "")
+                + (f", {mcfg.pos} positions" if mcfg.pos != "sinusoidal" else "")
+                + (", tied head" if mcfg.tie_embeddings else "")
                 + (f", faults {'+'.join(mcfg.faults)}" if mcfg.faults else "")
                 + (f", resuming at step {int(state['global_step'])}" if state else ""))
         print(f"tndebug run: {what}; {tcfg.steps} steps -> {out}", file=sys.stderr)

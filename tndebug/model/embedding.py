@@ -1,7 +1,9 @@
 """Token embeddings scaled by sqrt(d_model) and sinusoidal positional encoding (paper §3.4-3.5).
 
 With rotary positions (`cfg.pos == "rotary"`) nothing positional is added here: attention rotates
-q and k (tndebug/model/rotary.py). The table still bounds the length (max_len) alike."""
+q and k (tndebug/model/rotary.py). The table still bounds the length (max_len) alike. With learned
+positions (`cfg.pos == "learned"`, GPT-2's wpe) the rows added are `wpe`, a trained
+[max_len, d_model] table, in place of the sinusoids."""
 from __future__ import annotations
 
 import math
@@ -37,16 +39,19 @@ class Embeddings(nn.Module):
         self.lut = nn.Embedding(vocab, cfg.d_model)
         self.scale = math.sqrt(cfg.d_model)
         self.register_buffer("pe", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
-        self.adds_pe = cfg.pos == "sinusoidal"
+        self.wpe = nn.Embedding(cfg.max_len, cfg.d_model) if cfg.pos == "learned" else None
+        self.adds_pe = cfg.pos in ("sinusoidal", "learned")
         self.dropout = make_dropout(cfg)
         self.hook_tok = HookPoint()   # scaled token embeddings  [B, T, d_model]
         self.hook_pe = HookPoint()    # the PE rows added          [1, T, d_model]
         self.hook_out = HookPoint()   # token + PE                [B, T, d_model]
 
     def positions(self, T: int) -> torch.Tensor:
-        max_len = self.pe.shape[0]
+        """The rows added at positions 0..T-1: the sinusoids, or the learned table.  # [T, d_model]"""
+        table = self.pe if self.wpe is None else self.wpe.weight
+        max_len = table.shape[0]
         if T <= max_len:
-            return self.pe[:T]
+            return table[:T]
         raise PositionLimitError(
             f"sequence length {T} exceeds the positional-encoding table (max_len={max_len}); "
             f"raise ModelConfig.max_len")

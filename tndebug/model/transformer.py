@@ -83,6 +83,10 @@ def init_parameters(model: nn.Module, embeddings) -> None:
             nn.init.xavier_uniform_(p)
     for emb in embeddings:
         nn.init.normal_(emb.lut.weight, std=cfg.d_model ** -0.5)
+        if emb.wpe is not None:
+            # learned positions start at the sinusoids' size (each entry's RMS 1/sqrt(2)), so
+            # token and position parts keep the paper's balance at initialisation
+            nn.init.normal_(emb.wpe.weight, std=2 ** -0.5)
         if cfg.tie_embeddings:
             emb.lut.weight = model.generator.proj.weight
 
