@@ -74,3 +74,23 @@ def test_a_broken_softmax_is_not_also_called_a_normalised_residual(name):
 def test_the_normalised_residual_itself_is_still_named():
     report = tndebug.check(build(BUGS["residual_of_normed_input"], 0), forward, pad_id=0, bos_id=1)
     assert [f for f in report.findings if f.code == "ln-placement/residual-normalised"]
+
+
+@pytest.mark.parametrize("name, side", [("split_heads_no_transpose", "split"),
+                                        ("merge_heads_no_permute", "merge")])
+def test_head_split_and_merge_get_their_own_finding(name, side):
+    """Issue 19: heads split without the transpose, or merged without it, were named by
+    mask-broadcast as 'positions mixed outside the softmax'; the head reshape is now fitted on
+    both sides (q, k, v on the module's input; the output on the heads' outputs) and named."""
+    report = tndebug.check(build(BUGS[name], 0), forward, pad_id=0, bos_id=1)
+    errors = [f for f in report.findings if f.severity == "error"]
+    assert errors and {f.code for f in errors} == {"mask-broadcast/head-split"}, report.findings
+    word = {"split": "heads split", "merge": "heads merged"}[side]
+    assert all(word in f.message for f in errors), errors[0].message
+    assert "transpose(1,2)" in errors[0].fix
+
+
+def test_one_head_merged_without_the_permute_stays_clean():
+    # with one head the reshape is the identity (hackiey/QAnet-pytorch#2: "not changing")
+    report = tndebug.check(build(BUGS["merge_no_permute_one_head"], 0), forward, pad_id=0, bos_id=1)
+    assert serious(report) == [], report.findings

@@ -104,9 +104,10 @@ def roles(trace: Trace) -> dict[int, tuple[str, str]]:
     return out
 
 
-def _affine_residual(x: torch.Tensor, y: torch.Tensor) -> float | None:
-    """min over input normalisations (raw, LayerNorm, RMSNorm) of the affine-fit residual of y
-    on x, over finite rows; None when rows do not outnumber features 3 to 1."""
+def _affine_residual(x: torch.Tensor, y: torch.Tensor, raw_only: bool = False) -> float | None:
+    """min over input normalisations (raw, LayerNorm, RMSNorm; raw only with `raw_only`) of the
+    affine-fit residual of y on x, over finite rows; None when rows do not outnumber features
+    3 to 1."""
     x, y = x.detach().double().cpu(), y.detach().double().cpu()
     ok = x.isfinite().all(1) & y.isfinite().all(1)
     x, y = x[ok], y[ok]
@@ -115,19 +116,22 @@ def _affine_residual(x: torch.Tensor, y: torch.Tensor) -> float | None:
     mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
     spread = (y - y.mean(0)).norm().clamp_min(1e-300)
     best = math.inf
-    for f in (x, (x - mu) / (var + 1e-5).sqrt(), x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()):
+    forms = (x,) if raw_only else (x, (x - mu) / (var + 1e-5).sqrt(),
+                                   x / (x.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt())
+    for f in forms:
         X = torch.cat([f, torch.ones(len(f), 1, dtype=f.dtype)], 1)
         sol = torch.linalg.lstsq(X, y, rcond=1e-9, driver="gelsd").solution
         best = min(best, float((y - X @ sol).norm() / spread))
     return best
 
 
-def head_split_fits(trace: Trace) -> dict[str, float]:
+def head_split_fits(trace: Trace, sides: dict | None = None) -> dict[str, float]:
     """site -> residual of q (and of a cross-attention's k on the encoder output) as an affine
     function of the module's input row: exact (~1e-7) when heads are split per position.
 
     The input is the last stream point before the module in execution order; rows must
-    outnumber features 3 to 1, else the module is not fitted."""
+    outnumber features 3 to 1, else the module is not fitted. `sides`, when given, gets
+    site -> {"split" | "merge": residual}: which side of the heads broke the fit."""
     streams = {id(p.x): p for p in trace.streams}
     role_of = roles(trace)
     last = last_enc = None
@@ -149,4 +153,57 @@ def head_split_fits(trace: Trace) -> dict[str, float]:
         r = _affine_residual(src.x.reshape(B * T, -1), x.transpose(1, 2).reshape(B * T, h * dk))
         if r is not None:
             out[site] = max(out.get(site, 0.0), r)
+    _fits_by_site(trace, out, sides if sides is not None else {})
     return out
+
+
+def _fits_by_site(trace: Trace, out: dict[str, float], sides: dict) -> None:
+    """The same fits where q is not a module output in execution order (a generic capture records
+    q at the score product): q, k and v on the last stream point before the attention module's
+    first call (k and v of a cross-attention on the encoder's last), and the merge side, the module's output on its heads' outputs z concatenated per
+    position (exact, out = W_O concat_h z + b, when the heads are merged per position; a
+    reshape without the transpose back reads other positions). The worse residual counts."""
+    names = [n for n, _ in trace.order]
+    at = {id(x): i for i, (_, x) in enumerate(trace.order)}
+    by_name: dict[str, list[int]] = {}
+    for i, n in enumerate(names):
+        by_name.setdefault(n, []).append(i)
+
+    def when(i: int, p) -> int | None:
+        """Stream point i's place in execution order: its tensor's, else its module's output
+        (the nth call of the module for the nth point of that name)."""
+        if id(p.x) in at:
+            return at[id(p.x)]
+        calls = by_name.get(p.name, [])
+        k = sum(1 for q in trace.streams[:i] if q.name == p.name)
+        return calls[k] if k < len(calls) else None
+    placed = [(w, i) for i, p in enumerate(trace.streams) if (w := when(i, p)) is not None]
+    stream_at = [(w, trace.streams[i]) for w, i in sorted(placed)]
+    for site, rec in trace.attention.items():
+        first = next((i for i, n in enumerate(names) if n == site or n.startswith(site + ".")), None)
+        if first is None:
+            continue
+        before = [p for i, p in stream_at if i < first]
+        src = before[-1] if before else None
+        mem = [p for p in before if p.stack == "encoder"]
+        for role in ("q", "k", "v"):
+            x = getattr(rec, role)
+            where = src if role == "q" or rec.kind != "cross" else (mem[-1] if mem else None)
+            if x is None or x.dim() != 4 or where is None:
+                continue
+            B, h, T, dk = x.shape
+            if where.x.shape[:2] == (B, T):
+                r = _affine_residual(where.x.reshape(B * T, -1), x.transpose(1, 2).reshape(B * T, h * dk))
+                if r is not None:
+                    out[site] = max(out.get(site, 0.0), r)
+                    side = sides.setdefault(site, {})
+                    side["split"] = max(side.get("split", 0.0), r)
+        z, o = rec.z, rec.out
+        if z is not None and o is not None and z.dim() == 4 and o.dim() == 3:
+            B, h, T, dk = z.shape
+            if o.shape[:2] == (B, T):
+                r = _affine_residual(z.transpose(1, 2).reshape(B * T, h * dk), o.reshape(B * T, -1),
+                                     raw_only=True)
+                if r is not None:
+                    out[site] = max(out.get(site, 0.0), r)
+                    sides.setdefault(site, {})["merge"] = r

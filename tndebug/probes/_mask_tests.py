@@ -62,7 +62,8 @@ class Module:
     problem: str = ""      # from the probabilities (exact)
     fix: str = ""
     code: str = ""         # the finding's code (mask-broadcast/<code>)
-    fit: float | None = None   # affine-fit residual of the head split
+    fit: float | None = None   # affine-fit residual of the head split (worse side)
+    fit_sides: dict = field(default_factory=dict)   # {"split" | "merge": residual}
 
 
 def _content(s: Subject, like: torch.Tensor, g: torch.Generator, vocab: int) -> torch.Tensor:

@@ -160,16 +160,18 @@ class MaskBroadcast(Probe):
             return
         self._heads_fitted = True
         S, T = s.fit(12), s.fit(11)
-        reads = ("attn.q", "attn.k", "stream")
+        reads = ("attn.q", "attn.k", "attn.v", "attn.z", "attn.out", "stream")
         src, tgt = probe_batch(s, 8, S, T, seed=3)
         trace = s.trace(src, tgt, reads=reads)
         d = max((p.x.shape[-1] for p in trace.streams), default=0)
         if trace.streams and 8 * T < 3 * (d + 1):         # enough rows for the head-split fit
             src, tgt = probe_batch(s, -(-3 * (d + 1) // T), S, T, seed=3)
             trace = s.trace(src, tgt, reads=reads)
-        fits = head_split_fits(trace)
+        sides: dict = {}
+        fits = head_split_fits(trace, sides)
         for m in modules:
             m.fit = fits.get(m.site)
+            m.fit_sides = sides.get(m.site, {})
 
     @staticmethod
     def _embedding_moved(s: Subject) -> dict:
@@ -212,8 +214,19 @@ class MaskBroadcast(Probe):
                 fit_heads()
                 mods = [m for m in modules if m.kind == kind and m.fit is not None and m.fit > FIT_TOL]
                 for m in mods:
-                    m.problem = (f"q is not a per-position function of the input (fit residual "
-                                 f"{m.fit:.2f}): heads split with view/reshape and no transpose")
+                    sides = m.fit_sides
+                    merge = sides.get("merge", 0.0) > FIT_TOL
+                    split = sides.get("split", 0.0) > FIT_TOL or not sides
+                    words = []
+                    if split:
+                        words.append(f"q, k or v is not a per-position function of the input "
+                                     f"(fit residual {sides.get('split', m.fit):.2f}): heads split "
+                                     f"with view/reshape and no transpose")
+                    if merge:
+                        words.append(f"the output is not a per-position function of the heads' "
+                                     f"outputs (fit residual {sides['merge']:.2f}): heads merged "
+                                     f"with view/reshape and no transpose back")
+                    m.problem = "; ".join(words)
                     m.fix, m.code = NOTE["view_without_transpose"], "head-split"
             if not mods and not tests[kind]:
                 continue
