@@ -235,3 +235,20 @@ def test_t5_with_norm_gains_zeroed_names_the_norms_not_a_shared_projection(tmp_p
     assert [f.code for f in bad] == ["ln-placement/norm-collapsed"], describe(bad)
     assert "more norms" in bad[0].message
     assert report.probes["head-collapse"]["status"] != "fail"
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_an_untied_head_without_data_says_it_was_not_checked(tmp_path, tie):
+    """Issue 19: an untrained head in an untied model was CLEAN with nothing said; without the
+    user's data the head cannot be judged, and the report now says so (info), naming it."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                                  tie_word_embeddings=tie)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "m")
+    report = triage_hf(TriageOptions(str(tmp_path / "m")))
+    notes = [f for f in report.findings if f.code == "checkpoint/head-unchecked"]
+    if tie:
+        assert not notes
+        return
+    (f,) = notes
+    assert f.severity == "info" and f.where == "lm_head.weight" and "--text" in f.fix

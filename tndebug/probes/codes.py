@@ -14,6 +14,7 @@ OTHER_CODES = {
     "checkpoint/unsafe-pickle": "a checkpoint holding pickled code (its globals listed, not run)",
     "checkpoint/tied-head-differs": "HF: the saved head differs from the embedding it is tied to",
     "checkpoint/head-unfit": "HF (--data): an untied head that does not fit the trained body",
+    "checkpoint/head-unchecked": "HF: an untied head not judged: no --data/--text (advisory)",
     "checkpoint/id-vs-tokenizer": "HF: a config id the saved tokenizer contradicts",
     "checkpoint/start-id-ordinary": "HF: decoder_start_token_id is an ordinary token",
     "checkpoint/id-vs-data": "HF: a config id the targets of --data/--text contradict",

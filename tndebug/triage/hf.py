@@ -278,6 +278,9 @@ def triage_hf(opts, patch=None, sinks=()):
                 t_in[:, 0] = ids["start"]  # as the model is called: led by the decoder start
             data_checks = data_checks + head_unfit_on_data(model, None if decoder else data.src, t_in,
                                                            data.tgt_out, ids["pad"])
+    elif not encoder:                     # the same head, unjudged: say so
+        from tndebug.triage.hf_head import head_unchecked
+        data_checks = data_checks + head_unchecked(model)
     # the probes' recorded pass, and so every figure: the user's data when given, else random
     # ids (the exact tests build their own inputs either way)
     batch = probe_batch(data, keep, ids["pad"]) if data is not None else random_batch(

@@ -117,6 +117,33 @@ def alignment(w: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
     return a, math.sqrt(2 / (w.shape[0] * d_eff))
 
 
+def untied_head(model: nn.Module) -> str | None:
+    """The name of the output head's weight when it is its own tensor (not tied to the
+    embedding, nor to anything else), else None."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    w = getattr(head, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        return None
+    names = [n for n, p in model.state_dict(keep_vars=True).items() if p.data_ptr() == w.data_ptr()]
+    return names[0] if len(names) == 1 else None
+
+
+def head_unchecked(model: nn.Module) -> list[Finding]:
+    """Without the user's data an untied head is not judged (random ids put a healthy head out of
+    its distribution): an info that says so, naming the head, so a CLEAN is not read as covering
+    it. [] for a tied head (hf_checks.tied_head judges that from the file)."""
+    name = untied_head(model)
+    if name is None:
+        return []
+    return [Finding("checkpoint", "info",
+                    f"{name} is its own weight (not tied to the embedding): whether it fits the "
+                    f"trained body is judged on your data only, and no data was given: not checked",
+                    where=name, step=0, evidence={"head": name, "checked": False},
+                    fix="pass --text FILE (source<TAB>target per line, or one text per line for a "
+                        "decoder-only model) or --data FILE.pt to check the head against the body",
+                    code="checkpoint/head-unchecked")]
+
+
 def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch.Tensor,
                        tgt_out: torch.Tensor, pad_id: int) -> list[Finding]:
     """The loaded `model` on the user's held-out batch: an untied head that does not fit its
