@@ -74,6 +74,13 @@ JOBS: tuple[Job, ...] = (
         (("bench/hf_unseen.py", "--half", "dev"), ("bench/hf_unseen.py", "--half", "held-out")),
         (("bench/hf_unseen.py", "--archs", "phi", "--steps", "20", "--out", "{out}/hf_unseen"),),
         (R + "hf_unseen.json", R + "hf_unseen.md"), 3.0),
+    Job("hf_shapes", "`tndebug triage DIR` on issue 21's shapes (GPT-2, Llama, Qwen2, Mistral, GPT-NeoX, "
+        "BERT, RoBERTa), trained 1000 steps, seeds 0-2, healthy and with injected bugs (calibration side)",
+        (("bench/hf_unseen.py", "--archs", "gpt2,llama,qwen2,mistral,gpt_neox,bert,roberta", "--steps",
+          "1000", "--seeds", "3", "--key", "shapes", "--out", "bench/results/hf_shapes"),),
+        (("bench/hf_unseen.py", "--archs", "gpt2", "--steps", "20", "--key", "shapes", "--out",
+          "{out}/hf_shapes"),),
+        (R + "hf_shapes.json", R + "hf_shapes.md"), 12.0),
     Job("hf_triage_sizes", "`tndebug triage DIR` at GPT-2-small and BART-base size: time and peak "
         "memory against 30 s and 3x the fp32 weights (issue 21)",
         (("bench/hf_triage.py", "--size", "gpt2-small"), ("bench/hf_triage.py", "--size", "bart-base")),
