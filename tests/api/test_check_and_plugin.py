@@ -88,3 +88,46 @@ def test_plugin_fail_on_option(pytester):
                                 "--tndebug-probes=nan-scores")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*INFO    nan-scores in encoder.layers.0.self_attn*"])
+
+
+def test_plugin_on_a_decoder_only_and_an_encoder_only_model(pytester):
+    """Issue 21: the fixture on the other shapes: a Hugging Face GPT-2 and BERT, healthy and with
+    the causal mask removed (GPT-2: a bidirectional decoder) or added (BERT: is_decoder), each
+    judged with its shape's tests."""
+    pytest.importorskip("transformers")
+    pytester.makepyfile(test_shapes=textwrap.dedent('''
+        import pytest
+        import torch
+        import transformers as tf
+
+        torch.set_num_threads(1)
+
+        def gpt2(causal=True):
+            torch.manual_seed(0)
+            m = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=60, n_embd=32, n_layer=2, n_head=2,
+                                                 n_positions=64, pad_token_id=0))
+            if not causal:
+                for block in m.transformer.h:
+                    block.attn.is_causal = False
+                m.config.is_causal = False
+            return m.eval()
+
+        def bert(is_decoder=False):
+            torch.manual_seed(0)
+            return tf.BertForMaskedLM(tf.BertConfig(vocab_size=60, hidden_size=32,
+                                                    num_hidden_layers=2, num_attention_heads=4,
+                                                    intermediate_size=64, pad_token_id=0,
+                                                    is_decoder=is_decoder)).eval()
+
+        def test_gpt2_healthy(tndebug_check):
+            tndebug_check(gpt2()).assert_clean()
+
+        def test_bert_healthy(tndebug_check):
+            tndebug_check(bert()).assert_clean()
+
+        def test_bert_with_a_causal_mask(tndebug_check):
+            tndebug_check(bert(is_decoder=True)).assert_clean()
+    '''))
+    result = pytester.runpytest("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*test_bert_with_a_causal_mask*", "*ERROR   mask-broadcast*"])

@@ -112,3 +112,58 @@ def test_lightning_criterion_given_raw_logits(tmp_path):
     cb = _lightning_run(tmp_path, lr=1e-3, steps=12, criterion=raw_kl)
     (f,) = [f for f in cb.report.findings if f.severity == "error"]
     assert (f.probe, f.where, f.step) == ("loss-health", "criterion", 0)
+
+
+# -- the other shapes (issue 21): a decoder-only and an encoder-only model through the callbacks --
+def _lm_rows(n=256, seed=0, mlm=False):
+    """Copy rows as one sequence: [BOS] x [BOS] x (the second x predictable from the first),
+    labels on the copy only (decoder-only); or a masked LM over x x with 15% of the ids masked
+    (encoder-only, id 3 the mask), labels at the masked ones."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        x = torch.randint(4, 60, (6,), generator=g)
+        if mlm:
+            ids = torch.cat([x, x])
+            pick = torch.rand(ids.shape, generator=g) < 0.15
+            pick[0] = True
+            rows.append({"input_ids": ids.masked_fill(pick, 3), "attention_mask": torch.ones_like(ids),
+                         "labels": torch.where(pick, ids, torch.full_like(ids, -100))})
+        else:
+            ids = torch.cat([torch.ones(1, dtype=torch.long), x, torch.ones(1, dtype=torch.long), x])
+            labels = ids.clone()
+            labels[:8] = -100                               # the loss on the copy only
+            rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+    return rows
+
+
+@pytest.mark.parametrize("shape", ["decoder", "encoder"])
+def test_hf_trainer_on_a_decoder_only_and_an_encoder_only_model(tmp_path, shape):
+    pytest.importorskip("accelerate")
+    tf = pytest.importorskip("transformers")
+    from tndebug.integrations.hf import TndebugCallback
+    torch.manual_seed(0)
+    if shape == "decoder":
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=60, n_embd=32, n_layer=2, n_head=2,
+                                                 n_positions=64, pad_token_id=0,
+                                                 attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0))
+    else:
+        model = tf.BertForMaskedLM(tf.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2,
+                                                 num_attention_heads=4, intermediate_size=64,
+                                                 max_position_embeddings=64, pad_token_id=0,
+                                                 hidden_dropout_prob=0.0,
+                                                 attention_probs_dropout_prob=0.0))
+    cb = TndebugCallback(out=tmp_path / "tndebug", quiet=True)
+    args = tf.TrainingArguments(output_dir=str(tmp_path), max_steps=30, per_device_train_batch_size=16,
+                                learning_rate=1e-3, warmup_steps=10, lr_scheduler_type="linear",
+                                save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+                                logging_steps=10, dataloader_num_workers=0, seed=0)
+    tf.Trainer(model=model, args=args, train_dataset=_lm_rows(mlm=shape == "encoder"),
+               callbacks=[cb]).train()
+    report = cb.report
+    assert [f for f in report.findings if f.severity != "info"] == [], report.findings
+    assert report.run["arch"] == shape, report.run.get("arch")
+    assert report.probes["mask-broadcast"]["status"] == "pass"
+    assert report.probes["lr-schedule"]["status"] == "pass"
+    assert report.probes["lr-schedule"]["steps_observed"] == 30
+    assert report.probes["lm-decoding"]["status"] == ("pass" if shape == "decoder" else "skipped")

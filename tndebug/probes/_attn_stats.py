@@ -159,8 +159,8 @@ def head_split_fits(trace: Trace, sides: dict | None = None) -> dict[str, float]
 
 def _fits_by_site(trace: Trace, out: dict[str, float], sides: dict) -> None:
     """The same fits where q is not a module output in execution order (a generic capture records
-    q at the score product): q, k and v on the last stream point before the attention module's
-    first call (k and v of a cross-attention on the encoder's last), and the merge side, the module's output on its heads' outputs z concatenated per
+    q at the score product): v of a self-attention on the last stream point before the module's
+    first call (the split side), and the merge side, the module's output on its heads' outputs z concatenated per
     position (exact, out = W_O concat_h z + b, when the heads are merged per position; a
     reshape without the transpose back reads other positions). The worse residual counts."""
     names = [n for n, _ in trace.order]
@@ -185,10 +185,11 @@ def _fits_by_site(trace: Trace, out: dict[str, float], sides: dict) -> None:
             continue
         before = [p for i, p in stream_at if i < first]
         src = before[-1] if before else None
-        mem = [p for p in before if p.stack == "encoder"]
-        for role in ("q", "k", "v"):
-            x = getattr(rec, role)
-            where = src if role == "q" or rec.kind != "cross" else (mem[-1] if mem else None)
+        # v only: q and k may be recorded after a rotation (RoPE), which no per-position affine
+        # map gives, and a cross-attention's memory is not always a stream point; v is W_V x at
+        # each position in every code that splits its heads per position
+        for role in ("v",) if rec.kind != "cross" else ():
+            x, where = getattr(rec, role), src
             if x is None or x.dim() != 4 or where is None:
                 continue
             B, h, T, dk = x.shape

@@ -219,7 +219,7 @@ class MaskBroadcast(Probe):
                     split = sides.get("split", 0.0) > FIT_TOL or not sides
                     words = []
                     if split:
-                        words.append(f"q, k or v is not a per-position function of the input "
+                        words.append(f"q or v is not a per-position function of the input "
                                      f"(fit residual {sides.get('split', m.fit):.2f}): heads split "
                                      f"with view/reshape and no transpose")
                     if merge:
