@@ -233,7 +233,7 @@ def test_t5_with_norm_gains_zeroed_names_the_norms_not_a_shared_projection(tmp_p
     report = triage_hf(TriageOptions(str(tmp_path / "zeroed")))
     bad = [f for f in report.findings if f.severity != "info"]
     assert [f.code for f in bad] == ["ln-placement/norm-collapsed"], describe(bad)
-    assert "more norms" in bad[0].message
+    assert "more norms" in bad[0].message and "did not load" in bad[0].fix   # the HF fix
     assert report.probes["head-collapse"]["status"] != "fail"
 
 

@@ -42,6 +42,10 @@ HF_FIXES = {
     "ln-placement": "the norm placement is fixed by the architecture (BART/Marian post-LN; mBART, "
                     "Pegasus, T5 pre-LN with a final layer_norm): check a patched layer or a config "
                     "field such as normalize_before / add_final_layer_norm",
+    "ln-placement:norm-collapsed": "the norm's weight is 0 in the file: a key that did not load "
+                                   "(from_pretrained's missing-keys warning), a conversion or a "
+                                   "patch that zeroed it; reload the trained weights (Gemma-style "
+                                   "norms that scale by 1 + weight keep zeros and are not this)",
     "gradient-flow": "a part gets no gradient: check requires_grad (frozen parameters), detach() in "
                      "a patched forward, and tie_word_embeddings",
 }
@@ -57,6 +61,8 @@ MASK_PADDING = {"pad-leak", "memory-leak", "tgt-pad-leak", "src-pad-leak", "mask
 def hf_fix(f: Finding) -> Finding:
     """The finding with a fix written for transformers code (the generic one in evidence)."""
     key = f.probe
+    if f.code == "ln-placement/norm-collapsed":
+        key = "ln-placement:norm-collapsed"
     if f.probe == "mask-broadcast":          # by the finding's kind, never its wording
         kind = f.code.partition("/")[2]
         key += (":causal" if kind in MASK_CAUSAL else ":padding" if kind in MASK_PADDING else ":other")
