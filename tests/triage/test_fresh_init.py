@@ -88,7 +88,7 @@ def test_nan_weights_get_one_file_finding_and_no_statistics_through_them(tmp_pat
     report = _triage(_ckpt(tmp_path, True))
     (nan,) = [f for f in report.findings if f.code == "checkpoint/nonfinite-weights"]
     assert "more tensors" in nan.message and len(nan.evidence["tensors"]) > 1
-    stats = [f for f in report.findings if f.probe in ("gradient-flow", "variance-drift",
+    stats = [f for f in report.findings if f.probe in ("gradient-flow", "variance-drift", "nan-scores",
                                                         "head-collapse", "ln-placement")
              and f.severity != "info"]
     assert not stats, [(f.probe, f.message) for f in stats]
