@@ -11,21 +11,14 @@ import torch
 from tndebug.config import ModelConfig
 from tndebug.inject import make_model
 
+from test_rope import ids     # BOS-led rows, some left-padded
+
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 
 def build(arch="decoder", **kw):
     torch.manual_seed(0)
     return make_model(ModelConfig.tiny(arch=arch, dropout=0.0, pos="learned", **kw)).eval()
-
-
-def ids(B=4, T=9, seed=1, left_pads=(0, 1, 2, 0)):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(3, 11, (B, T), generator=g)
-    x[:, 0] = 1
-    for b, k in enumerate(left_pads[:B]):
-        x[b] = torch.cat([torch.zeros(k, dtype=x.dtype), x[b, :T - k]])
-    return x
 
 
 @pytest.mark.parametrize("arch", ["seq2seq", "decoder"])
