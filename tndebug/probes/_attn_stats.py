@@ -153,16 +153,19 @@ def head_split_fits(trace: Trace, sides: dict | None = None) -> dict[str, float]
         r = _affine_residual(src.x.reshape(B * T, -1), x.transpose(1, 2).reshape(B * T, h * dk))
         if r is not None:
             out[site] = max(out.get(site, 0.0), r)
+            side = sides.setdefault(site, {}) if sides is not None else {}
+            side["split"] = max(side.get("split", 0.0), r)
     _fits_by_site(trace, out, sides if sides is not None else {})
     return out
 
 
 def _fits_by_site(trace: Trace, out: dict[str, float], sides: dict) -> None:
-    """The same fits where q is not a module output in execution order (a generic capture records
-    q at the score product): v of a self-attention on the last stream point before the module's
-    first call (the split side), and the merge side, the module's output on its heads' outputs z concatenated per
-    position (exact, out = W_O concat_h z + b, when the heads are merged per position; a
-    reshape without the transpose back reads other positions). The worse residual counts."""
+    """The same fits where q is not a module output in execution order (a generic capture
+    records q at the score product): v of a self-attention on the last stream point before the
+    module's first call (the split side); and the merge side: the module's output on its heads'
+    outputs z concatenated per position (exact, out = W_O concat_h z + b, when the heads are
+    merged per position; a reshape without the transpose back reads other positions). The
+    worse residual counts."""
     names = [n for n, _ in trace.order]
     at = {id(x): i for i, (_, x) in enumerate(trace.order)}
     by_name: dict[str, list[int]] = {}

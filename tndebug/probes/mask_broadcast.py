@@ -216,7 +216,7 @@ class MaskBroadcast(Probe):
                 for m in mods:
                     sides = m.fit_sides
                     merge = sides.get("merge", 0.0) > FIT_TOL
-                    split = sides.get("split", 0.0) > FIT_TOL or not sides
+                    split = sides.get("split", 0.0) > FIT_TOL or not merge
                     words = []
                     if split:
                         words.append(f"q or v is not a per-position function of the input "
