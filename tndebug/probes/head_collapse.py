@@ -60,6 +60,9 @@ EXACT_ASYM = 1e-4     # ...below this, symmetric to float rounding: S = c·q q�
 # FAILURE_MODES 4b also asks for self-argmax > 0.9; with shared Q/K/V we measure 0.67-0.89 at
 # init on padded random batches (‖q_j‖ > ‖q_i‖ beats q_i·q_i), so it is evidence, not a condition.
 SAME = 1e-6           # relative difference for "the same tensor"
+REDUNDANT_JS = 0.01   # every pair below this: redundant layer (info only, 4c)
+
+_QKV = ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.masked_scores", "attn.probs")
 
 
 def _token_constant(t: torch.Tensor | None) -> bool:
@@ -70,9 +73,6 @@ def _token_constant(t: torch.Tensor | None) -> bool:
     t = t.detach().float()
     spread = (t.amax(-2) - t.amin(-2)).abs().max()
     return bool(spread <= SAME * t.abs().max())
-REDUNDANT_JS = 0.01   # every pair below this: redundant layer (info only, 4c)
-
-_QKV = ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.masked_scores", "attn.probs")
 
 
 # -- the probe ------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def _future_leak(s: Subject, ids: torch.Tensor) -> Check:
     dropped (the forward on ids[:, :t+1]): a causal model's does not, to rounding."""
     full = _call("rows without padding", s.logits, ids[:, :0], ids)       # [B, T, V]
     leak = Check()
-    for t in range(1, ids.shape[1] - 1):
+    for t in range(ids.shape[1] - 1):
         part = _call("a prefix of the rows", s.logits, ids[:, :0], ids[:, :t + 1])
         leak = leak.merge(compare(full[:, t:t + 1], part[:, t:t + 1]))
     return leak
