@@ -172,15 +172,15 @@ def _fits_by_site(trace: Trace, out: dict[str, float], sides: dict) -> None:
     for i, n in enumerate(names):
         by_name.setdefault(n, []).append(i)
 
-    def when(i: int, p) -> int | None:
-        """Stream point i's place in execution order: its tensor's, else its module's output
-        (the nth call of the module for the nth point of that name)."""
-        if id(p.x) in at:
-            return at[id(p.x)]
+    seen: dict[str, int] = {}
+    placed = []                   # (place in execution order, stream index)
+    for i, p in enumerate(trace.streams):
+        # its tensor's place, else its module's output: the nth call for the nth point of a name
+        k = seen[p.name] = seen.get(p.name, -1) + 1
         calls = by_name.get(p.name, [])
-        k = sum(1 for q in trace.streams[:i] if q.name == p.name)
-        return calls[k] if k < len(calls) else None
-    placed = [(w, i) for i, p in enumerate(trace.streams) if (w := when(i, p)) is not None]
+        w = at.get(id(p.x), calls[k] if k < len(calls) else None)
+        if w is not None:
+            placed.append((w, i))
     stream_at = [(w, trace.streams[i]) for w, i in sorted(placed)]
     for site, rec in trace.attention.items():
         first = next((i for i, n in enumerate(names) if n == site or n.startswith(site + ".")), None)

@@ -50,26 +50,31 @@ def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = ""):
     weights hold NaN/Inf (and the statistics measured through them withdrawn: not_judged_on_nan),
     the 1/sqrt(d_k) fold whenever the checkpoint has no scale. Returns
     (findings, statuses). `probe_fresh` None: nothing to build, the checkpoint's alone."""
-    findings, statuses = not_judged_on_nan(list(probed.findings), probed.statuses, state_dict)
+    finite = weights_finite(state_dict)
+    findings, statuses = (list(probed.findings), probed.statuses) if finite else \
+        not_judged_on_nan(list(probed.findings), probed.statuses)
     if probe_fresh is None:
         return findings, statuses
-    if not all(bool(t.isfinite().all()) for t in state_dict.values()
-               if isinstance(t, torch.Tensor) and t.is_floating_point()):
+    if not finite:
         findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names, how)
     findings, statuses = scale_at_init(findings, statuses, probe_fresh, how)
     return rank_at_init(findings, statuses, probe_fresh, how)
 
 
-def not_judged_on_nan(findings: list[Finding], statuses: dict, state_dict) -> tuple[list, dict]:
+def weights_finite(state_dict) -> bool:
+    """Every floating-point tensor of the file finite (one bool reduction each)."""
+    return all(bool(t.isfinite().all()) for t in state_dict.values()
+               if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def not_judged_on_nan(findings: list[Finding], statuses: dict) -> tuple[list, dict]:
     """Statistics of a forward and backward through non-finite weights (non-finite gradients,
     dead units, rank, norms) say only that the weights are NaN, which checkpoint/nonfinite-
     weights says; their fixes (an init, a residual) would send the user the wrong way. Their
     warnings and errors are withdrawn, each such probe "no verdict" with the reason. The exact
     tests of the code (CODE_PROBES, judged on a fresh initialisation too) and the file's own
-    findings stay. Returns (findings, statuses)."""
-    if all(bool(t.isfinite().all()) for t in state_dict.values()
-           if isinstance(t, torch.Tensor) and t.is_floating_point()):
-        return findings, statuses
+    findings stay. Called only when the weights are not finite (weights_finite). Returns
+    (findings, statuses)."""
     keep = set(CODE_PROBES) | {"checkpoint", "lr-schedule"}
     out, withdrawn = [], {}
     for f in findings:

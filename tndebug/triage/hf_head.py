@@ -156,11 +156,10 @@ def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch
         tgt_in: [N, T] the decoder's ids as the model is called (an encoder-decoder's led by
             the decoder start; a decoder-only model's ids[:, :-1]).
         tgt_out: [N, T] the targets (pad_id where none)."""
-    head = model.get_output_embeddings()
-    w = getattr(head, "weight", None)
-    if not isinstance(w, torch.Tensor) or w.dim() != 2 \
-            or sum(p.data_ptr() == w.data_ptr() for p in model.state_dict().values()) > 1:
+    key = untied_head(model)
+    if key is None:                                # tied (or no matrix head): not this check's
         return []
+    head = model.get_output_embeddings()
     real = tgt_out != pad_id
     if int(real.sum()) < 4 * MIN_ROWS_PER_FOLD or len(tgt_in) < 4:
         return []
@@ -176,7 +175,6 @@ def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch
     refit, saved, scored = _refit_accuracy(states, real, y, logits[real].argmax(-1))
     if scored < 2 * MIN_ROWS_PER_FOLD or refit - saved < SHOWN_GAP:
         return []
-    key = next((k for k, p in model.named_parameters() if p is w), "lm_head.weight")
     return [Finding(
         "checkpoint", "error",
         f"{key} does not fit the trained body: on {scored} target tokens of the held-out "
