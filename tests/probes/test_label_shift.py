@@ -1,6 +1,7 @@
 """label-shift: from how a decoder-only model learns, labels not shifted or shifted twice are
 named at the end of training; a healthy run passes; before the loss halves, or on an
-encoder-decoder or in triage, the probe says why it has no verdict."""
+encoder-decoder, the probe says why it has no verdict. In triage the trained weights' one pass
+is judged (tests/triage/test_label_shift_triage.py: end to end, with the fresh re-judgement)."""
 from __future__ import annotations
 
 import pytest
@@ -83,10 +84,44 @@ def test_the_rates_count_real_positions_only():
     assert probe._rows[-1]["next"] == 1.0 and probe._rows[-1]["self"] == 0.0
 
 
-@pytest.mark.parametrize("kind,mode,why", [("seq2seq", "train", "encoder-decoder"),
-                                           ("decoder", "triage", "no training steps here")])
-def test_not_applicable_says_why(kind, mode, why):
-    probe, run = _probe(kind, mode)
-    probe.observed_steps = 5 if mode == "train" else 0      # the engine counts its scheduled steps
+def test_not_applicable_on_an_encoder_decoder_says_why():
+    probe, run = _probe("seq2seq", "train")
+    probe.observed_steps = 5                                # the engine counts its scheduled steps
     probe.finish(run)
-    assert probe.status() == "skipped" and why in probe.reason()
+    assert probe.status() == "skipped" and "encoder-decoder" in probe.reason()
+
+
+def _once(pred_of, ids):
+    """Triage: one recorded pass whose top predictions are pred_of(ids)."""
+    probe, run = _probe("decoder", "triage")
+    _step(probe, 0, 1.0, ids, pred_of(ids))
+    probe.finish(run)
+    return probe
+
+
+IDS = torch.randint(3, 11, (4, 9), generator=torch.Generator().manual_seed(0))
+NEXT = lambda ids: torch.cat([ids[:, 1:], ids[:, :1]], 1)          # noqa: E731
+AFTER = lambda ids: torch.cat([ids[:, 2:], ids[:, :2]], 1)         # noqa: E731
+
+
+@pytest.mark.parametrize("pred_of,code", [(lambda ids: ids, "label-shift/unshifted"),
+                                          (AFTER, "label-shift/shifted-twice"), (NEXT, None)])
+def test_triage_judges_the_trained_weights_from_one_pass(pred_of, code):
+    probe = _once(pred_of, IDS)
+    assert [f.code for f in probe.findings] == ([code] if code else [])
+    assert probe.status() == ("fail" if code else "pass")
+    assert probe.coverage["unshifted"]["status"] == "checked"
+
+
+def test_triage_has_no_twice_verdict_where_the_model_predicts_neither_offset():
+    # a model shown data not its own: its top guess is neither the next token nor the one after
+    probe = _once(lambda ids: torch.full_like(ids, 10) - (ids == 10).long(), IDS)
+    assert probe.findings == [] and probe.status() == "pass"          # unshifted was checked
+    cov = probe.coverage["shifted-twice"]
+    assert cov["status"] == "no verdict" and "--data" in cov["reason"]
+
+
+def test_triage_without_a_step_has_no_verdict():
+    probe, run = _probe("decoder", "triage")
+    probe.finish(run)
+    assert probe.status() == "no verdict" and "no position with a label" in probe.reason()

@@ -66,6 +66,7 @@ class LabelShiftProbe(Probe):
         super().__init__(schedule)
         self._rows: list[dict] = []            # per probed step: loss and the three rates
         self._applies = False
+        self._once = False                     # triage: judged from one pass (_finish_once)
         self._mlm: dict[str, int] | None = None  # encoder-only: the label counts so far
 
     def setup(self, run: RunContext) -> None:
@@ -78,11 +79,8 @@ class LabelShiftProbe(Probe):
             # tensors there)
             self.cover("", "not applicable", not_decoder_only(run.subject.kind))
             return
-        if run.mode != "train":
-            self.cover("", "not applicable", "no training steps here: the labels used show "
-                       "only in how the model learns")
-            return
         self._applies = True
+        self._once = run.mode != "train"     # triage: one recorded pass of trained weights
 
     def observe(self, trace, info: StepInfo) -> dict[str, torch.Tensor]:
         if self._mlm is not None:
@@ -126,6 +124,9 @@ class LabelShiftProbe(Probe):
             return
         if not self._applies:
             return
+        if self._once:
+            self._finish_once()
+            return
         rows = [r for r in self._rows if math.isfinite(r["loss"])]
         if len(rows) < 2:
             self.skip(f"{len(rows)} probed step(s) with a finite loss; the rates are judged once "
@@ -151,6 +152,48 @@ class LabelShiftProbe(Probe):
                         f"{last['after_next']:.0%} of positions (the next token at {nxt:.0%}): "
                         f"its labels are shifted twice", step=last["step"], evidence=ev,
                         code="shifted-twice")
+
+    def _finish_once(self) -> None:
+        """Triage: the trained weights' one pass, no loss curve. Two places:
+
+        * `unshifted`: repeating the input is the same on any data (an identity learnt from
+          unshifted labels holds on random ids too: self rate 1.0 on the copy task and on random
+          ids, tndebug's decoder-only after 300 steps of lm_labels_unshifted), so it is judged
+          on whatever batch triage has. A tied head predicts its input at initialisation too
+          (self 1.0 on a fresh tied tndebug decoder-only and GPT-2): triage re-judges this error
+          on a fresh initialisation of the same code (triage/fresh.py shift_at_init).
+        * `shifted-twice`: predicting the token after next needs the model's own kind of data;
+          judged only where the model predicts this batch at one offset or the other (next or
+          after next at AFTER_NEXT_RATE or more), else no verdict: the data is not its own."""
+        rows = [r for r in self._rows if r["self"] == r["self"]]       # a rate was measured
+        if not rows:
+            self.cover("unshifted", "no verdict", "the recorded pass has no position with a label")
+            self.cover("shifted-twice", "no verdict", "the recorded pass has no position with a label")
+            return
+        r = rows[-1]
+        nxt = r["next"] if math.isfinite(r["next"]) else 0.0
+        after = r["after_next"] if math.isfinite(r["after_next"]) else 0.0
+        ev = {"self_rate": r["self"], "next_rate": nxt, "after_next_rate": after,
+              "judged_on": "checkpoint"}
+        self.cover("unshifted", "checked")
+        if r["self"] >= SELF_RATE and r["self"] >= DOMINANCE * nxt:
+            self.report("error", f"the model predicts its own input token at {r['self']:.0%} of "
+                        f"positions (the next token at {nxt:.0%}): it was trained on labels that "
+                        f"are not shifted", step=r["step"], evidence=ev, code="unshifted")
+            self.cover("shifted-twice", "no verdict", "the model repeats its input: which later "
+                       "token it would predict does not show")
+            return
+        if max(nxt, after) < AFTER_NEXT_RATE:
+            self.cover("shifted-twice", "no verdict",
+                       f"on this batch the model predicts neither the next token ({nxt:.0%}) nor "
+                       f"the one after ({after:.0%}): labels shifted twice show on the model's "
+                       f"own kind of data (--data)")
+            return
+        self.cover("shifted-twice", "checked")
+        if after >= AFTER_NEXT_RATE and after >= DOMINANCE * nxt:
+            self.report("error", f"the model predicts the token after next at {after:.0%} of "
+                        f"positions (the next token at {nxt:.0%}): its labels are shifted twice",
+                        step=r["step"], evidence=ev, code="shifted-twice")
 
     def _finish_mlm(self) -> None:
         c = self._mlm

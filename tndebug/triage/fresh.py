@@ -58,6 +58,7 @@ def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = ""):
     if not finite:
         findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names, how)
     findings, statuses = scale_at_init(findings, statuses, probe_fresh, how)
+    findings, statuses = shift_at_init(findings, statuses, probe_fresh, how)
     return rank_at_init(findings, statuses, probe_fresh, how)
 
 
@@ -214,6 +215,45 @@ def code_on_fresh(findings: list[Finding], statuses: dict, probe_fresh, names, h
         st, new = statuses.setdefault(n, {}), probed.statuses.get(n, {})
         st["fresh_init"] = {"status": new.get("status"), "coverage": new.get("coverage")}
     return out, statuses
+
+
+def shift_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str = ""):
+    """Re-judge label-shift's "labels not shifted" error of trained weights on the fresh
+    initialisation: a head tied to the token embedding predicts its own input there (self rate
+    1.0 on tndebug's tied decoder-only and on GPT-2 at init), so a checkpoint that repeats its
+    input may never have been trained, and says nothing about its labels. Where the fresh
+    initialisation repeats its input too, the error is withdrawn and the place has no verdict,
+    with the reason; elsewhere the error stands, judged_on "checkpoint", the fresh rate beside
+    it. Returns (findings, statuses)."""
+    target = [f for f in findings if f.code == "label-shift/unshifted"]
+    if not target:
+        return findings, statuses
+    init = _on_fresh(probe_fresh, "label-shift", statuses)
+    if init is None:
+        return findings, statuses
+    built = how or "the model's own constructor, seed 0"
+    st = statuses["label-shift"]
+    again = next((g for g in init if g.code == "label-shift/unshifted"), None)
+    if again is None:
+        st["fresh_init"] = {"built": built, "repeats_input_at_init": False}
+        return [judged_on(f, "checkpoint") if f in target else f for f in findings], statuses
+    rate = again.evidence.get("self_rate")
+    st["fresh_init"] = {"built": built, "repeats_input_at_init": True, "self_rate": rate}
+    st.setdefault("coverage", {})["unshifted"] = {
+        "status": "no verdict",
+        "reason": (f"a fresh initialisation of the same code predicts its own input too "
+                   f"({rate:.0%}; a head tied to the token embedding does): repeating the input "
+                   f"does not tell which labels the weights were trained on")}
+    rest = [f for f in findings if f not in target]
+    if st.get("status") in ("pass", "warn", "fail"):
+        mine = [f for f in rest if f.probe == "label-shift"]
+        checked = any(c.get("status") == "checked" for c in st["coverage"].values())
+        st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
+                        "warn" if any(f.severity == "warning" for f in mine) else
+                        "pass" if checked else "no verdict")
+        if st["status"] == "no verdict":
+            st["reason"] = st["coverage"]["unshifted"]["reason"]
+    return rest, statuses
 
 
 def _trained_rank(f: Finding) -> bool:

@@ -30,11 +30,11 @@ from tndebug.errors import UsageError
 from tndebug.report import Report
 from tndebug import driver
 from tndebug.findings import Finding
-from tndebug.probes import TRIAGE_PROBES, parse_probe_spec
+from tndebug.probes import PROBE_NAMES, TRIAGE_PROBES, parse_probe_spec
 from tndebug.probes.base import COVERAGE, ProbeError
 from tndebug.probes._head_weights import duplicate_heads
 from tndebug.subject import Subject, tndebug_subject
-from tndebug.triage import hygiene, layouts
+from tndebug.triage import hygiene, layouts, own_decoder
 from tndebug.capture.adapters import GUESSED
 from tndebug.capture.user_model import parse_config
 from tndebug.triage.fresh import apart_from_weights
@@ -83,7 +83,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     if opts.arch and not opts.model:
         raise UsageError(f"--arch {opts.arch} applies with --model (your own code); tndebug's "
                          f"layouts and a Hugging Face directory say their shape")
-    probe_names = _probe_names(opts.probes)
+    probe_names = _probe_names(opts.probes, OWN_CODE_PROBES)
     task = _task(opts.task)
     ckpt = load_checkpoint(opts.checkpoint, trust=opts.trust)
     findings = hygiene.non_finite(ckpt.state_dict) + hygiene.resume_state(ckpt)
@@ -91,8 +91,18 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     batch = (load_data(opts.data, opts.pad_id, opts.bos_id) if opts.data
              else eval_set(task, n=HELD_OUT, seed=0))
     lap("load")
+    own = not opts.model and own_decoder.is_own_decoder(ckpt.config, ckpt.state_dict)
+    if own:                                  # `tndebug run --arch decoder`: no encoder layout fits
+        opts = dataclasses.replace(opts, model=own_decoder.SPEC, arch="decoder",
+                                   adapter=opts.adapter or own_decoder.ADAPTER)
     target = (user_target(ckpt, opts, batch, task) if opts.model
               else _layout_target(ckpt, opts, batch, task, probe_names))
+    if own:
+        target.run.update(layout="tndebug (decoder-only)",
+                          model="tndebug's decoder-only model (its model_config, no faults)",
+                          adapter="model(ids); KV cache: model.incremental",
+                          fresh_init="tndebug's decoder-only model built again from the "
+                                     "checkpoint's model_config, no weights loaded")
     findings += target.findings
     subject = target.subject
     batch = target.batch if target.batch is not None else batch
@@ -167,9 +177,16 @@ def refuse_longer(subject: Subject, tensors, what: str) -> None:
                          f"is wrong")
 
 
-def _probe_names(spec: str | None) -> list[str]:
+# Triage of a model's own code also asks which labels the trained weights learnt from (label-
+# shift's one-pass judgement; `tndebug.check`, often of an untrained model, does not: a tied head
+# predicts its input at initialisation, which only triage's fresh re-judgement tells apart).
+# Not for a Hugging Face directory: its probes see a sliced output layer (hf.PROBE_VOCAB).
+OWN_CODE_PROBES = tuple(n for n in PROBE_NAMES if n in TRIAGE_PROBES or n == "label-shift")
+
+
+def _probe_names(spec: str | None, default: tuple[str, ...] = TRIAGE_PROBES) -> list[str]:
     if spec is None:
-        return list(TRIAGE_PROBES)
+        return list(default)
     try:
         return parse_probe_spec(spec)
     except ProbeError as e:
