@@ -48,6 +48,7 @@ def test_healthy_nanogpt_triages_clean(folder, variant, seed):
     assert report.run["attention_modules"] == ["transformer.h.0.attn", "transformer.h.1.attn"]
     assert report.probes["mask-broadcast"]["status"] == "pass"
     assert report.probes["missing-scale"]["status"] == "pass"
+    assert report.probes["label-shift"]["status"] == "pass"      # both places checked
 
 
 @pytest.mark.parametrize("variant, bug", [pytest.param(v, b, id=f"{v}-{b}") for v, b in BUG_CASES])
@@ -69,6 +70,17 @@ def test_bug_is_named_by_its_probe(folder, variant, bug):
         # the padding: lm-decoding leaves left padding to the causal leak mask-broadcast names
         place = report.probes["lm-decoding"]["coverage"][""]
         assert place["status"] == "no verdict" and "not causal" in place["reason"], place
+
+
+def test_unshifted_labels_on_a_tied_head_get_no_verdict_saying_why(folder):
+    # nanoGPT ties lm_head to wte: at initialisation it already repeats its input, so a
+    # checkpoint that repeats its input (the loss was computed against idx) cannot be told from
+    # an untrained one; the test says so instead of an error or a silent pass
+    report = run_triage(checkpoint(folder, "manual", "labels_unshifted", 0))
+    assert not [f for f in report.findings if f.probe == "label-shift"]
+    st = report.probes["label-shift"]
+    assert st["status"] == "no verdict" and st["fresh_init"]["repeats_input_at_init"] is True
+    assert "tied" in st["coverage"]["unshifted"]["reason"] and report.verdict == "incomplete"
 
 
 # -- adapters -------------------------------------------------------------------------------
