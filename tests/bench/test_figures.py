@@ -31,10 +31,7 @@ NOT_REPRODUCED = "not reproduced at this commit"
 # Quoted results files written before bench/_provenance.py existed: no commit is known for
 # them. `python -m bench all` on a quiet machine replaces each; remove its entry then (the last
 # test fails while an entry names a file that records its provenance).
-LEGACY = {
-    "bench/results/watch_breakdown_sdpa.json",
-    "bench/results/watch_breakdown_bart.json",
-}
+LEGACY: set[str] = set()      # results files from before provenance was recorded: none left
 
 
 def _jobs():
