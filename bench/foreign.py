@@ -98,9 +98,11 @@ def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, 
 # out, and the results file says so (UNAVAILABLE), rather than the whole run failing.
 ONE_STACK: dict = {}
 UNAVAILABLE: dict[str, str] = {}     # style -> why it cannot run with this tndebug
-for _style, _module in (("nanogpt", "nanogpt_corpus"), ("minibert", "minibert_corpus")):
+for _style, _module in (("nanogpt", "nanogpt_corpus"), ("minibert", "minibert_corpus"),
+                        ("xgpt", "xgpt_corpus")):
     try:
-        ONE_STACK[_style] = (__import__(_module), ("manual", "sdpa"))
+        _mod = __import__(_module)
+        ONE_STACK[_style] = (_mod, getattr(_mod, "VARIANTS", ("manual", "sdpa")))
     except ImportError as _e:
         if os.environ.get("FOREIGN_BENCH_AT") is None:
             raise                       # at the current commit every corpus must import

@@ -167,3 +167,51 @@ def test_hf_trainer_on_a_decoder_only_and_an_encoder_only_model(tmp_path, shape)
     assert report.probes["lr-schedule"]["status"] == "pass"
     assert report.probes["lr-schedule"]["steps_observed"] == 30
     assert report.probes["lm-decoding"]["status"] == ("pass" if shape == "decoder" else "skipped")
+
+
+# -- Lightning on a decoder-only loop (issue 21) ------------------------------------------------
+@pytest.mark.parametrize("labels", ["shifted", "unshifted"])
+def test_lightning_on_a_decoder_only_loop(tmp_path, labels):
+    """tndebug's own decoder-only model in a LightningModule that trains copy as a language
+    model; the callback watches it with `forward(model, ids, pad_id)`. Healthy: clean, the
+    decoder-only probes checked. The loss computed against the input ids (labels not shifted):
+    label-shift names it once the loss has halved."""
+    pl = pytest.importorskip("pytorch_lightning")
+    from tndebug.config import ModelConfig
+    from tndebug.data import as_lm, data_generator, get_task
+    from tndebug.integrations.lightning import TndebugCallback
+    from tndebug.model import DecoderOnly
+
+    class LitLM(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.model = DecoderOnly(ModelConfig.tiny(arch="decoder", dropout=0.0))
+
+        def training_step(self, batch, _):
+            ids, nxt = batch
+            target = nxt if labels == "shifted" else ids.masked_fill(nxt == 0, 0)
+            logits = self.model(ids)
+            return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=0)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=3e-3)
+
+    task, g = get_task("copy"), data_generator(0, "train")
+    batches = [tuple(as_lm(task.batch(g, 32))[1:]) for _ in range(200)]   # (tgt_in, tgt_out)
+    cb = TndebugCallback(forward=lambda m, ids, pad_id: m(ids), pad_id=0, out=tmp_path / "tndebug",
+                         quiet=True)
+    trainer = pl.Trainer(max_steps=200, accelerator="cpu", devices=1, logger=False, callbacks=[cb],
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(LitLM(), torch.utils.data.DataLoader(batches, batch_size=None))
+    report = cb.report
+    assert report.run["arch"] == "decoder", report.run.get("arch")
+    bad = [(f.code, f.severity) for f in report.findings if f.severity != "info"]
+    if labels == "shifted":
+        assert bad == [] and report.verdict == "clean", (bad, report.incomplete())
+        for probe in ("mask-broadcast", "lm-decoding", "label-shift"):
+            assert report.probes[probe]["status"] == "pass", (probe, report.probes[probe])
+    else:
+        assert ("label-shift/unshifted", "error") in bad, bad
+        assert cb.exit_code == 1
