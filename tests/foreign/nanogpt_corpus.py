@@ -41,11 +41,21 @@ BUG_CASES = [("manual", b) for b in EXPECTED_PROBE] + [
     ("sdpa", b) for b in ("no_causal", "triu", "pad_mask", "no_scale", "qkv_order", "labels_twice")]
 
 
-def train(model, *, steps: int = 300, batch: int = 32, lr: float = 3e-3, seed: int = 0,
-          shift: int = 1):
-    """AdamW on copy as next-token prediction, nanoGPT's way: model(idx, targets) -> (logits,
-    loss) with targets -1 where no loss falls. `shift`: the labels' offset from the input (1:
-    the next token; 0 and 2 are LOOP_BUGS). Returns the last loss."""
+def lm_labels(lm, shift: int = 1) -> torch.Tensor:
+    """The labels a training loop compares with the logits of `lm` (data.as_lm): the token at t + 1
+    (shift 1, PAD where no loss falls), the input itself (0: not shifted) or the token after next
+    (2: shifted twice). # [B, T]"""
+    if shift == 0:                                         # loss(logits, idx): not shifted
+        return lm.tgt_in.masked_fill(lm.tgt_out == 0, 0)
+    if shift == 2:                                         # shifted once more
+        return torch.cat([lm.tgt_out[:, 1:], torch.zeros_like(lm.tgt_out[:, :1])], 1)
+    return lm.tgt_out
+
+
+def train_lm(model, loss_of, *, steps: int, batch: int = 32, lr: float = 3e-3, seed: int = 0,
+             shift: int = 1) -> float:
+    """AdamW on copy as next-token prediction; `loss_of(model, ids, labels)` is the user's loss
+    (labels PAD where no loss falls, lm_labels' `shift`). Returns the last loss."""
     torch.manual_seed(seed)
     task, g = get_task("copy"), data_generator(seed, "train")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -53,13 +63,7 @@ def train(model, *, steps: int = 300, batch: int = 32, lr: float = 3e-3, seed: i
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
         lm = as_lm(task.batch(g, batch))
-        labels = lm.tgt_out                                    # the token at t + 1, PAD where no loss
-        if shift == 0:                                         # loss(logits, idx): not shifted
-            labels = lm.tgt_in.masked_fill(lm.tgt_out == 0, 0)
-        elif shift == 2:                                       # shifted once more
-            labels = torch.cat([lm.tgt_out[:, 1:], torch.zeros_like(lm.tgt_out[:, :1])], 1)
-        targets = labels.masked_fill(labels == 0, -1)                      # PAD -> ignore_index
-        _, loss = model(lm.tgt_in, targets)
+        loss = loss_of(model, lm.tgt_in, lm_labels(lm, shift))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -68,12 +72,24 @@ def train(model, *, steps: int = 300, batch: int = 32, lr: float = 3e-3, seed: i
     return float(loss.detach())
 
 
-def make_checkpoint(variant: str, bug: str | None, seed: int, folder: Path, steps: int = 300) -> Path:
-    module = import_file(FILE)
+def train(model, *, steps: int = 300, batch: int = 32, lr: float = 3e-3, seed: int = 0,
+          shift: int = 1):
+    """nanoGPT's way: model(idx, targets) -> (logits, loss) with targets -1 where no loss falls."""
+    return train_lm(model, lambda m, ids, labels: m(ids, labels.masked_fill(labels == 0, -1))[1],
+                    steps=steps, batch=batch, lr=lr, seed=seed, shift=shift)
+
+
+def trained_model(file: Path, variant: str, bug: str | None, seed: int, steps: int, train_fn):
+    """The model `file`'s build(variant, bug) makes, trained by `train_fn` (a loop bug of
+    LOOP_BUGS trains the healthy model with its labels). Returns (model, model_args, last loss)."""
     torch.manual_seed(seed)
     model_args = {"variant": variant, "bug": None if bug in LOOP_BUGS else bug}
-    model = module.build(**model_args)
-    loss = train(model, steps=steps, seed=seed, shift=LOOP_BUGS.get(bug, 1))
+    model = import_file(file).build(**model_args)
+    return model, model_args, train_fn(model, steps=steps, seed=seed, shift=LOOP_BUGS.get(bug, 1))
+
+
+def make_checkpoint(variant: str, bug: str | None, seed: int, folder: Path, steps: int = 300) -> Path:
+    model, model_args, loss = trained_model(FILE, variant, bug, seed, steps, train)
     path = Path(folder) / f"nanogpt-{variant}-{bug or 'healthy'}-{seed}.pt"
     torch.save({"model": model.state_dict(), "model_args": model_args, "iter_num": steps,
                 "best_val_loss": loss}, path)

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tndebug.capture.adapters import import_file
-from tndebug.data import as_lm, data_generator, get_task
 from tndebug.triage import TriageOptions, triage
+
+from nanogpt_corpus import LOOP_BUGS, train_lm, trained_model  # noqa: F401 - LOOP_BUGS: bench/foreign
 
 HERE = Path(__file__).resolve().parent
 FILE = HERE / "xgpt.py"
@@ -32,46 +32,23 @@ EXPECTED_PROBE = {
     "labels_twice": "label-shift",      # the training loop's bug (LOOP_BUGS), not the model's
     "labels_unshifted": "label-shift",
 }
-# the labels' offset from the input in the training loop (1 is right); the model is healthy
-LOOP_BUGS = {"labels_twice": 2, "labels_unshifted": 0}
+# LOOP_BUGS (nanogpt_corpus): the labels' offset from the input in the training loop; the model
+# is the healthy one
 BUG_CASES = [("abs", b) for b in EXPECTED_PROBE] + [
     ("rotary", b) for b in ("no_causal", "no_scale", "labels_unshifted")] + [
     ("flash", b) for b in ("no_causal", "no_scale")]
 VARIANTS = ("abs", "rotary", "flash")
 
 
-def train(model, *, steps: int = 400, batch: int = 32, lr: float = 3e-3, seed: int = 0,
-          shift: int = 1) -> float:
-    """AdamW on copy as next-token prediction; cross-entropy ignoring PAD. `shift`: the labels'
-    offset from the input (LOOP_BUGS). Returns the last loss."""
-    torch.manual_seed(seed)
-    task, g = get_task("copy"), data_generator(seed, "train")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    model.train()
-    loss = torch.tensor(float("nan"))
-    for _ in range(steps):
-        lm = as_lm(task.batch(g, batch))
-        labels = lm.tgt_out
-        if shift == 0:
-            labels = lm.tgt_in.masked_fill(lm.tgt_out == 0, 0)
-        elif shift == 2:
-            labels = torch.cat([lm.tgt_out[:, 1:], torch.zeros_like(lm.tgt_out[:, :1])], 1)
-        logits = model(lm.tgt_in)
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=0)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    model.eval()
-    return float(loss.detach())
+def train(model, *, steps: int = 400, seed: int = 0, shift: int = 1) -> float:
+    """AdamW on copy as next-token prediction (nanogpt_corpus.train_lm), the loss as
+    x-transformers' README computes it: cross-entropy of model(ids), ignoring PAD."""
+    return train_lm(model, lambda m, ids, labels: F.cross_entropy(
+        m(ids).flatten(0, 1), labels.flatten(), ignore_index=0), steps=steps, seed=seed, shift=shift)
 
 
 def make_checkpoint(variant: str, bug: str | None, seed: int, folder: Path, steps: int = 400) -> Path:
-    module = import_file(FILE)
-    torch.manual_seed(seed)
-    model_args = {"variant": variant, "bug": None if bug in LOOP_BUGS else bug}
-    model = module.build(**model_args)
-    loss = train(model, steps=steps, seed=seed, shift=LOOP_BUGS.get(bug, 1))
+    model, model_args, loss = trained_model(FILE, variant, bug, seed, steps, train)
     path = Path(folder) / f"xgpt-{variant}-{bug or 'healthy'}-{seed}.pt"
     torch.save({"model": model.state_dict(), "model_args": model_args, "steps": steps,
                 "loss": loss}, path)
