@@ -69,3 +69,14 @@ def test_a_tied_head_that_repeats_its_input_at_init_gets_no_verdict_not_an_error
     assert st["status"] == "no verdict" and st["fresh_init"]["repeats_input_at_init"] is True
     assert "tied" in st["coverage"]["unshifted"]["reason"]
     assert rc == 4 and rep["verdict"] == "incomplete"
+
+
+def test_a_decoder_checkpoint_whose_model_config_does_not_fit_is_one_line(ckpts, tmp_path, capsys):
+    state = torch.load(ckpts["healthy"], weights_only=True)
+    state["model_config"]["bogus"] = 1
+    bad = tmp_path / "bad.pt"
+    torch.save(state, bad)
+    assert main(["triage", str(bad), "--no-figures", "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "model_config does not fit" in err and "bogus" in err and "\n" not in err
+    assert not (tmp_path / "t" / "report.json").exists()

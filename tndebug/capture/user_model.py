@@ -43,6 +43,8 @@ def build_user_model(spec: str, kwargs: dict | None) -> tuple[nn.Module, dict]:
         pass
     try:
         model = factory(**used)
+    except UsageError:                      # a built-in factory's own line (triage/own_decoder.py)
+        raise
     except Exception as e:  # noqa: BLE001 - the user's factory may raise anything
         shown = ", ".join(f"{k}={v!r}" for k, v in list(used.items())[:6])
         raise UsageError(f"--model {spec} raised {type(e).__name__}: {line(e)} "

@@ -28,8 +28,14 @@ def is_own_decoder(config: dict | None, state_dict: dict) -> bool:
 def build(**model_config) -> torch.nn.Module:
     from tndebug.config import ModelConfig
     from tndebug.model.transformer import build as build_model
-    cfg = dict(model_config, faults=[])
-    return build_model(ModelConfig.from_dict(cfg))
+    from tndebug.errors import UsageError
+    try:
+        cfg = ModelConfig.from_dict(dict(model_config, faults=[]))
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"the checkpoint's model_config does not fit tndebug's decoder-only model "
+                         f"({e}); a checkpoint of another tndebug version, or edited? Pass your "
+                         f"own code with --model FILE.py:FACTORY") from None
+    return build_model(cfg)
 
 
 def forward(model, ids: torch.Tensor, pad_id: int) -> torch.Tensor:
