@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tndebug.findings import Finding, select as choose, severity_rank
+from tndebug.memory import give_back_freed  # noqa: F401 - triage calls it as driver.give_back_freed
 from tndebug.probes import make_probes
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
@@ -65,6 +66,7 @@ def probe_once(subject: Subject, names: Iterable[str], batch, *,
     model = subject.model
     was = model.training
     model.eval()
+    give_back_freed()                # what loading and the caller's own passes freed
     try:
         with ProbeEngine(probes, run, sinks=sinks) as engine:
             engine.setup()
@@ -97,7 +99,9 @@ def norms_as_freed(model: torch.nn.Module, norms: dict[int, torch.Tensor]):
     one call, after both contributions are summed."""
     def keep(p: torch.Tensor) -> None:
         if p.grad is not None:
-            norms[id(p)] = torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
+            g = p.grad.detach()
+            g = g.coalesce().values() if g.is_sparse else g      # a row-sparse vocabulary matrix
+            norms[id(p)] = torch.linalg.vector_norm(g, dtype=torch.float32)
             p.grad = None
 
     handles = [p.register_post_accumulate_grad_hook(keep)
@@ -107,18 +111,6 @@ def norms_as_freed(model: torch.nn.Module, norms: dict[int, torch.Tensor]):
     finally:
         for h in handles:
             h.remove()
-
-
-def give_back_freed() -> None:
-    """Return freed heap pages to the system (glibc's malloc_trim): tensors freed by Python stay
-    resident otherwise, under every later peak (triage of a Hugging Face directory: the file's
-    copy of the weights after loading, the exact tests' traces before the recorded pass's
-    gradients). Changes no value; nothing where the C library has no malloc_trim."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 # -- findings -------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ interface from a user's own model (`tndebug/capture/generic.py`; our own tap poi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -112,3 +112,35 @@ class Trace:
 
     def records(self, kind: str | None = None) -> list[AttentionRecord]:
         return [r for r in self.attention.values() if kind is None or r.kind == kind]
+
+    @staticmethod
+    def joined(parts: list["Trace"], src: torch.Tensor, tgt: torch.Tensor) -> "Trace | None":
+        """One trace of the batch (src, tgt) from traces of its consecutive row blocks, each
+        recorded alike (and emptied on the way: they are the caller's temporaries): stream
+        points, embedding parts, FFN hidden and logits joined along the batch (all [B, ...]: the captures hand them over batch-first). None when the parts hold
+        what cannot be joined row-wise (attention records, gradients, per-module outputs, whose
+        batch dimension a model may put elsewhere) or differ in what they recorded."""
+        first = parts[0]
+        if any(p.attention or p.grads or p.order for p in parts):
+            return None
+        if any([(sp.name, sp.kind) for sp in p.streams] != [(sp.name, sp.kind) for sp in first.streams]
+               or {k: sorted(v) for k, v in p.embed.items()} != {k: sorted(v) for k, v in first.embed.items()}
+               or sorted(p.ffn_hidden) != sorted(first.ffn_hidden)
+               or (p.logits is None) != (first.logits is None) for p in parts):
+            return None
+        cat = lambda xs: torch.cat(list(xs), dim=0)   # noqa: E731
+        try:
+            streams = []
+            for i, sp in enumerate(first.streams):    # each point's blocks let go once joined:
+                x = cat(p.streams[i].x for p in parts)  # one point held twice, not the trace
+                streams.append(StreamPoint(sp.name, sp.stack, sp.layer, sp.kind, x, sp.norm))
+                for p in parts:
+                    p.streams[i] = replace(p.streams[i], x=x[:0])
+            embed = {site: {k: cat(p.embed[site][k] for p in parts) for k in kinds}
+                     for site, kinds in first.embed.items()}
+            ffn = {k: cat(p.ffn_hidden[k] for p in parts) for k in first.ffn_hidden}
+            logits = None if first.logits is None else cat(p.logits for p in parts)
+        except RuntimeError:                          # shapes that do not line up
+            return None
+        return Trace(step=first.step, src=src, tgt=tgt, pad_id=first.pad_id, streams=streams,
+                     embed=embed, ffn_hidden=ffn, logits=logits)

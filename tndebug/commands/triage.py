@@ -146,11 +146,13 @@ def main(args) -> int:
 
 
 def _triage(opts, out, args, previous: str | None = None) -> int:
+    from tndebug.memory import map_large_blocks
     from tndebug.reporters.oneshot import tensorboard_place
     from tndebug.reporters.session import ReportSession
     from tndebug.triage.loading import UnsafeCheckpoint
     from tndebug.triage.run import triage
 
+    map_large_blocks()           # freed tensors' pages go back: peak memory (issue 21)
     # figures and tb/ from the probed pass itself; deferred: nothing is written before it succeeded
     session = ReportSession(out, fmt=args.format, tensorboard=tensorboard_place(out, previous),
                             figures=not args.no_figures, defer=True)
@@ -167,4 +169,6 @@ def _triage(opts, out, args, previous: str | None = None) -> int:
                         first_sign=finding)
         ReportSession(out, fmt=args.format, tensorboard=False).finish(report, fail_on="never")
         return 2
+    from tndebug.memory import give_back_freed
+    give_back_freed()            # the model is gone: the figures are drawn without its pages
     return session.finish(report, fail_on=args.fail_on)

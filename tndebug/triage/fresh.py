@@ -36,6 +36,7 @@ import torch
 
 from tndebug.findings import Finding
 from tndebug.probes.missing_scale import by_design_fix
+from tndebug.triage.hygiene import all_finite
 
 SEED = 0                                              # the fresh initialisation's seed
 CODE_PROBES = ("nan-scores", "missing-scale", "mask-broadcast")   # exact tests of the code
@@ -64,7 +65,7 @@ def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = ""):
 
 def weights_finite(state_dict) -> bool:
     """Every floating-point tensor of the file finite (one bool reduction each)."""
-    return all(bool(t.isfinite().all()) for t in state_dict.values()
+    return all(all_finite(t) for t in state_dict.values()
                if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
