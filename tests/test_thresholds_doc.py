@@ -23,6 +23,9 @@ AUDITED = ("tndebug/probes/*.py", "tndebug/triage/*.py", "tndebug/library/live.p
 NOT_THRESHOLDS = {
     ("tndebug/probes/_depth_stats.py", "MAX_SVD_TOKENS"): "subsample size of the null-vector test (cost)",
     ("tndebug/probes/_depth_stats.py", "GRAD_ROWS"): "rows of the setup gradient pass (memory)",
+    ("tndebug/probes/_depth_stats.py", "BLOCK_TOKENS"): "tokens per forward of the wide batch (memory)",
+    ("tndebug/triage/hygiene.py", "FINITE_BLOCK"): "elements per isfinite call (memory)",
+    ("tndebug/triage/hf_shift.py", "LOGIT_BYTES"): "logit bytes per forward of label-shift's pass (memory)",
     ("tndebug/probes/_depth_stats.py", "THREADED_WIDTH"): "width from which LAPACK keeps torch's threads (cost)",
     ("tndebug/probes/_head_stats.py", "JS_MAX_SEQ"): "sequences sampled for the JS statistic (cost)",
     ("tndebug/probes/_head_stats.py", "JS_MAX_ROWS"): "query rows sampled for the JS statistic (cost)",

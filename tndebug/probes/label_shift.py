@@ -88,13 +88,20 @@ class LabelShiftProbe(Probe):
             return mlm.counts(info.src, info.tgt_out, self._pad) if ok else {}
         if not self._applies or info.logits is None or info.tgt_in is None or info.loss is None:
             return {}
-        ids, pred = info.tgt_in, info.logits.argmax(-1)                       # [B, T], [B, T]
+        return self.counts(info.tgt_in, info.logits.argmax(-1), info.tgt_out, info.loss)
+
+    def counts(self, ids: torch.Tensor, pred: torch.Tensor, tgt_out: torch.Tensor | None,
+               loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The step's statistics from the input ids and the model's argmax predictions (both
+        [B, T]); `tgt_out` marks where the loss is taken, when known. Triage of a Hugging Face
+        directory hands its predictions over the whole vocabulary here (hf_shift), since its
+        probes' pass sees a sliced output layer."""
         if pred.shape != ids.shape:
             return {}
         real = ids != self._pad
-        if info.tgt_out is not None and info.tgt_out.shape == ids.shape:
-            real = real & (info.tgt_out != self._pad)     # where the loss is taken, when known
-        out = {"loss": info.loss.detach().float(), "n_self": real.sum()}
+        if tgt_out is not None and tgt_out.shape == ids.shape:
+            real = real & (tgt_out != self._pad)          # where the loss is taken, when known
+        out = {"loss": loss.detach().float(), "n_self": real.sum()}
         out["self"] = ((pred == ids) & real).sum()
         for k, name in ((1, "next"), (2, "after_next")):
             both = real[:, :-k] & (ids[:, k:] != self._pad)

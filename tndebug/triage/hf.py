@@ -188,7 +188,7 @@ def triage_hf(opts, patch=None, sinks=()):
     from tndebug.triage import run as R
     from tndebug.capture import GenericCapture
     from tndebug.triage.fresh import SEED, apart_from_weights, seeded
-    from tndebug.triage import hf_checks
+    from tndebug.triage import hf_checks, hf_shift
     from tndebug.triage.hf_data import held_out, mask_token_id, token_names, tokenizer_specials
     from tndebug.triage.hf_encoder import masked_lm_batch
     from tndebug.driver import PROBE_BATCH
@@ -207,9 +207,13 @@ def triage_hf(opts, patch=None, sinks=()):
         raise UsageError(f"{folder} is a Hugging Face directory: --model, --adapter, --config "
                          f"and --arch do not apply (the model is built from its config.json)")
     attn = getattr(opts, "attn", None)
-    probe_names = R._probe_names(opts.probes)
     tf, config, kind = load_config(folder)
     decoder, encoder = kind == "decoder", kind == "encoder"
+    # a decoder-only model is also asked which labels it learnt from (label-shift), in a pass of
+    # its own over the whole vocabulary (hf_shift): the probes' pass sees a sliced output layer
+    wanted = R._probe_names(opts.probes, R.OWN_CODE_PROBES if decoder else R.TRIAGE_PROBES)
+    shift = decoder and hf_shift.NAME in wanted
+    probe_names = [n for n in wanted if not (shift and n == hf_shift.NAME)]
     one_stack = decoder or encoder                  # called with one sequence of ids
     files = weight_files(folder)
     sd = read_weights(files)
@@ -262,8 +266,19 @@ def triage_hf(opts, patch=None, sinks=()):
         fresh = seeded(lambda: build_model(tf, config, attn, kind)).eval()
         fwd, second = adapter(fresh)
         sub = make_subject(fresh, fwd, second)
-        with sliced_output(fresh, keep, lambda: call(fwd, fresh, batch.src[:1, :3], batch.tgt_in[:1, :3])):
-            return driver.probe_once(sub, names, batch, compute_dtype=dtype)
+        main = [n for n in names if n != hf_shift.NAME]
+        probed = driver.ProbeResult([], {}, {})
+        if main:
+            with sliced_output(fresh, keep, lambda: call(fwd, fresh, batch.src[:1, :3], batch.tgt_in[:1, :3])):
+                probed = driver.probe_once(sub, main, batch, compute_dtype=dtype)
+        return with_shift(probed, sub) if hf_shift.NAME in names else probed
+
+    def with_shift(probed, sub):
+        """`probed` with label-shift's findings and status, judged on the user's data when given
+        (else the probes' random ids) over the whole vocabulary."""
+        found, entry = hf_shift.label_shift(sub, data if data is not None else batch)
+        return driver.ProbeResult(probed.findings + found, {**probed.statuses, hf_shift.NAME: entry},
+                                  probed.seconds, probed.batch)
 
     forward, second = adapter(model)
 
@@ -298,11 +313,14 @@ def triage_hf(opts, patch=None, sinks=()):
                                                   batch.tgt_in[:1, :3])) as keep:
         probed = driver.probe_once(subject, probe_names, batch, compute_dtype=dtype, sinks=sinks,
                                    token_names=names)
+    if shift:
+        probed = with_shift(probed, subject)
     statuses, probe_seconds = probed.statuses, probed.seconds
     auto = ("AutoModelForCausalLM" if decoder else "AutoModelForMaskedLM" if encoder
             else "AutoModelForSeq2SeqLM")
     how = f"{auto}.from_config(config), seed {SEED}, attn {attn or 'from config'}"
-    checked, statuses = apart_from_weights(probed, probe_fresh, probe_names, sd, how)
+    checked, statuses = apart_from_weights(probed, probe_fresh, probe_names + [hf_shift.NAME] * shift,
+                                           sd, how)
     findings += checked
     lap("probes")
     findings += duplicate_heads(attention_weights(model))
@@ -366,7 +384,8 @@ def triage_hf(opts, patch=None, sinks=()):
                           f"adapter feeds as {ids['start']}" if ids["marker"] != ids["start"] else "")),
            "arch": kind, **({"calls": LM_CALLS} if decoder else
                             {"calls": MLM_CALLS, "loss": MLM_LOSS} if encoder else {}),
-           "attention_modules": sorted(subject.capture.attention), "probes_run": probe_names,
+           "attention_modules": sorted(subject.capture.attention),
+           "probes_run": probe_names + [hf_shift.NAME] * shift,
            "probe_inputs": subject.inputs(),
            "temperature_sweep": sweep_ev, "timings_s": timings, "probe_seconds": probe_seconds,
            "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}

@@ -180,7 +180,8 @@ def refuse_longer(subject: Subject, tensors, what: str) -> None:
 # Triage of a model's own code also asks which labels the trained weights learnt from (label-
 # shift's one-pass judgement; `tndebug.check`, often of an untrained model, does not: a tied head
 # predicts its input at initialisation, which only triage's fresh re-judgement tells apart).
-# Not for a Hugging Face directory: its probes see a sliced output layer (hf.PROBE_VOCAB).
+# A Hugging Face decoder-only directory gets it too, in a pass of its own over the whole
+# vocabulary (hf_shift: its probes see a sliced output layer, hf.PROBE_VOCAB).
 OWN_CODE_PROBES = tuple(n for n in PROBE_NAMES if n in TRIAGE_PROBES or n == "label-shift")
 
 
