@@ -13,7 +13,7 @@ first sign, one finding per (probe, place, severity), the statuses of triage's o
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import torch
@@ -127,6 +127,41 @@ def dedupe(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+NAN_FORWARD = "nan-scores/nonfinite-forward"
+DOWNSTREAM_OF_NAN = ("gradient-flow/nonfinite-grad",)
+
+
+def after_nan_forward(findings: list[Finding], statuses: dict[str, dict]):
+    """One story per NaN. A gradient that is non-finite at or after the step whose forward
+    nan-scores found non-finite (its first op named, an error) is that NaN carried backward (a
+    NaN in a padded row is multiplied by a zero weight in the loss, and the product is NaN):
+    gradient-flow's error there is info that says so, with nan-scores' fix, not a second defect
+    with an initialisation fix (the real-bug corpus' fully masked query rows got both). A
+    gradient that goes non-finite before any forward does (an exploding update) stays an error.
+    Returns (findings, statuses), the demoted probes' status following their own findings."""
+    nan = [f for f in findings if f.code == NAN_FORWARD and f.severity == "error"]
+    if not nan:
+        return findings, statuses
+    first = min(nan, key=lambda f: f.step or 0)
+    out, touched = [], set()
+    for f in findings:
+        if f.code in DOWNSTREAM_OF_NAN and f.severity in ("warning", "error") \
+                and (f.step or 0) >= (first.step or 0):
+            f = replace(f, severity="info",
+                        message=f"{f.message}: carried back from the non-finite forward at step "
+                                f"{first.step or 0} ({first.where or 'the model'}; nan-scores)",
+                        evidence={**f.evidence, "follows": NAN_FORWARD, "follows_where": first.where},
+                        fix=first.fix)
+            touched.add(f.probe)
+        out.append(f)
+    for name in touched:
+        st = statuses.get(name)
+        if st and st.get("status") in ("fail", "warn"):
+            mine = [f.severity for f in out if f.probe == name]
+            st["status"] = "fail" if "error" in mine else "warn" if "warning" in mine else "pass"
+    return out, statuses
+
+
 def first_sign(findings: list[Finding]) -> Finding | None:
     """The earliest warning or error by step (a step-less one counts as step 0), as the schema
     defines it; on a tie the more severe, then the one listed first."""
@@ -163,6 +198,7 @@ def make_report(run: dict, findings: list[Finding], statuses: dict[str, dict], *
     """The Report every front-end returns. `sign`: the first sign when the caller knows better
     than the findings' steps (none does today); else `first_sign(findings)`. `select` /
     `ignore`: see `select_codes`."""
+    findings, statuses = after_nan_forward(findings, statuses)
     report = Report(run=run, findings=findings, probes=statuses,
                     first_sign=sign if sign is not None else first_sign(findings),
                     history=history or {})

@@ -94,3 +94,17 @@ def test_one_head_merged_without_the_permute_stays_clean():
     # with one head the reshape is the identity (hackiey/QAnet-pytorch#2: "not changing")
     report = tndebug.check(build(BUGS["merge_no_permute_one_head"], 0), forward, pad_id=0, bos_id=1)
     assert serious(report) == [], report.findings
+
+
+def test_a_nan_forward_is_one_story_not_also_a_gradient_defect():
+    """Fully masked pad query rows under a -inf fill (hyunwoongko/transformer#40): the forward is
+    NaN in those rows, and the gradient NaN because of it. nan-scores names the first op (error);
+    gradient-flow's non-finite gradient says it is carried back from there (info, nan-scores'
+    fix), not a second defect with an initialisation fix."""
+    report = tndebug.check(build(BUGS["pad_mask_on_queries_inf"], 0), forward, pad_id=0, bos_id=1)
+    assert serious(report) == [("nan-scores", "error")], report.findings
+    grad = [f for f in report.findings if f.code == "gradient-flow/nonfinite-grad"]
+    nan = [f for f in report.findings if f.code == "nan-scores/nonfinite-forward"]
+    assert grad and grad[0].severity == "info" and "carried back" in grad[0].message, grad
+    assert grad[0].fix == nan[0].fix and grad[0].evidence["follows"] == nan[0].code
+    assert report.probes["gradient-flow"]["status"] == "pass"
