@@ -86,6 +86,17 @@ def test_config_ids_against_the_tokenizer(bart, tmp_path):
     assert got["pad_token_id"].severity == "error", describe(report.findings)
     assert got["pad_token_id"].evidence["tokenizer"] == [1]
     assert got["decoder_start_token_id"].severity == "error"
+    assert "bos_token_id" not in got                                  # BART: bos 0 in both
+
+
+def test_config_bos_against_the_tokenizer(bart, tmp_path):
+    """bos is read by generate() without a prompt only: a mismatch is a warning, said why."""
+    bad = _tokenized(bart, tmp_path, "bos", bos_token_id=9)
+    report = triage_hf(TriageOptions(str(bad)))
+    got = {f.where: f for f in _checks(report)}
+    assert set(got) == {"bos_token_id"}, describe(report.findings)
+    assert got["bos_token_id"].severity == "warning" and "generate()" in got["bos_token_id"].message
+    assert got["bos_token_id"].evidence["tokenizer"] == [0] and got["bos_token_id"].evidence["config"] == [9]
 
 
 def _data(tmp_path, start: int, pad: int) -> Path:

@@ -84,7 +84,15 @@ def _tie_declared(config) -> bool:
         return getattr(config, "scale_decoder_outputs", True) is not False
 
 
-ID_FIELDS = (("pad_token_id", "pad_token_id"), ("eos_token_id", "eos_token_id"))
+# (config field, tokenizer field, severity): pad and eos are read by the model's own code as it
+# trains and runs (the embeddings' padding_idx, shift_tokens_right, generate()'s stop), so a
+# mismatch there is an error; bos only by generate() started without a prompt (the tokenizer
+# prepends its own id to every text it encodes): a mismatch bites that one use, a warning.
+ID_FIELDS = (("pad_token_id", "pad_token_id", "error"), ("eos_token_id", "eos_token_id", "error"),
+             ("bos_token_id", "bos_token_id", "warning"))
+BOS_WHY = ("generate() without a prompt starts from config.json's bos_token_id, while the "
+           "tokenizer starts every text it encodes with its own: the model is asked to continue "
+           "a first token it was not trained after")
 
 
 def _ids(value) -> set[int]:
@@ -99,17 +107,20 @@ def ids_vs_tokenizer(folder: Path, config) -> list[Finding]:
     if tok is None:
         return []
     out = []
-    for cfg_field, tok_field in ID_FIELDS:
+    for cfg_field, tok_field, severity in ID_FIELDS:
         mine, theirs = _ids(getattr(config, cfg_field, None)), _ids(getattr(tok, tok_field, None))
         if mine and theirs and not mine & theirs:
             out.append(Finding(
-                "checkpoint", "error",
+                "checkpoint", severity,
                 f"config.json {cfg_field} = {_show(mine)}, but the tokenizer in {folder.name} "
-                f"writes {_show(theirs)} ({getattr(tok, tok_field.replace('_id', ''), '?')!s})",
+                f"writes {_show(theirs)} ({getattr(tok, tok_field.replace('_id', ''), '?')!s})"
+                + (f": {BOS_WHY}" if cfg_field == "bos_token_id" else ""),
                 where=cfg_field, step=0,
-                fix=f"set \"{cfg_field}\": {_show(theirs)} in config.json (transformers' "
-                    f"shift_tokens_right, generate() and the embeddings' padding_idx read "
-                    f"config.json; the tokenizer writes its own ids)",
+                fix=f"set \"{cfg_field}\": {_show(theirs)} in config.json (" + (
+                    "generate() reads config.json; the tokenizer writes its own id)"
+                    if cfg_field == "bos_token_id" else
+                    "transformers' shift_tokens_right, generate() and the embeddings' padding_idx "
+                    "read config.json; the tokenizer writes its own ids)"),
                 evidence={"config": sorted(mine), "tokenizer": sorted(theirs), "source": "tokenizer",
                           "threshold": "the config's id must be the tokenizer's"}, code="checkpoint/id-vs-tokenizer"))
     start = _ids(getattr(config, "decoder_start_token_id", None))
