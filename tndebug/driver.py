@@ -128,16 +128,18 @@ def dedupe(findings: list[Finding]) -> list[Finding]:
 
 
 NAN_FORWARD = "nan-scores/nonfinite-forward"
-DOWNSTREAM_OF_NAN = ("gradient-flow/nonfinite-grad",)
+DOWNSTREAM_OF_NAN = ("gradient-flow/nonfinite-grad", "loss-health/nonfinite-loss")
 
 
 def after_nan_forward(findings: list[Finding], statuses: dict[str, dict]):
-    """One story per NaN. A gradient that is non-finite at or after the step whose forward
-    nan-scores found non-finite (its first op named, an error) is that NaN carried backward (a
+    """One story per NaN. A gradient or a loss that is non-finite at or after the step whose
+    forward nan-scores found non-finite (its first op named, an error) is that NaN carried on (a
     NaN in a padded row is multiplied by a zero weight in the loss, and the product is NaN):
-    gradient-flow's error there is info that says so, with nan-scores' fix, not a second defect
-    with an initialisation fix (the real-bug corpus' fully masked query rows got both). A
-    gradient that goes non-finite before any forward does (an exploding update) stays an error.
+    gradient-flow's and loss-health's errors there are info that says so, with nan-scores' fix,
+    not second and third defects with an initialisation or learning-rate fix (the real-bug
+    corpus' fully masked query rows got the gradient one; sample_runs/neg_inf_fill_all_masked
+    both, "NaN to lr/warmup" among them). A gradient that goes non-finite before any forward
+    does (an exploding update) stays an error.
     Returns (findings, statuses), the demoted probes' status following their own findings."""
     nan = [f for f in findings if f.code == NAN_FORWARD and f.severity == "error"]
     if not nan:

@@ -24,6 +24,14 @@ def test_a_gradient_after_the_nan_forward_is_carried_back():
     assert st["gradient-flow"]["status"] == "pass" and st["nan-scores"]["status"] == "fail"
 
 
+def test_a_nan_loss_after_the_nan_forward_is_carried_on_too():
+    loss = Finding("loss-health", "error", "training loss is nan at step 3", step=3,
+                   fix="NaN to lr/warmup", code="loss-health/nonfinite-loss")
+    out, st = after_nan_forward([_nan(3), loss], {"loss-health": {"status": "fail"}})
+    assert out[1].severity == "info" and out[1].fix == "fill with finfo.min"
+    assert st["loss-health"]["status"] == "pass"
+
+
 def test_a_gradient_that_goes_first_stays_an_error():
     statuses = {"gradient-flow": {"status": "fail"}}
     out, st = after_nan_forward([_grad(2), _nan(3)], statuses)
