@@ -85,6 +85,7 @@ def test_labels_shifted_twice_are_named(arch, sliced, tmp_path, monkeypatch):
     code, report, got = _triage(model, ids, tmp_path, "healthy")
     st = report["probes"]["label-shift"]
     assert got == [] and st["status"] == "pass", (got, st)
+    assert report["run"]["probe_seconds"]["label-shift"] >= 0          # its own pass, timed
     assert st["coverage"]["shifted-twice"]["status"] == "checked", st   # judged, on --data
     assert (report["run"]["probes_see_logits_of_ids"] == "0..39 (of 96; exact)") == sliced
     model, ids = _trained(arch, "twice", tied=arch == "gpt2")

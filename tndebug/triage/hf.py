@@ -276,9 +276,11 @@ def triage_hf(opts, patch=None, sinks=()):
     def with_shift(probed, sub):
         """`probed` with label-shift's findings and status, judged on the user's data when given
         (else the probes' random ids) over the whole vocabulary."""
+        t = time.perf_counter()
         found, entry = hf_shift.label_shift(sub, data if data is not None else batch)
+        seconds = {**probed.seconds, hf_shift.NAME: round(time.perf_counter() - t, 3)}
         return driver.ProbeResult(probed.findings + found, {**probed.statuses, hf_shift.NAME: entry},
-                                  probed.seconds, probed.batch)
+                                  seconds, probed.batch)
 
     forward, second = adapter(model)
 
