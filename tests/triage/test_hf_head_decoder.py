@@ -17,8 +17,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 V, BOS, SEP = 96, 1, 3
 
 
-def _model(arch: str):
-    kw = dict(vocab_size=V, tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=2, pad_token_id=0)
+def _model(arch: str, tied: bool = False):
+    kw = dict(vocab_size=V, tie_word_embeddings=tied, bos_token_id=BOS, eos_token_id=2, pad_token_id=0)
     if arch == "gpt2":
         return transformers.GPT2LMHeadModel(transformers.GPT2Config(
             n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -39,23 +39,32 @@ def _trained(arch: str, steps: int):
     def batch(n):
         x = words[torch.randint(0, 24, (n, 7), generator=g)]
         return torch.cat([torch.full((n, 1), BOS), x, torch.full((n, 1), SEP), x], 1)
+    return fit(model, batch, lambda m, ids: m(input_ids=ids, labels=ids).loss, steps)
+
+
+def fit(model, batch, loss_of, steps: int):
+    """(model in eval mode, a held-out batch(24)) after `steps` Adam steps of 3e-3 on batch(32)."""
     opt = torch.optim.Adam(model.parameters(), 3e-3)
     for _ in range(steps):
-        ids = batch(32)
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = loss_of(model, batch(32))
         opt.zero_grad()
         loss.backward()
         opt.step()
     return model.eval(), batch(24)
 
 
-def _triage(model, ids, tmp_path, name):
+def triage_report(model, ids, tmp_path, name):
+    """(exit code, report.json) of `tndebug triage` of `model` saved, with --data {'ids': ids}."""
     folder, out = tmp_path / name, tmp_path / f"{name}_out"
     model.save_pretrained(folder)
     data = tmp_path / f"{name}.pt"
     torch.save({"ids": ids}, data)
     code = main(["triage", str(folder), "--data", str(data), "--out", str(out)])
-    report = json.loads((out / "report.json").read_text())
+    return code, json.loads((out / "report.json").read_text())
+
+
+def _triage(model, ids, tmp_path, name):
+    code, report = triage_report(model, ids, tmp_path, name)
     return code, [f for f in report["findings"] if f.get("code") == "checkpoint/head-unfit"]
 
 

@@ -14,21 +14,10 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 from tndebug.cli import main                                            # noqa: E402
+from test_hf_head_decoder import BOS, V, _model, fit, triage_report     # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-V, BOS, SEP = 96, 1, 3
-
-
-def _model(arch: str, tied: bool):
-    kw = dict(vocab_size=V, tie_word_embeddings=tied, bos_token_id=BOS, eos_token_id=2, pad_token_id=0)
-    if arch == "gpt2":
-        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, **kw))
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, **kw))
 
 
 def _loss(model, ids, labels: str):
@@ -56,22 +45,11 @@ def _trained(arch: str, labels: str, tied: bool, steps: int = 300):
         for _ in range(14):
             walk.append(succ[walk[-1]])
         return torch.cat([torch.full((n, 1), BOS), words[torch.stack(walk, 1)]], 1)
-    opt = torch.optim.Adam(model.parameters(), 3e-3)
-    for _ in range(steps):
-        loss = _loss(model, batch(32), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval(), batch(24)
+    return fit(model, batch, lambda m, ids: _loss(m, ids, labels), steps)
 
 
 def _triage(model, ids, tmp_path, name):
-    folder, out = tmp_path / name, tmp_path / f"{name}_out"
-    model.save_pretrained(folder)
-    data = tmp_path / f"{name}.pt"
-    torch.save({"ids": ids}, data)
-    code = main(["triage", str(folder), "--data", str(data), "--out", str(out)])
-    report = json.loads((out / "report.json").read_text())
+    code, report = triage_report(model, ids, tmp_path, name)
     return code, report, [f for f in report["findings"] if f["probe"] == "label-shift"]
 
 
