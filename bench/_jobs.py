@@ -74,6 +74,18 @@ JOBS: tuple[Job, ...] = (
         (("bench/hf_unseen.py", "--half", "dev"), ("bench/hf_unseen.py", "--half", "held-out")),
         (("bench/hf_unseen.py", "--archs", "phi", "--steps", "20", "--out", "{out}/hf_unseen"),),
         (R + "hf_unseen.json", R + "hf_unseen.md"), 3.0),
+    Job("hf_unseen_1000", "the same 24 architectures trained 1000 steps (issue 19: init-time "
+        "properties drifted), DEV and HELD-OUT halves",
+        (("bench/hf_unseen.py", "--half", "dev", "--steps", "1000", "--key", "dev-1000", "--note",
+          "DEV architectures trained 1000 steps (issue 19: long enough for init-time properties to "
+          "drift); the 150-step tables are hf_unseen.md", "--out", "bench/results/hf_unseen_1000_dev"),
+         ("bench/hf_unseen.py", "--half", "held-out", "--steps", "1000", "--key", "held-out-1000",
+          "--note", "HELD-OUT architectures trained 1000 steps (issue 19), at a commit, not tuned "
+          "on; the 150-step tables are hf_unseen.md", "--out", "bench/results/hf_unseen_1000_held_out")),
+        (("bench/hf_unseen.py", "--archs", "phi", "--steps", "20", "--key", "dev-1000", "--out",
+          "{out}/hf_unseen_1000_dev"),),
+        (R + "hf_unseen_1000_dev.json", R + "hf_unseen_1000_dev.md",
+         R + "hf_unseen_1000_held_out.json", R + "hf_unseen_1000_held_out.md"), 5.0),
     Job("hf_shapes", "`tndebug triage DIR` on issue 21's shapes (GPT-2, Llama, Qwen2, Mistral, GPT-NeoX, "
         "BERT, RoBERTa), trained 1000 steps, seeds 0-2, healthy and with injected bugs (calibration side)",
         (("bench/hf_unseen.py", "--archs", "gpt2,llama,qwen2,mistral,gpt_neox,bert,roberta", "--steps",

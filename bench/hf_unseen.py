@@ -426,8 +426,8 @@ def markdown(doc: dict) -> str:
              provenance_line(doc["provenance"]), "",
              f"Split (random.Random({SPLIT_SEED}), per shape, before the first run): "
              f"**DEV** {', '.join(DEV)}; **HELD-OUT** {', '.join(HELD_OUT)}.", "",
-             "Per architecture: healthy trained (150 copy/MLM steps, eager and SDPA where the class "
-             "has it), healthy at init, and bugs no-causal (decoders), head-redrawn, pad-wrong; the "
+             "Per architecture: healthy trained (copy/MLM, for the steps each table states; eager "
+             "and SDPA where the class has it), healthy at init, and bugs no-causal (decoders), head-redrawn, pad-wrong; the "
              "whole `tndebug triage DIR --no-figures` CLI, in one process.", "", NOTES]
     return _tables(doc, lines)
 
