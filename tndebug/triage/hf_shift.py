@@ -31,16 +31,17 @@ def label_shift(subject, data: Batch) -> tuple[list[Finding], dict]:
     empty = ids[:, :0]                          # a decoder-only subject has no source
     preds, loss_sum, scored = [], 0.0, 0
     with torch.no_grad(), subject.evaluating():
-        width = subject.logits(empty[:1], ids[:1]).shape[-1]
-        rows = max(1, LOGIT_BYTES // (4 * width * max(1, ids.shape[1])))
-        for i in range(0, ids.shape[0], rows):
+        i, rows = 0, 1                          # the first row tells the vocabulary's width
+        while i < ids.shape[0]:
             logits = subject.logits(empty[i:i + rows], ids[i:i + rows])
+            width = logits.shape[-1]
             preds.append(logits.argmax(-1))
             t = tgt_out[i:i + rows]
             loss_sum += float(F.cross_entropy(logits.reshape(-1, width).float(), t.reshape(-1),
                                               ignore_index=subject.pad_id, reduction="sum"))
             scored += int((t != subject.pad_id).sum())
             del logits
+            i, rows = i + rows, max(1, LOGIT_BYTES // (4 * width * max(1, ids.shape[1])))
     loss = torch.tensor(loss_sum / scored if scored else float("nan"))
     probe.update(probe.counts(ids, torch.cat(preds), tgt_out, loss), StepInfo(0, loss=loss))
     probe.finish(run)
