@@ -45,12 +45,14 @@ NO_SCALE = "no 1/sqrt(d_k)"
 NAN_CARRIED = ("nan-scores/nonfinite-forward", "nan-scores/nonfinite-grad", "nan-scores/nonfinite-loss")
 
 
-def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = ""):
+def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = "", library: str = ""):
     """The checkpoint's probe findings and statuses, with the code judged on a fresh
     initialisation where the weights cannot show it: every exact test of the code when the
     weights hold NaN/Inf (and the statistics measured through them withdrawn: not_judged_on_nan),
     the 1/sqrt(d_k) fold whenever the checkpoint has no scale. Returns
-    (findings, statuses). `probe_fresh` None: nothing to build, the checkpoint's alone."""
+    (findings, statuses). `probe_fresh` None: nothing to build, the checkpoint's alone.
+    `library`: the installed package whose unmodified code the fresh model runs ("transformers
+    4.x, GPTNeoForCausalLM"), "" for the user's own code (see scale_at_init)."""
     finite = weights_finite(state_dict)
     findings, statuses = (list(probed.findings), probed.statuses) if finite else \
         not_judged_on_nan(list(probed.findings), probed.statuses)
@@ -58,7 +60,7 @@ def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = ""):
         return findings, statuses
     if not finite:
         findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names, how)
-    findings, statuses = scale_at_init(findings, statuses, probe_fresh, how)
+    findings, statuses = scale_at_init(findings, statuses, probe_fresh, how, library)
     findings, statuses = shift_at_init(findings, statuses, probe_fresh, how)
     return rank_at_init(findings, statuses, probe_fresh, how)
 
@@ -113,11 +115,21 @@ def _unscaled_error(f: Finding) -> bool:
             and f.evidence.get("diagnosis") == NO_SCALE)
 
 
-def scale_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str = ""):
+def scale_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str = "",
+                  library: str = ""):
     """Re-judge the checkpoint's "no 1/sqrt(d_k)" errors on the fresh initialisation: the
     modules whose q/k rms ratio shows the fold there (missing-scale's by-design test, info at
     init) become one info finding, by design; the others stay errors. Returns (findings,
-    statuses); missing-scale findings carry judged_on. `how`: how the fresh model was built."""
+    statuses); missing-scale findings carry judged_on. `how`: how the fresh model was built.
+
+    `library` names the installed package whose unmodified code the fresh model runs (a Hugging
+    Face directory: transformers builds the model from config.json; nothing of the checkpoint's
+    author runs). Scores with no scale at all there too are that package's published design
+    (GPT-Neo leaves the scale out): info, the architecture's design, not this checkpoint's defect.
+    Only the exact "no 1/sqrt(d_k)" (a scale of 1 is hard-coded; no config field sets it); a
+    wrong constant comes from the config (Gemma-2's query_pre_attn_scalar left at 256 on a
+    head of 8) and stays an error. "" (the user's own code, or a test's patch): unscaled at init
+    stays an error: the same tensors are the notes' first bug."""
     out = [f if f.probe != "missing-scale" or "judged_on" in f.evidence else judged_on(f, "checkpoint")
            for f in findings]
     targets = [f for f in out if _unscaled_error(f) and f.evidence.get("judged_on") != "fresh init"]
@@ -141,13 +153,17 @@ def scale_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str
             continue
         mods = f.evidence.get("modules", {})
         design = {s: r for s, r in mods.items() if s in folded}
-        rest = {s: r for s, r in mods.items() if s not in folded}
+        published = {s: r for s, r in mods.items() if library and s not in folded and s in unfolded}
+        rest = {s: r for s, r in mods.items() if s not in folded and s not in published}
         if design:
             result.append(_by_design(f, design, folded, how))
+        if published:
+            result.append(_published(f, published, library, how))
         if rest:
-            result.append(f if not design else _subset(f, rest))
+            result.append(f if not (design or published) else _subset(f, rest))
     st["fresh_init"] = {"built": how or "the model's own constructor, seed 0",
-                        "folded_at_init": sorted(folded), "unscaled_at_init": sorted(unfolded)}
+                        "folded_at_init": sorted(folded), "unscaled_at_init": sorted(unfolded),
+                        **({"package_code": library} if library else {})}
     mine = [f for f in result if f.probe == "missing-scale"]
     if st.get("status") in ("fail", "warn"):
         st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
@@ -176,6 +192,24 @@ def _by_design(f: Finding, mods: dict, folded: dict, how: str) -> Finding:
           "fresh_init": how or "the model's own constructor, seed 0"}
     ev.pop("qk_rms_ratio", None)
     return replace(f, severity="info", message=msg, where=site, fix=by_design_fix(d_k), evidence=ev)
+
+
+def _published(f: Finding, mods: dict, library: str, how: str) -> Finding:
+    """The package's own code leaves the scale out, at initialisation too: its design."""
+    d_k = int(f.evidence["d_k"])
+    site = next(iter(mods))
+    msg = (_head(site, mods[site], d_k, len(mods) - 1)
+           + f"; by design of {library}: the installed package's own code applies no scale, on a "
+             f"fresh from_config model too (q and k of one size there: nothing folded into the "
+             f"weights), so this is the architecture's published design, not a defect of this "
+             f"checkpoint")
+    ev = {**f.evidence, "judged_on": "fresh init", "modules": mods, "design_of": library,
+          "fresh_init": how or "the model's own constructor, seed 0"}
+    fix = ("Nothing to fix in this checkpoint: its weights were trained for scores without "
+           "1/sqrt(d_k). Loaded into code that divides by sqrt(d_k) (a port, a reimplementation), "
+           f"its attention would be {math.sqrt(d_k):.4g}x flatter; pass --data to check that the "
+           "weights fit this code (the temperature sweep).")
+    return replace(f, severity="info", message=msg, where=site, fix=fix, evidence=ev)
 
 
 def _subset(f: Finding, mods: dict) -> Finding:

@@ -28,6 +28,7 @@ import json
 import os
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -119,6 +120,32 @@ def load_config(folder: Path):
     except Exception as e:  # noqa: BLE001 - transformers raises many types
         raise UsageError(f"{cfg_path} could not be read by transformers: {_line(e)}") from None
     return tf, config, kinds[shape]
+
+
+def scale_switches(config) -> dict[str, tuple]:
+    """{field: (saved, class default)} for the config's fields whose names say they set an
+    attention scale (GPT-2's scale_attn_weights, Gemma-2's query_pre_attn_scalar, Granite's
+    attention_multiplier) and whose saved value differs from the config class's default. Names
+    are a hint: they keep an error and point its fix at the field, never clear one."""
+    try:
+        saved, default = config.to_dict(), type(config)().to_dict()
+    except Exception:  # noqa: BLE001 - a config class that cannot build its defaults: no hint
+        return {}
+    words = ("scale", "scaling", "multiplier", "scalar")
+    return {k: (v, default.get(k)) for k, v in saved.items()
+            if any(w in k.lower() for w in words) and isinstance(v, (bool, int, float))
+            and k in default and default[k] != v}
+
+
+def with_switches(f, switches: dict):
+    """A missing-scale error whose config sets a scale switch away from its default: the fix
+    names the field first."""
+    if f.probe != "missing-scale" or f.severity != "error":
+        return f
+    said = ", ".join(f"{k}={v!r} (the default is {d!r})" for k, (v, d) in switches.items())
+    return replace(f, fix=f"config.json sets {said}: that field sets this scale in transformers' "
+                          f"code. " + (f.fix or ""),
+                   evidence={**f.evidence, "config_scale_fields": {k: v for k, (v, _) in switches.items()}})
 
 
 def build_model(tf, config, attn: str | None, kind: str = "seq2seq", *, init: bool = True) -> nn.Module:
@@ -321,8 +348,15 @@ def triage_hf(opts, patch=None, sinks=()):
     auto = ("AutoModelForCausalLM" if decoder else "AutoModelForMaskedLM" if encoder
             else "AutoModelForSeq2SeqLM")
     how = f"{auto}.from_config(config), seed {SEED}, attn {attn or 'from config'}"
+    # the fresh model runs the installed package's unmodified code, unless a test patched it
+    # the fresh model runs the installed package's unmodified code with its class defaults for
+    # every scale switch (else the config chose the scale: the error stays, its fix names them);
+    # a test's patch is not the package's code
+    switches = scale_switches(config)
+    library = ("" if patch is not None or switches
+               else f"transformers {tf.__version__}'s {type(model).__name__}")
     checked, statuses = apart_from_weights(probed, probe_fresh, probe_names + [hf_shift.NAME] * shift,
-                                           sd, how)
+                                           sd, how, library)
     findings += checked
     lap("probes")
     findings += duplicate_heads(attention_weights(model))
@@ -350,7 +384,7 @@ def triage_hf(opts, patch=None, sinks=()):
     findings += sweep
     lap("hygiene")
 
-    findings = driver.dedupe([hf_where(hf_fix(f), model) for f in findings])
+    findings = driver.dedupe([hf_where(with_switches(hf_fix(f), switches), model) for f in findings])
     statuses.update(driver.checks_statuses(findings, statuses))
     order = {n: i for i, n in enumerate(probe_names)}         # a stable order for the console
     statuses = {k: statuses[k] for k in sorted(statuses, key=lambda k: (order.get(k, len(order)), k))}
