@@ -122,6 +122,38 @@ def load_config(folder: Path):
     return tf, config, kinds[shape]
 
 
+def runs_package_code(model: nn.Module) -> bool:
+    """Whether every function the model's modules run is the installed package's own: each
+    module class comes from transformers (or torch), and no function in the namespaces of
+    those transformers modules, nor any forward, was defined outside an installed package (a
+    user's or a test's monkeypatch, e.g. Falcon's apply_rotary_pos_emb replaced by one that
+    undoes the scale). Only then can an unscaled attention be the package's published design."""
+    import sys
+    import sysconfig
+
+    import transformers as tf
+    roots = {Path(p).resolve() for p in (sysconfig.get_paths()["purelib"],
+                                          sysconfig.get_paths()["platlib"])}
+    roots |= {Path(tf.__file__).resolve().parent, Path(torch.__file__).resolve().parent}
+
+    def installed(fn) -> bool:
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            return True                                        # builtin, C or a class
+        where = Path(code.co_filename).resolve()
+        return any(where.is_relative_to(r) for r in roots)
+
+    names = {type(m).__module__ for m in model.modules()}
+    if any(not n.startswith(("transformers.", "torch.")) for n in names):
+        return False
+    for n in names:
+        if n.startswith("transformers.") and not all(
+                installed(v) for v in vars(sys.modules.get(n, object())).values()):
+            return False
+    return all(installed(getattr(type(m).forward, "__func__", type(m).forward))
+               for m in model.modules())
+
+
 def scale_switches(config) -> dict[str, tuple]:
     """{field: (saved, class default)} for the config's fields whose names say they set an
     attention scale (GPT-2's scale_attn_weights, Gemma-2's query_pre_attn_scalar, Granite's
@@ -348,12 +380,11 @@ def triage_hf(opts, patch=None, sinks=()):
     auto = ("AutoModelForCausalLM" if decoder else "AutoModelForMaskedLM" if encoder
             else "AutoModelForSeq2SeqLM")
     how = f"{auto}.from_config(config), seed {SEED}, attn {attn or 'from config'}"
-    # the fresh model runs the installed package's unmodified code, unless a test patched it
     # the fresh model runs the installed package's unmodified code with its class defaults for
     # every scale switch (else the config chose the scale: the error stays, its fix names them);
-    # a test's patch is not the package's code
+    # a patch, or a function swapped into the package's modules, is not the package's code
     switches = scale_switches(config)
-    library = ("" if patch is not None or switches
+    library = ("" if patch is not None or switches or not runs_package_code(model)
                else f"transformers {tf.__version__}'s {type(model).__name__}")
     checked, statuses = apart_from_weights(probed, probe_fresh, probe_names + [hf_shift.NAME] * shift,
                                            sd, how, library)
