@@ -7,7 +7,10 @@ initialisation drift a little), saved with `save_pretrained` with a word-level t
 (as a user's directory has one), eager and SDPA where the class supports it; then the whole
 `tndebug triage DIR` CLI (`tndebug.cli.main`, in this process: the import of torch and
 transformers is paid once; `--no-figures`): verdict, findings (code, severity), the probes that
-could not check and why, wall time. And injected bugs that change behaviour:
+could not check and why, wall time. Each triage is given the task's held-out lines with
+`--text`, as a user passes their data (the checks that need it run), and the healthy trained
+model is triaged once more without data (its verdict must not be clean). And injected bugs
+that change behaviour:
 
 * no-causal      the causal mask removed from the loaded model (config.is_causal off and every
                  attention module's is_causal off, applied where triage builds the model): only
@@ -216,6 +219,20 @@ def save_tokenizer(folder: Path) -> None:
                               unk_token="<unk>", mask_token="<mask>").save_pretrained(folder)
 
 
+def held_out_text(path: Path, shape: str, seed: int, rows: int = 24) -> Path:
+    """The copy task's held-out data as `--text` reads it (a user passes theirs): decoder-only
+    `x x` per line (triage leads it with BOS), seq2seq `x<TAB>x`, encoder-only `x x`; drawn with
+    another seed than training's. Written beside the model's directory, not in it."""
+    g = torch.Generator().manual_seed(10_000 + seed)
+    lines = []
+    for _ in range(rows):
+        x = " ".join(f"w{int(i)}" for i in torch.randint(
+            *WORDS, (T_LEN if shape == "seq2seq" else T_LEN // 2,), generator=g))
+        lines.append(f"{x}\t{x}" if shape == "seq2seq" else f"{x} {x}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 # -- the bugs -------------------------------------------------------------------------------
 def no_causal(model) -> None:
     model.config.is_causal = False
@@ -268,8 +285,9 @@ def set_config(folder: Path, **kv) -> None:
 
 
 # -- one triage -----------------------------------------------------------------------------
-def triage(folder: Path, attn: str, patch=None) -> dict:
-    """The whole CLI on `folder`; `patch(model)` applied where triage builds the model."""
+def triage(folder: Path, attn: str, patch=None, text: Path | None = None) -> dict:
+    """The whole CLI on `folder` (with `--text text` when given); `patch(model)` applied where
+    triage builds the model."""
     from tndebug.cli import main
     from tndebug.triage import hf
     out = folder.parent / (folder.name + "-triage")
@@ -288,12 +306,13 @@ def triage(folder: Path, attn: str, patch=None) -> dict:
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
             code = main(["triage", str(folder), "--attn", attn, "--out", str(out), "--no-figures",
-                         "--fail-on", "never"])
+                         "--fail-on", "never", *(["--text", str(text)] if text else [])])
     except BaseException as e:  # noqa: BLE001 - a crash is a result too
         code, err = 3, io.StringIO(f"{type(e).__name__}: {e}")
     finally:
         hf.build_model = build_model
-    rec = {"exit": code, "wall_s": round(time.perf_counter() - t0, 2)}
+    rec = {"exit": code, "wall_s": round(time.perf_counter() - t0, 2),
+           "data": "--text (the copy task, held out)" if text else "none"}
     report = out / "report.json"
     if not report.is_file():
         rec.update(verdict="crash" if code == 3 else "refused", error=err.getvalue().strip()[-600:])
@@ -304,6 +323,8 @@ def triage(folder: Path, attn: str, patch=None) -> dict:
                         "message": f["message"][:300]} for f in doc["findings"]]
     rec["no_verdict"] = {p: s.get("reason", "")[:300] for p, s in doc["probes"].items()
                          if s.get("status") == "no verdict"}
+    rec["not_run"] = {f"{p}:{part}": why[:200] for p, s in doc["probes"].items()
+                      for part, why in (s.get("not_run") or {}).items()}
     rec["uncovered"] = {f"{p}:{w}": c.get("reason", "")[:200] for p, s in doc["probes"].items()
                         for w, c in (s.get("coverage") or {}).items() if c.get("status") == "no verdict"}
     return rec
@@ -352,10 +373,13 @@ def run_arch(arch: str, root: Path, steps: int, seed: int = 0) -> list[dict]:
         save_tokenizer(init)
     except Exception as e:  # noqa: BLE001 - an architecture our config cannot build
         return [{**base, "case": "build", "verdict": "not built", "error": f"{type(e).__name__}: {str(e)[:300]}"}]
+    text = held_out_text(root / f"{arch}-heldout.txt", shape, seed)
     for attn in attns:
         recs.append({**base, "case": "healthy trained", "attn": attn, "train_loss": round(loss, 3),
-                     "train_s": train_s, **triage(healthy, attn)})
-    recs.append({**base, "case": "healthy init", "attn": "eager", **triage(init, "eager")})
+                     "train_s": train_s, **triage(healthy, attn, text=text)})
+    # without the user's data the checks that need it do not run: never clean
+    recs.append({**base, "case": NO_DATA, "attn": "eager", **triage(healthy, "eager")})
+    recs.append({**base, "case": "healthy init", "attn": "eager", **triage(init, "eager", text=text)})
     if shape != "encoder":
         # live: the patch makes the future move the past where the healthy model does not (FSMT
         # called without a decoder mask leaks by itself, and the patch does not change it)
@@ -367,17 +391,18 @@ def run_arch(arch: str, root: Path, steps: int, seed: int = 0) -> list[dict]:
         live = future_moves_past(m, shape) and not leaks_healthy
         rec = {**base, "case": "no-causal", "attn": "eager", "live": live}
         if live:
-            rec.update(triage(healthy, "eager", patch=no_causal))
+            rec.update(triage(healthy, "eager", patch=no_causal, text=text))
         recs.append(rec)
     bad = root / f"{arch}-head"
     shutil.copytree(healthy, bad)
     key = redraw_head(bad, trained)
     recs.append({**base, "case": "head-redrawn", "attn": "eager", "key": key,
-                 "tied": bool(getattr(trained.config, "tie_word_embeddings", False)), **triage(bad, "eager")})
+                 "tied": bool(getattr(trained.config, "tie_word_embeddings", False)),
+                 **triage(bad, "eager", text=text)})
     bad = root / f"{arch}-pad"
     shutil.copytree(healthy, bad)
     set_config(bad, pad_token_id=5)
-    recs.append({**base, "case": "pad-wrong", "attn": "eager", **triage(bad, "eager")})
+    recs.append({**base, "case": "pad-wrong", "attn": "eager", **triage(bad, "eager", text=text)})
     for r in recs:
         r["sdpa"] = "yes" if not sdpa_note else sdpa_note
     del loss0
@@ -390,8 +415,12 @@ def flagged(rec: dict) -> list[str]:
             if f["severity"] in ("warning", "error")]
 
 
+NO_DATA = "healthy trained, no data"
+
+
 def summarise(recs: list[dict]) -> dict:
-    healthy = [r for r in recs if r["case"].startswith("healthy")]
+    healthy = [r for r in recs if r["case"].startswith("healthy") and r["case"] != NO_DATA]
+    bare = [r for r in recs if r["case"] == NO_DATA]
     bugs = [r for r in recs if r["case"] in EXPECTED and r.get("live", True)]
     return {
         "healthy_runs": len(healthy),
@@ -402,6 +431,9 @@ def summarise(recs: list[dict]) -> dict:
         "bug_runs": len(bugs),
         "bugs_named": sum(named(r, r["case"]) for r in bugs),
         "inert_bugs": sum(not r.get("live", True) for r in recs),
+        "no_data_runs": len(bare),
+        "no_data_clean": sum(r.get("verdict") == "clean" for r in bare),
+        "no_data_flagged": sum(bool(flagged(r)) for r in bare),
     }
 
 
@@ -419,7 +451,8 @@ def markdown(doc: dict) -> str:
                  "is the calibration side, not held out (bench/results/hf_unseen.md is). Per "
                  "architecture and seed: healthy trained (copy/MLM, eager and SDPA where the class "
                  "has it), healthy at init, and bugs no-causal (decoders), head-redrawn, pad-wrong; "
-                 "the whole `tndebug triage DIR --no-figures` CLI, in one process. Written by "
+                 "the whole `tndebug triage DIR --no-figures` CLI with `--text` (the task's held-out "
+                 "lines), in one process; and the healthy trained model once without data. Written by "
                  "`bench/hf_unseen.py`; nothing here is typed by hand.", ""]
         return _tables(doc, lines)
     lines = [f"# `tndebug triage DIR` on Hugging Face architectures no test uses (issues 19, 21)", "",
@@ -428,7 +461,8 @@ def markdown(doc: dict) -> str:
              f"**DEV** {', '.join(DEV)}; **HELD-OUT** {', '.join(HELD_OUT)}.", "",
              "Per architecture: healthy trained (copy/MLM, for the steps each table states; eager "
              "and SDPA where the class has it), healthy at init, and bugs no-causal (decoders), head-redrawn, pad-wrong; the "
-             "whole `tndebug triage DIR --no-figures` CLI, in one process.", "", NOTES]
+             "whole `tndebug triage DIR --no-figures` CLI with `--text` (the task's held-out lines), "
+             "in one process; and the healthy trained model once without data.", "", NOTES]
     return _tables(doc, lines)
 
 
@@ -441,12 +475,17 @@ def _tables(doc: dict, lines: list[str]) -> str:
                   f"warning or error, {s['healthy_incomplete']} incomplete/unchecked; crashes or refusals "
                   f"{s['crashed_or_refused']}; bugs named {s['bugs_named']}/{s['bug_runs']} "
                   f"(inert, not scored: {s['inert_bugs']}); wall {h['wall_s']} s", "",
+                  *([f"The same healthy trained models without --text: {s['no_data_clean']}/"
+                     f"{s['no_data_runs']} clean (the checks that need data did not run), "
+                     f"{s['no_data_flagged']} with a warning or error.", ""]
+                    if "no_data_runs" in s else []),
                   f"{h.get('steps', STEPS)} training steps, seeds 0..{h.get('seeds', 1) - 1}.", "",
                   "| arch | seed | case | attn | verdict | named | warnings/errors | could not check | s |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in h["runs"]:
             nv = "; ".join(f"{k}: {v[:90]}" for k, v in {**r.get("no_verdict", {}),
-                                                         **r.get("uncovered", {})}.items())
+                                                         **r.get("uncovered", {}),
+                                                         **r.get("not_run", {})}.items())
             nm = ("inert" if r.get("live") is False else
                   ("yes" if named(r, r["case"]) else "**no**") if r["case"] in EXPECTED else "")
             why = r.get("error", "")[:160].replace("|", "/").replace("\n", " ")

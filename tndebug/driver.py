@@ -194,6 +194,13 @@ def checks_statuses(findings: list[Finding], statuses: dict[str, dict]) -> dict[
     return out
 
 
+def part_not_run(statuses: dict[str, dict], name: str, part: str, why: str) -> None:
+    """Record in place that `part` of probe or check `name` applies to this model and did not
+    run (`why` says what it needs): the verdict then cannot be clean (Report.incomplete)."""
+    entry = statuses.setdefault(name, {"status": "pass"})
+    entry.setdefault("not_run", {})[part] = why
+
+
 def make_report(run: dict, findings: list[Finding], statuses: dict[str, dict], *,
                 history: dict | None = None, sign: Finding | None = None,
                 select=None, ignore=None) -> Report:

@@ -65,11 +65,18 @@ class Report:
         return []
 
     def incomplete(self) -> dict[str, str]:
-        """The probes that applied to this model and decided nothing: name -> reason (status
-        "no verdict"). A probe that checked some places and not others is "partly checked"
-        (its coverage says where), not here."""
-        return {n: st.get("reason", "") for n, st in self.probes.items()
-                if st.get("status") == "no verdict"}
+        """What applied to this model and decided nothing: name -> reason. A probe whose status
+        is "no verdict"; and a probe or check with a part that applies but did not run
+        (`not_run`, {part: why}: the temperature sweep or the untied-head test without the
+        user's data, or on data the checkpoint does not solve). A probe that checked some
+        places and not others is "partly checked" (its coverage says where), not here."""
+        out = {}
+        for n, st in self.probes.items():
+            if st.get("status") == "no verdict":
+                out[n] = st.get("reason", "")
+            elif st.get("not_run"):
+                out[n] = "; ".join(f"{part} not run: {why}" for part, why in st["not_run"].items())
+        return out
 
     def exit_code(self, fail_on: str = "error") -> int:
         """1 when a finding is at or above `fail_on`; else 4 when something that applied could

@@ -57,3 +57,19 @@ def assert_bad_input(argv, capsys, tmp_path, words):
     assert len(lines) == 1 and lines[0].startswith("tndebug: error: "), err
     assert "Traceback" not in err and words in lines[0], lines[0]
     assert not out_dir.exists()
+
+
+# The parts that need the user's data: without it (or on data the checkpoint does not solve)
+# they do not run, and the verdict is incomplete, not clean (Report.incomplete, issue 19).
+DATA_PARTS = {"temperature sweep", "the untied-head test"}
+
+
+def clean_but_for_data(report) -> bool:
+    """Nothing at warning or above, every probe decided, and the verdict short of clean only
+    because a part that needs the user's data did not run (`not_run`), which it must then name."""
+    if any(f.severity in ("warning", "error") for f in report.findings):
+        return False
+    if any(st.get("status") == "no verdict" for st in report.probes.values()):
+        return False
+    unrun = {part for st in report.probes.values() for part in st.get("not_run", {})}
+    return unrun <= DATA_PARTS and report.verdict == ("incomplete" if unrun else "clean")

@@ -249,17 +249,23 @@ def test_t5_with_norm_gains_zeroed_names_the_norms_not_a_shared_projection(tmp_p
 
 
 @pytest.mark.parametrize("tie", [True, False])
-def test_an_untied_head_without_data_says_it_was_not_checked(tmp_path, tie):
+def test_an_untied_head_without_data_makes_the_verdict_incomplete(tmp_path, tie):
     """Issue 19: an untrained head in an untied model was CLEAN with nothing said; without the
-    user's data the head cannot be judged, and the report now says so (info), naming it."""
+    user's data the head cannot be judged, so the untied-head test is a part not run, named
+    with its head and what to pass, and the verdict cannot be clean (the temperature sweep,
+    skipped without data, is not run either, tied or not)."""
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64,
                                   tie_word_embeddings=tie)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "m")
     report = triage_hf(TriageOptions(str(tmp_path / "m")))
-    notes = [f for f in report.findings if f.code == "checkpoint/head-unchecked"]
+    assert report.verdict == "incomplete" and report.exit_code() == 4
+    assert "temperature sweep" in report.probes["missing-scale"]["not_run"]
+    unrun = report.probes["checkpoint"].get("not_run", {})
+    assert not [f for f in report.findings if "unchecked" in f.code or "skipped" in f.code]
     if tie:
-        assert not notes
+        assert not unrun
         return
-    (f,) = notes
-    assert f.severity == "info" and f.where == "lm_head.weight" and "--text" in f.fix
+    (why,) = unrun.values()
+    assert "lm_head.weight" in why and "--text" in why
+    assert "checkpoint" in report.incomplete() and "untied-head" in report.incomplete()["checkpoint"]

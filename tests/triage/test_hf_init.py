@@ -13,6 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from tndebug.probes.missing_scale import FOLD_BAND                    # noqa: E402
+from conftest import clean_but_for_data  # noqa: E402
 from tndebug.triage.hf import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
@@ -68,7 +69,9 @@ def test_trained_t5_family_is_clean(name, tmp_path):
         eos_token_id=1, decoder_start_token_id=0))
     folder = _trained_t5(tmp_path / name, model=transformers.AutoModelForSeq2SeqLM.from_config(cfg))
     report = triage_hf(TriageOptions(str(folder)))
-    assert not flagged(report) and report.verdict == "clean", describe(report.findings)
+    # no data given: clean but for the temperature sweep (and MT5/UMT5's untied-head test)
+    assert not flagged(report) and clean_but_for_data(report), (describe(report.findings),
+                                                                 report.incomplete())
     assert report.probes["missing-scale"]["status"] == "pass"
     scale = [f for f in report.findings if f.probe == "missing-scale" and "modules" in f.evidence]
     assert scale and all("by design" in f.message for f in scale), describe(scale)

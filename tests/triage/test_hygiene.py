@@ -11,6 +11,7 @@ import torch
 from tndebug.config import ModelConfig
 from tndebug.inject import make_model
 from tndebug.probes._head_weights import duplicate_heads
+from tndebug.report import Report
 from tndebug.triage import hygiene
 from tndebug.triage.loading import Checkpoint
 
@@ -151,8 +152,17 @@ def test_temperature_sweep_needs_enough_sequences():
 
 
 def test_temperature_sweep_is_inconclusive_on_an_unsolved_task():
-    (f,), ev = sweep(FakeModel(1.0, solved=False))
-    assert f.severity == "info" and ev["verdict"] == "inconclusive" and "--data" in f.message
+    """No finding: a part not run, recorded in missing-scale's status, and the verdict is not
+    clean (issue 19)."""
+    found, ev = sweep(FakeModel(1.0, solved=False))
+    assert found == [] and ev["verdict"] == "inconclusive" and "--data" in ev["reason"]
+    statuses = {"missing-scale": {"status": "pass"}}
+    hygiene.sweep_not_run(statuses, ev)
+    assert statuses["missing-scale"]["not_run"] == {"temperature sweep": ev["reason"]}
+    report = Report(run={}, probes=statuses)
+    assert report.verdict == "incomplete" and report.exit_code() == 4
+    hygiene.sweep_not_run(only := {"nan-scores": {"status": "pass"}}, ev)   # missing-scale not run
+    assert only == {"nan-scores": {"status": "pass"}}
 
 
 def test_temperature_sweep_on_the_users_own_code_is_not_applicable():

@@ -329,7 +329,8 @@ def _partly_checked(report: Report) -> list[tuple[str, str]]:
     out = []
     for name, st in report.probes.items():
         places, reason = no_verdict_places(st), st.get("reason", "")
-        if st.get("status") not in ("pass", "warn", "fail") or not (places or reason):
+        unrun = "; ".join(f"{part} not run: {why}" for part, why in st.get("not_run", {}).items())
+        if st.get("status") not in ("pass", "warn", "fail") or not (places or reason or unrun):
             continue
         parts = []
         if places:
@@ -338,6 +339,8 @@ def _partly_checked(report: Report) -> list[tuple[str, str]]:
                          f"{c['no verdict']} no verdict: {reasons_text(places, limit=1)}")
         if reason:
             parts.append(reason)
+        if unrun:
+            parts.append(unrun)
         out.append((name, "; ".join(parts)))
     return out
 

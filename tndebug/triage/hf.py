@@ -354,9 +354,10 @@ def triage_hf(opts, patch=None, sinks=()):
                 t_in[:, 0] = ids["start"]  # as the model is called: led by the decoder start
             data_checks = data_checks + head_unfit_on_data(model, None if decoder else data.src, t_in,
                                                            data.tgt_out, ids["pad"])
-    elif not encoder:                     # the same head, unjudged: say so
+    head_unrun = None
+    if data is None and not encoder:      # the same head, unjudged: the verdict says so
         from tndebug.triage.hf_head import head_unchecked
-        data_checks = data_checks + head_unchecked(model)
+        head_unrun = head_unchecked(model)
     # the probes' recorded pass, and so every figure: the user's data when given, else random
     # ids (the exact tests build their own inputs either way)
     batch = probe_batch(data, keep, ids["pad"]) if data is not None else random_batch(
@@ -409,14 +410,15 @@ def triage_hf(opts, patch=None, sinks=()):
             "pass --text FILE (source<TAB>target per line, tokenised with the tokenizer in DIR) "
             "or --data FILE.pt") + "; random ids cannot say whether the checkpoint was trained "
             "with the scale its code applies")
-        sweep, sweep_ev = [Finding("missing-scale", "info", f"temperature sweep skipped: {reason}",
-                                   step=0, evidence={"verdict": "skipped"}, code="missing-scale/sweep-skipped")], {"verdict": "skipped",
-                                                                               "reason": reason}
+        sweep, sweep_ev = [], {"verdict": "skipped", "reason": reason}   # recorded as not run
     findings += sweep
     lap("hygiene")
 
     findings = driver.dedupe([hf_where(with_switches(hf_fix(f), switches), model) for f in findings])
     statuses.update(driver.checks_statuses(findings, statuses))
+    hygiene.sweep_not_run(statuses, sweep_ev)
+    if head_unrun:
+        driver.part_not_run(statuses, "checkpoint", "the untied-head test", head_unrun)
     order = {n: i for i, n in enumerate(probe_names)}         # a stable order for the console
     statuses = {k: statuses[k] for k in sorted(statuses, key=lambda k: (order.get(k, len(order)), k))}
     run = {"mode": "triage", "checkpoint": str(folder), "format": "huggingface",

@@ -128,20 +128,17 @@ def untied_head(model: nn.Module) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-def head_unchecked(model: nn.Module) -> list[Finding]:
-    """Without the user's data an untied head is not judged (random ids put a healthy head out of
-    its distribution): an info that says so, naming the head, so a CLEAN is not read as covering
-    it. [] for a tied head (hf_checks.tied_head judges that from the file)."""
+def head_unchecked(model: nn.Module) -> str | None:
+    """Why an untied head was not judged, without the user's data (random ids put a healthy head
+    out of its distribution): the reason the report's verdict records as a part not run (not
+    clean), naming the head and what to pass. None for a tied head (hf_checks.tied_head judges
+    that from the file)."""
     name = untied_head(model)
     if name is None:
-        return []
-    return [Finding("checkpoint", "info",
-                    f"{name} is its own weight (not tied to the embedding): whether it fits the "
-                    f"trained body is judged on your data only, and no data was given: not checked",
-                    where=name, step=0, evidence={"head": name, "checked": False},
-                    fix="pass --text FILE (source<TAB>target per line, or one text per line for a "
-                        "decoder-only model) or --data FILE.pt to check the head against the body",
-                    code="checkpoint/head-unchecked")]
+        return None
+    return (f"{name} is its own weight (not tied to the embedding): whether it fits the trained "
+            f"body is judged on your data only: pass --text FILE (source<TAB>target per line, or "
+            f"one text per line for a decoder-only model) or --data FILE.pt")
 
 
 def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch.Tensor,

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from tndebug.driver import part_not_run
 from tndebug.findings import Finding
 # the paired comparison of held-out losses, shared with the kv-order test (probes/_paired.py)
 from tndebug.probes._paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS,  # noqa: F401
@@ -175,7 +176,9 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
     loaded into scaled code gives alpha ~ sqrt(d_k). `own_code`: the checkpoint runs with the
     code it was trained with (--model), where a mismatch cannot show (at most an info).
     `data`: where the held-out batch came from ("--task", or "--data" for the user's own).
-    Returns (findings, evidence).
+    Returns (findings, evidence); evidence["verdict"] "inconclusive" (with its "reason") when
+    the checkpoint does not solve the data: no verdict, which the caller records
+    (`driver.part_not_run`), not a finding.
     """
     src, tgt_in, tgt_out = batch
     losses, per_seq = {}, {}
@@ -217,14 +220,13 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
                        f"that a scale is missing", where=where, evidence=evidence, code="missing-scale/sweep-not-applicable")], evidence
         return [], evidence
     if not solved:
-        evidence["verdict"] = "inconclusive"
         hint = ("an under-trained checkpoint (or one given other data than its own) is flat in "
                 "alpha, so the sweep cannot judge it" if data == "--data" else
                 "pass --data with your own held-out batches, or the --task it was trained on")
-        return [_f("missing-scale", "info",
-                   f"temperature sweep inconclusive: the checkpoint does not solve the held-out "
-                   f"data ({data}; best loss {finite[best]:.2f} >= {SOLVED} ln V = "
-                   f"{SOLVED * ln_v:.2f}): {hint}", where=where, evidence=evidence, code="missing-scale/sweep-inconclusive")], evidence
+        evidence.update(verdict="inconclusive", reason=(
+            f"the checkpoint does not solve the held-out data ({data}; best loss "
+            f"{finite[best]:.2f} >= {SOLVED} ln V = {SOLVED * ln_v:.2f}): {hint}"))
+        return [], evidence            # no verdict (the caller records the part not run)
     if not outside:
         evidence["verdict"] = "matched"
         return [], evidence
@@ -238,6 +240,18 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
                f"scaled by alpha={best:.3g} ({finite[best]:.3f} vs {losses[1.0]:.3f} at alpha=1, "
                f"lower on {test['share_better']:.0%} of {test['n']} sequences; "
                f"healthy: alpha in [0.71, 1.41])", where=where, evidence=evidence, fix=FIX_SCALE, code="missing-scale/sweep-mismatch")], evidence
+
+
+def sweep_not_run(statuses: dict[str, dict], evidence: dict) -> None:
+    """Record a sweep that decided nothing (skipped for want of data, inconclusive, every loss
+    non-finite) as a part of missing-scale that did not run, so that the verdict is not clean;
+    nothing when missing-scale is not among the probes run."""
+    if "missing-scale" not in statuses:
+        return
+    why = {"non-finite": "the held-out loss is non-finite at every alpha"}.get(
+        evidence.get("verdict"), evidence.get("reason", ""))
+    if evidence.get("verdict") in ("skipped", "inconclusive", "non-finite"):
+        part_not_run(statuses, "missing-scale", "temperature sweep", why)
 
 
 @contextmanager

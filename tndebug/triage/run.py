@@ -132,6 +132,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     findings = driver.dedupe([_rename(f, target.user_path) for f in findings])
     _rename_coverage(statuses, target.user_path)
     statuses.update(driver.checks_statuses(findings, statuses))
+    hygiene.sweep_not_run(statuses, sweep_evidence)
     run = {"mode": "triage", "checkpoint": str(ckpt.path), "format": ckpt.fmt,
            "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
            "task": None if opts.data else task.name,
