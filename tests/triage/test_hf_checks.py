@@ -269,3 +269,38 @@ def test_an_untied_head_without_data_makes_the_verdict_incomplete(tmp_path, tie)
     (why,) = unrun.values()
     assert "lm_head.weight" in why and "--text" in why
     assert "checkpoint" in report.incomplete() and "untied-head" in report.incomplete()["checkpoint"]
+
+
+def test_a_config_pad_that_is_a_word_of_the_text_is_an_error_not_bad_input(tmp_path, capsys):
+    """Issue 19 (pad against the data): config.json's pad_token_id set to an ordinary word id
+    while the tokenizer pads with its own; --text, tokenised with that tokenizer, holds the id
+    mid-row. That is the config's defect: an error on pad_token_id (was: exit 2 as bad input),
+    the data not used, and what needs it recorded as not run. Raw --data ids stay bad input."""
+    import json
+    from tndebug.cli import main
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 64)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "m"
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64, pad_token_id=5,
+        bos_token_id=1, eos_token_id=2)).save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                         pad_token="<pad>", unk_token="<unk>").save_pretrained(folder)
+    text = tmp_path / "held_out.txt"
+    text.write_text("w7 w5 w9 w11\nw8 w6 w5 w12 w4\nw9 w9 w10\n")
+    capsys.readouterr()
+    assert main(["triage", str(folder), "--text", str(text), "--out", str(tmp_path / "o"),
+                 "--no-figures"]) == 1
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    pad = [f for f in report["findings"] if f["where"] == "pad_token_id" and f["severity"] == "error"]
+    assert pad, report["findings"]
+    assert report["run"]["temperature_sweep"]["verdict"] == "skipped"
+    assert "not used" in report["probes"]["missing-scale"]["not_run"]["temperature sweep"]
+    ids = torch.tensor([[1, 7, 5, 9], [1, 8, 5, 12]])
+    torch.save({"ids": ids}, tmp_path / "ids.pt")
+    assert main(["triage", str(folder), "--data", str(tmp_path / "ids.pt"), "--out",
+                 str(tmp_path / "o2"), "--no-figures"]) == 2
+    assert "pad id 5" in capsys.readouterr().err

@@ -358,6 +358,8 @@ def triage_hf(opts, patch=None, sinks=()):
     if data is None and not encoder:      # the same head, unjudged: the verdict says so
         from tndebug.triage.hf_head import head_unchecked
         head_unrun = head_unchecked(model)
+        if head_unrun and source:
+            head_unrun = head_unrun.split(": pass --text")[0] + f": {source} was not used (the pad_token_id error)"
     # the probes' recorded pass, and so every figure: the user's data when given, else random
     # ids (the exact tests build their own inputs either way)
     batch = probe_batch(data, keep, ids["pad"]) if data is not None else random_batch(
@@ -404,7 +406,9 @@ def triage_hf(opts, patch=None, sinks=()):
             lambda s, t: subject.logits(s, t), subject.capture.scaling, swept, ids["pad"], tgt_v,
             data="--data")
     else:
-        reason = reason or ("needs in-distribution data: " + (
+        reason = reason or (f"{source} was not used: config.json's pad_token_id is a real token "
+                            f"in it (the pad_token_id error)" if source else
+                            "needs in-distribution data: " + (
             "pass --text FILE (one sequence per line, tokenised with the tokenizer in DIR) or "
             "--data FILE.pt ({'ids': LongTensor[N, T]})" if one_stack else
             "pass --text FILE (source<TAB>target per line, tokenised with the tokenizer in DIR) "

@@ -25,6 +25,7 @@ import torch
 
 from tndebug.data import Batch
 from tndebug.errors import UsageError
+from tndebug.findings import Finding
 from tndebug.triage.hf import _line, _transformers
 
 TEXT_MAX_TOKENS = 64                                 # --text: longer lines are truncated
@@ -198,6 +199,11 @@ def held_out(opts, folder: Path, ids: dict, marker: int, config=None, kind: str 
         raw, source = load_text(opts.text, folder, ids, kind), f"--text {opts.text}"
     else:
         return None, None, []
+    # --text: ids the model's own tokenizer wrote, so a config pad among them is the config's
+    # defect (a finding); --data: ids the user made, refused below as bad input (exit 2)
+    wrong_pad = pad_in_data(raw, ids["pad"], source) if not opts.data else []
+    if wrong_pad:                         # the config's pad is a real token here: read nothing
+        return None, source, wrong_pad
     if kind != "seq2seq":
         return one_stack_batch(raw, ids["pad"], kind, source), source, []
     findings, start = [], ids["start"]
@@ -211,6 +217,31 @@ def held_out(opts, folder: Path, ids: dict, marker: int, config=None, kind: str 
     tgt_in = batch.tgt_in.clone()
     tgt_in[:, 0] = marker
     return Batch(batch.src, tgt_in, batch.tgt_out), source, findings
+
+
+def pad_in_data(raw, pad: int, source: str) -> list[Finding]:
+    """config.json's pad id occurring mid-sequence (a real token on both sides) in the ids the
+    saved tokenizer wrote from the user's --text: a config that contradicts the data the model reads (issue 19: a wrong pad_token_id
+    masks real tokens), an error on pad_token_id, not bad input: the data are the model's own,
+    as its tokenizer writes them. [] when the pad only fills row ends, or the ids are not
+    tensors (their reader says what is wrong)."""
+    from tndebug.padding import mid_sequence_pads, pad_text
+    tensors = {k: v for k, v in (raw.items() if isinstance(raw, dict) else ())
+               if k in ("ids", "src", "tgt") and isinstance(v, torch.Tensor) and v.dim() == 2
+               and not v.is_floating_point()}
+    found = mid_sequence_pads(tensors, pad)
+    if not found:
+        return []
+    return [Finding(
+        "checkpoint", "error",
+        f"config.json pad_token_id = {pad} is a real token of {source}: {pad_text(found, pad)}; "
+        f"the model masks it as padding wherever it occurs, so the data were not used (the "
+        f"checks that need them did not run)", where="pad_token_id", step=0,
+        fix=f"set \"pad_token_id\" in config.json to the id that pads your rows (the "
+            f"tokenizer's pad id), not {pad}, an id your data use as a word",
+        evidence={"config": [pad], "mid_sequence": found, "source": source,
+                  "threshold": "a pad only fills the ends of a row"},
+        code="checkpoint/id-vs-data")]
 
 
 def mask_token_id(folder: Path, config) -> int | None:
