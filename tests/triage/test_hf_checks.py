@@ -304,3 +304,22 @@ def test_a_config_pad_that_is_a_word_of_the_text_is_an_error_not_bad_input(tmp_p
     assert main(["triage", str(folder), "--data", str(tmp_path / "ids.pt"), "--out",
                  str(tmp_path / "o2"), "--no-figures"]) == 2
     assert "pad id 5" in capsys.readouterr().err
+
+
+def test_a_generic_tokenizer_is_read_as_saved_whatever_the_model_type(tmp_path):
+    """transformers 5 saves a tokenizers-library tokenizer as tokenizer_class TokenizersBackend;
+    AutoTokenizer then builds Qwen2Tokenizer for a qwen2 directory, which reads a WordLevel
+    vocabulary as no tokens (every --text line refused as 'only special ids'). tndebug loads the
+    generic class there, and the model's own class where the config names one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tndebug.triage.hf import _transformers
+    from tndebug.triage.hf_data import load_saved_tokenizer
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 64)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "q"
+    transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1).save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
+                                         unk_token="<unk>").save_pretrained(folder)
+    assert load_saved_tokenizer(_transformers(), folder)("w5 w9 w10")["input_ids"] == [5, 9, 10]

@@ -238,7 +238,8 @@ def _tokenizer(folder: Path):
     tf = _transformers()
     try:
         if (folder / "tokenizer_config.json").is_file():
-            return tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            from tndebug.triage.hf_data import load_saved_tokenizer
+            return load_saved_tokenizer(tf, folder)
         return tf.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
     except Exception:  # noqa: BLE001 - an unreadable tokenizer: --text says so when used
         return None
