@@ -176,22 +176,30 @@ WORDS = (4, V - 4)        # ordinary ids; 0 pad, 1 bos, 2 eos, 3 unk, V-4.. unus
 MASK = V - 1
 
 
+def width(shape: str) -> int:
+    """The ids of one x: the whole row of seq2seq, a third of a decoder-only row, half of an
+    encoder-only one."""
+    return {"seq2seq": T_LEN, "decoder": T_LEN // 3}.get(shape, T_LEN // 2)
+
+
 def train(model, shape: str, steps: int, seed: int = 0) -> float:
-    """A copy task: decoder-only [bos, x, x] (the second x predictable from the first),
-    seq2seq x -> x, encoder-only masked-LM on [x, x] with 15% masked (a masked id is predictable
-    from its copy in the other half; masked-LM on random ids alone has nothing to learn and
-    leaves the model on its prior). AdamW 3e-3. Returns the last loss."""
+    """A copy task: decoder-only [bos, x, x, x] with x of T_LEN // 3 ids, a causal LM's loss on
+    every token, as a user trains one (the copies predictable from the first x; so two thirds of
+    the targets are, and a trained model's held-out loss, about ln 124 / 3 = 1.6, is under the
+    temperature sweep's 0.5 ln V = 2.43: the sweep can judge it; with one copy and the loss on
+    the copy only, as before 2026-12-06, the untrained first half scored 5-9 nats and no
+    decoder could be judged), seq2seq x -> x, encoder-only masked-LM on [x, x] with 15% masked
+    (a masked id is predictable from its copy in the other half; masked-LM on random ids alone
+    has nothing to learn and leaves the model on its prior). AdamW 3e-3. Returns the last loss."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
-        x = torch.randint(*WORDS, (16, T_LEN if shape == "seq2seq" else T_LEN // 2), generator=g)
+        x = torch.randint(*WORDS, (16, width(shape)), generator=g)
         if shape == "decoder":
-            ids = torch.cat([torch.ones(16, 1, dtype=torch.long), x, x], 1)
-            labels = ids.clone()
-            labels[:, : 1 + x.shape[1]] = -100                        # loss on the copy only
-            loss = model(input_ids=ids, labels=labels).loss
+            ids = torch.cat([torch.ones(16, 1, dtype=torch.long), x, x, x], 1)
+            loss = model(input_ids=ids, labels=ids).loss               # every token, as an LM
         elif shape == "seq2seq":
             loss = model(input_ids=x, attention_mask=torch.ones_like(x), labels=x).loss
         else:
@@ -221,14 +229,14 @@ def save_tokenizer(folder: Path) -> None:
 
 def held_out_text(path: Path, shape: str, seed: int, rows: int = 24) -> Path:
     """The copy task's held-out data as `--text` reads it (a user passes theirs): decoder-only
-    `x x` per line (triage leads it with BOS), seq2seq `x<TAB>x`, encoder-only `x x`; drawn with
-    another seed than training's. Written beside the model's directory, not in it."""
+    `x x x` per line (triage leads it with BOS), seq2seq `x<TAB>x`, encoder-only `x x`; drawn
+    with another seed than training's. Written beside the model's directory, not in it."""
     g = torch.Generator().manual_seed(10_000 + seed)
     lines = []
     for _ in range(rows):
-        x = " ".join(f"w{int(i)}" for i in torch.randint(
-            *WORDS, (T_LEN if shape == "seq2seq" else T_LEN // 2,), generator=g))
-        lines.append(f"{x}\t{x}" if shape == "seq2seq" else f"{x} {x}")
+        x = " ".join(f"w{int(i)}" for i in torch.randint(*WORDS, (width(shape),), generator=g))
+        lines.append(f"{x}\t{x}" if shape == "seq2seq" else f"{x} {x} {x}" if shape == "decoder"
+                     else f"{x} {x}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
