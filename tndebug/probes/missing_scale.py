@@ -15,6 +15,13 @@ from tndebug.capture.trace import AttentionRecord, Trace
 # TOL, FIT_RESIDUAL, P_FLOOR: float precision, no run (8a62a05): the bugs miss by >= 41%.
 TOL = {False: 1e-3, True: 1e-2}      # |c*sqrt(d_k) - 1|; True: 16-bit compute
 FIT_RESIDUAL = 1e-2                  # above this the scores are not c*QK^T (bias, QK-norm): no verdict
+# Below FIT_RESIDUAL a form that is c*QK^T only approximately still biases the fitted c by about
+# its misfit: Gemma-2's tanh soft-cap (50 tanh(s / 50) = s - s^3 / 7500 + ...) on a trained model
+# (bench/hf_unseen.py DEV, 150 LM steps) fitted c*sqrt(d_k) = 0.988 at residual 0.0097 (a 1.2%
+# "wrong constant", an error on a healthy model). So c must be off by more than MISFIT_SHARE x
+# the residual too. The bugs this test names are off by >= 41% (sqrt(h), h >= 2) or sqrt(d_k);
+# an exact fit leaves ~1e-7, where TOL decides as before.
+MISFIT_SHARE = 3.0
 P_FLOOR = 1e-30                      # probabilities below this are underflow, not a signal
 HALF = (torch.float16, torch.bfloat16)
 
@@ -217,6 +224,7 @@ class MissingScale(Probe):
                 continue
             self.checked = True
             self.cover(site, "checked")
+            tol = max(tol, MISFIT_SHARE * resid)          # the fit's own misfit biases c as much
             if abs(ratio - 1) <= tol or site in self._reported:
                 continue
             label = diagnose(c, d_k, meta["d_model"], tol)
