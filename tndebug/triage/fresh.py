@@ -308,43 +308,24 @@ def rank_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str 
     code does it, and the finding takes the severity of a first check (VarianceDrift.at_init);
     elsewhere it stays info and says the fresh init is clean. Returns (findings, statuses)."""
     from tndebug.probes.variance_drift import VarianceDrift
-    targets = [f for f in findings if _trained_rank(f)]
-    if not targets:
-        return findings, statuses
-    init = _on_fresh(probe_fresh, "variance-drift", statuses)
-    if init is None:
-        return findings, statuses
-    st = statuses["variance-drift"]
-    at_init = {f.where: f for f in init if f.code == "variance-drift/rank-collapse"}
-    built = how or "the model's own constructor, seed 0"
-    result = []
-    for f in findings:
-        if f not in targets:
-            result.append(f)
-            continue
-        g = at_init.get(f.where)
+
+    def rejudge(f: Finding, g: Finding | None, ev: dict) -> Finding:
         judged = VarianceDrift.at_init(g.evidence) if g is not None else None
-        ev = {**f.evidence, "judged_on": "fresh init", "fresh_init": built,
-              "init_r": None if g is None else g.evidence.get("r"),
+        ev = {**ev, "init_r": None if g is None else g.evidence.get("r"),
               "init_logits_r": None if g is None else g.evidence.get("logits_r")}
         if judged is None:
-            result.append(replace(f, message=f.message + "; a fresh initialisation of the same code "
-                                  "keeps the tokens apart there", evidence=ev))
-            continue
+            return replace(f, message=f.message + "; a fresh initialisation of the same code "
+                           "keeps the tokens apart there", evidence=ev)
         sev, cause = judged
-        result.append(replace(
+        return replace(
             f, severity=sev, fix=g.fix or VarianceDrift.fix,
             message=(f.message.split(" in the trained weights", 1)[0]
                      + f" in the trained weights, and at a fresh initialisation of the same code "
                        f"(r={g.evidence.get('r')}, from {g.evidence.get('r_input')}): the code "
                        f"collapses the stream, not training"),
-            evidence={**ev, "cause": cause, "trained_cause": "statistic"}))
-    st["fresh_init"] = {"built": built, "collapsed_at_init": sorted(at_init)}
-    mine = [f for f in result if f.probe == "variance-drift"]
-    if st.get("status") in ("pass", "warn", "fail"):
-        st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
-                        "warn" if any(f.severity == "warning" for f in mine) else "pass")
-    return result, statuses
+            evidence={**ev, "cause": cause, "trained_cause": "statistic"})
+    return _drift_at_init(findings, statuses, probe_fresh, how, _trained_rank,
+                          "variance-drift/rank-collapse", rejudge, "collapsed_at_init")
 
 
 GROWN_BY_TRAINING = ("; a fresh initialisation of the same code keeps the stream within the "
@@ -361,33 +342,41 @@ def growth_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: st
     Qwen3 243x, StarCoder2 67x (HELD-OUT), each clean at init. Where the same stack grows at
     the fresh initialisation too, the code does it: the warning stays, judged_on "fresh init";
     else it is info that says so. Returns (findings, statuses)."""
-    targets = [f for f in findings if f.code == "variance-drift/stream-growth"
-               and f.severity == "warning" and f.evidence.get("judged_on") != "fresh init"]
+    def target(f: Finding) -> bool:
+        return (f.code == "variance-drift/stream-growth" and f.severity == "warning"
+                and f.evidence.get("judged_on") != "fresh init")
+
+    def rejudge(f: Finding, g: Finding | None, ev: dict) -> Finding:
+        ev = {**ev, "init_growth": None if g is None else g.evidence.get("growth")}
+        if g is None:
+            return replace(f, severity="info", message=f.message.replace(
+                "residual stream RMS grows", "in the trained weights the residual stream RMS "
+                "grows", 1) + GROWN_BY_TRAINING, evidence={**ev, "trained_cause": "statistic"})
+        return replace(f, message=f.message + f"; at a fresh initialisation of the same code too "
+                       f"({g.evidence.get('growth')}x): the code grows it", evidence=ev)
+    return _drift_at_init(findings, statuses, probe_fresh, how, target,
+                          "variance-drift/stream-growth", rejudge, "grown_at_init")
+
+
+def _drift_at_init(findings, statuses, probe_fresh, how, is_target, code, rejudge, key):
+    """The shared re-judgement of variance-drift findings on the fresh initialisation: the
+    targets (`is_target`) each rejudge(f, the same module's `code` finding at init or None,
+    evidence with judged_on) -> its new finding; statuses["variance-drift"] gets fresh_init
+    {"built", key: the modules with `code` at init} and its status from the findings kept."""
+    targets = [f for f in findings if is_target(f)]
     if not targets:
         return findings, statuses
     init = _on_fresh(probe_fresh, "variance-drift", statuses)
     if init is None:
         return findings, statuses
-    grown = {f.where: f for f in init if f.code == "variance-drift/stream-growth"}
+    at_init = {f.where: f for f in init if f.code == code}
     built = how or "the model's own constructor, seed 0"
-    result = []
-    for f in findings:
-        if f not in targets:
-            result.append(f)
-            continue
-        g = grown.get(f.where)
-        ev = {**f.evidence, "judged_on": "fresh init", "fresh_init": built,
-              "init_growth": None if g is None else g.evidence.get("growth")}
-        if g is None:
-            result.append(replace(f, severity="info", message=f.message.replace(
-                "residual stream RMS grows", "in the trained weights the residual stream RMS "
-                "grows", 1) + GROWN_BY_TRAINING, evidence={**ev, "trained_cause": "statistic"}))
-        else:
-            result.append(replace(f, message=f.message + f"; at a fresh initialisation of the same "
-                                  f"code too ({g.evidence.get('growth')}x): the code grows it",
-                                  evidence=ev))
+    result = [rejudge(f, at_init.get(f.where), {**f.evidence, "judged_on": "fresh init",
+                                               "fresh_init": built})
+              if f in targets else f for f in findings]
     st = statuses["variance-drift"]
-    st.setdefault("fresh_init", {"built": built})
+    prior = st.get("fresh_init") if isinstance(st.get("fresh_init"), dict) else {}
+    st["fresh_init"] = {**prior, "built": built, key: sorted(at_init)}
     mine = [f for f in result if f.probe == "variance-drift"]
     if st.get("status") in ("pass", "warn", "fail"):
         st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
