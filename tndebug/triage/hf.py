@@ -354,12 +354,12 @@ def triage_hf(opts, patch=None, sinks=()):
                 t_in[:, 0] = ids["start"]  # as the model is called: led by the decoder start
             data_checks = data_checks + head_unfit_on_data(model, None if decoder else data.src, t_in,
                                                            data.tgt_out, ids["pad"])
+    # data given but not read (config.json's pad is a real token of it: data_checks names it)
+    unused = f"{source} was not used (the pad_token_id error)" if data is None and source else ""
     head_unrun = None
     if data is None and not encoder:      # the same head, unjudged: the verdict says so
         from tndebug.triage.hf_head import head_unchecked
-        head_unrun = head_unchecked(model)
-        if head_unrun and source:
-            head_unrun = head_unrun.split(": pass --text")[0] + f": {source} was not used (the pad_token_id error)"
+        head_unrun = head_unchecked(model, unused)
     # the probes' recorded pass, and so every figure: the user's data when given, else random
     # ids (the exact tests build their own inputs either way)
     batch = probe_batch(data, keep, ids["pad"]) if data is not None else random_batch(
@@ -406,9 +406,7 @@ def triage_hf(opts, patch=None, sinks=()):
             lambda s, t: subject.logits(s, t), subject.capture.scaling, swept, ids["pad"], tgt_v,
             data="--data")
     else:
-        reason = reason or (f"{source} was not used: config.json's pad_token_id is a real token "
-                            f"in it (the pad_token_id error)" if source else
-                            "needs in-distribution data: " + (
+        reason = reason or unused or ("needs in-distribution data: " + (
             "pass --text FILE (one sequence per line, tokenised with the tokenizer in DIR) or "
             "--data FILE.pt ({'ids': LongTensor[N, T]})" if one_stack else
             "pass --text FILE (source<TAB>target per line, tokenised with the tokenizer in DIR) "

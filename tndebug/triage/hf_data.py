@@ -242,9 +242,9 @@ def held_out(opts, folder: Path, ids: dict, marker: int, config=None, kind: str 
 
 def pad_in_data(raw, pad: int, source: str) -> list[Finding]:
     """config.json's pad id occurring mid-sequence (a real token on both sides) in the ids the
-    saved tokenizer wrote from the user's --text: a config that contradicts the data the model reads (issue 19: a wrong pad_token_id
-    masks real tokens), an error on pad_token_id, not bad input: the data are the model's own,
-    as its tokenizer writes them. [] when the pad only fills row ends, or the ids are not
+    saved tokenizer wrote from the user's --text: a config that contradicts the data the model
+    reads (issue 19: a wrong pad_token_id masks real tokens), an error on pad_token_id, not bad
+    input: the data are the model's own, as its tokenizer writes them. [] when the pad only fills row ends, or the ids are not
     tensors (their reader says what is wrong)."""
     from tndebug.padding import mid_sequence_pads, pad_text
     tensors = {k: v for k, v in (raw.items() if isinstance(raw, dict) else ())

@@ -128,17 +128,19 @@ def untied_head(model: nn.Module) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-def head_unchecked(model: nn.Module) -> str | None:
+def head_unchecked(model: nn.Module, unused: str = "") -> str | None:
     """Why an untied head was not judged, without the user's data (random ids put a healthy head
     out of its distribution): the reason the report's verdict records as a part not run (not
     clean), naming the head and what to pass. None for a tied head (hf_checks.tied_head judges
-    that from the file)."""
+    that from the file). `unused`: why data that were given were not read, said instead of
+    what to pass."""
     name = untied_head(model)
     if name is None:
         return None
     return (f"{name} is its own weight (not tied to the embedding): whether it fits the trained "
-            f"body is judged on your data only: pass --text FILE (source<TAB>target per line, or "
-            f"one text per line for a decoder-only model) or --data FILE.pt")
+            f"body is judged on your data only: " + (unused or
+            "pass --text FILE (source<TAB>target per line, or one text per line for a "
+            "decoder-only model) or --data FILE.pt"))
 
 
 def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch.Tensor,

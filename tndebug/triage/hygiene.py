@@ -246,12 +246,10 @@ def sweep_not_run(statuses: dict[str, dict], evidence: dict) -> None:
     """Record a sweep that decided nothing (skipped for want of data, inconclusive, every loss
     non-finite) as a part of missing-scale that did not run, so that the verdict is not clean;
     nothing when missing-scale is not among the probes run."""
-    if "missing-scale" not in statuses:
-        return
-    why = {"non-finite": "the held-out loss is non-finite at every alpha"}.get(
-        evidence.get("verdict"), evidence.get("reason", ""))
-    if evidence.get("verdict") in ("skipped", "inconclusive", "non-finite"):
-        part_not_run(statuses, "missing-scale", "temperature sweep", why)
+    verdict = evidence.get("verdict")
+    if "missing-scale" in statuses and verdict in ("skipped", "inconclusive", "non-finite"):
+        part_not_run(statuses, "missing-scale", "temperature sweep", evidence.get("reason") or
+                     "the held-out loss is non-finite at every alpha")
 
 
 @contextmanager
