@@ -95,3 +95,32 @@ def test_untrained_decoder_gets_nothing(tmp_path):
     assert 0.8 < body[len(body) // 2] < hf_head.BODY_TRAINED, body        # at initialisation
     code, got = _triage(model, ids, tmp_path, "fresh")
     assert got == [], got
+
+
+def test_body_under_the_alignment_bar_is_judged_from_behaviour(tmp_path, monkeypatch):
+    """A body whose alignment median stays under BODY_TRAINED (a Llama-family body: StableLM in
+    bench/hf_unseen.py, 1.85 after 1000 steps) is judged trained when its states predict the
+    targets LEARNED_GAP more often than a fresh initialisation's: the bar raised here so that
+    only that route is open. A model at initialisation, against another fresh draw: nothing."""
+    from tndebug.triage import hf_head
+    monkeypatch.setattr(hf_head, "BODY_TRAINED", 1e9)
+    model, ids = _trained("llama", 300)
+    t_in, t_out = ids[:, :-1], ids[:, 1:]
+
+    def fresh():
+        torch.manual_seed(7)
+        return _model("llama")
+    torch.manual_seed(3)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.02)
+    assert hf_head.head_unfit_on_data(model, None, t_in, t_out, 0) == []      # nothing to compare
+    got = hf_head.head_unfit_on_data(model, None, t_in, t_out, 0, fresh=fresh)
+    assert [(f.code, f.severity) for f in got] == [("checkpoint/head-unfit", "error")], got
+    ev = got[0].evidence
+    assert ev["refit_head_accuracy"] - ev["fresh_refit_accuracy"] >= hf_head.LEARNED_GAP, ev
+    assert "fresh initialisation" in got[0].message
+    untrained, _ = _trained("llama", 0)
+    assert hf_head.head_unfit_on_data(untrained, None, t_in, t_out, 0, fresh=fresh) == []
+    code, found = _triage(model, ids, tmp_path, "redrawn")        # the CLI passes its from_config
+    assert code == 1 and [(f["severity"], f["where"]) for f in found] == [("error", "lm_head.weight")], found
+    assert found[0]["evidence"]["fresh_refit_accuracy"] is not None

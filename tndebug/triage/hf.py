@@ -352,8 +352,9 @@ def triage_hf(opts, patch=None, sinks=()):
             t_in = data.tgt_in.clone()
             if not decoder:
                 t_in[:, 0] = ids["start"]  # as the model is called: led by the decoder start
-            data_checks = data_checks + head_unfit_on_data(model, None if decoder else data.src, t_in,
-                                                           data.tgt_out, ids["pad"])
+            data_checks = data_checks + head_unfit_on_data(
+                model, None if decoder else data.src, t_in, data.tgt_out, ids["pad"],
+                fresh=lambda: seeded(lambda: build_model(tf, config, attn, kind)))
     # data given but not read (config.json's pad is a real token of it: data_checks names it)
     unused = f"{source} was not used (the pad_token_id error)" if data is None and source else ""
     head_unrun = None
