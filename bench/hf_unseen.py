@@ -343,7 +343,11 @@ EXPECTED = {"no-causal": ("mask-broadcast/causal-leak",), "head-redrawn": ("chec
 
 
 def named(rec: dict, bug: str) -> bool:
-    """The bug's own finding at warning or error; pad-wrong also needs the finding on pad_token_id."""
+    """The bug's own finding at warning or error; pad-wrong also needs the finding on pad_token_id,
+    or a refusal (exit 2) whose one line names config.json's pad_token_id against the tokenizer's
+    (a class that sizes a table by the pad id does not load: FSMT)."""
+    if bug == "pad-wrong" and rec.get("verdict") == "refused" and rec.get("exit") == 2:
+        return "pad_token_id = " in rec.get("error", "") and "the tokenizer's" in rec.get("error", "")
     flagged = [f for f in rec.get("findings", []) if f["severity"] in ("warning", "error")]
     hits = [f for f in flagged if f["code"].startswith(EXPECTED[bug])]
     if bug == "pad-wrong":

@@ -89,6 +89,23 @@ def test_config_ids_against_the_tokenizer(bart, tmp_path):
     assert "bos_token_id" not in got                                  # BART: bos 0 in both
 
 
+def test_weights_that_do_not_fit_name_a_config_id_the_tokenizer_disagrees_with(bart, tmp_path):
+    """A table sized by an id (FSMT sizes its positions by pad_token_id) does not load when
+    config.json's id is wrong: the one-line refusal names the id beside the shapes. (Here the
+    table's size is changed through max_position_embeddings: BART's does not follow the pad.)"""
+    from tndebug.errors import UsageError
+    bad = _tokenized(bart, tmp_path, "sized", pad_token_id=5, max_position_embeddings=40)
+    with pytest.raises(UsageError) as e:
+        triage_hf(TriageOptions(str(bad)))
+    msg = str(e.value)
+    assert "shape mismatch" in msg and "pad_token_id = 5, the tokenizer's 1" in msg, msg
+    assert "\n" not in msg
+    ok_ids = _tokenized(bart, tmp_path, "sized_ok", max_position_embeddings=40)
+    with pytest.raises(UsageError) as e:                  # the ids agree: the shapes alone
+        triage_hf(TriageOptions(str(ok_ids)))
+    assert "shape mismatch" in str(e.value) and "tokenizer" not in str(e.value)
+
+
 def test_config_bos_against_the_tokenizer(bart, tmp_path):
     """bos is read by generate() without a prompt only: a mismatch is a warning, said why."""
     bad = _tokenized(bart, tmp_path, "bos", bos_token_id=9)

@@ -280,7 +280,17 @@ def triage_hf(opts, patch=None, sinks=()):
     model = build_model(tf, config, attn, kind, init=False)    # every weight comes from the file
     sd = renamed(model, sd)                            # saved names -> the model's (GPTNeoX)
     checks = hf_checks.tied_head(model, sd)            # before loading: unties as transformers does
-    tied, unfilled = load_tied(model, sd, folder)
+    try:
+        tied, unfilled = load_tied(model, sd, folder)
+    except UsageError as e:                # an id config.json gets wrong may size a table (FSMT's
+        wrong = hf_checks.ids_vs_tokenizer(folder, config)          # positions by pad_token_id)
+        said = "; ".join(f"{f.where} = {f.evidence['config'][0]}, the tokenizer's "
+                         f"{f.evidence['tokenizer'][0]}" for f in wrong if f.evidence.get("tokenizer"))
+        if not said or "shape mismatch" not in str(e):
+            raise
+        raise UsageError(f"{e}; config.json disagrees with the saved tokenizer ({said}), and some "
+                         f"classes size a table by such an id (FSMT's positions by pad_token_id): "
+                         f"fix config.json's ids first") from None
     seeded(lambda: init_missing(model, unfilled))      # keys the file may lack (Marian's sinusoids)
     driver.give_back_freed()                          # the file's copy, now the model's
     more, files_note = hf_checks.weight_files_differ(folder, files, read_weights)
