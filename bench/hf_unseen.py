@@ -18,6 +18,9 @@ that change behaviour:
                  later token changes), else the run is reported as inert and not scored;
 * head-redrawn   the output head in the saved file replaced by a fresh draw (std 0.02), config
                  unchanged (a tied model then holds an lm_head that differs from its embedding);
+                 only where transformers' own from_pretrained then predicts the held-out targets
+                 differently (FSMT keeps the head and the decoder's embedding under two keys and
+                 loads the untouched one), else inert and not scored;
 * pad-wrong      config.json's pad_token_id set to an ordinary word id, the tokenizer saying
                  otherwise.
 
@@ -286,6 +289,30 @@ def redraw_head(folder: Path, model) -> str:
     return key
 
 
+def predictions_move(healthy: Path, bad: Path, shape: str, seed: int) -> bool:
+    """Does transformers' own from_pretrained of `bad` predict the held-out targets differently
+    from `healthy`'s (argmax differs on > 10% of them)? (the saved bug is live)"""
+    import transformers as T
+    auto = {"decoder": T.AutoModelForCausalLM, "seq2seq": T.AutoModelForSeq2SeqLM,
+            "encoder": T.AutoModelForMaskedLM}[shape]
+    g = torch.Generator().manual_seed(10_000 + seed)
+    x = torch.randint(*WORDS, (8, width(shape)), generator=g)
+    preds = []
+    for folder in (healthy, bad):
+        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = auto.from_pretrained(folder).eval()
+        with torch.no_grad():
+            if shape == "seq2seq":
+                logits = m(input_ids=x, labels=x).logits
+            else:
+                ids = torch.cat([torch.ones(8, 1, dtype=torch.long), x, x, x], 1) if shape == "decoder" \
+                    else torch.cat([x, x], 1)
+                logits = m(input_ids=ids).logits
+        preds.append(logits.argmax(-1))
+    return bool((preds[0] != preds[1]).float().mean() > 0.1)
+
+
 def set_config(folder: Path, **kv) -> None:
     raw = json.loads((folder / "config.json").read_text())
     raw.update(kv)
@@ -408,9 +435,12 @@ def run_arch(arch: str, root: Path, steps: int, seed: int = 0) -> list[dict]:
     bad = root / f"{arch}-head"
     shutil.copytree(healthy, bad)
     key = redraw_head(bad, trained)
-    recs.append({**base, "case": "head-redrawn", "attn": "eager", "key": key,
-                 "tied": bool(getattr(trained.config, "tie_word_embeddings", False)),
-                 **triage(bad, "eager", text=text)})
+    rec = {**base, "case": "head-redrawn", "attn": "eager", "key": key,
+           "tied": bool(getattr(trained.config, "tie_word_embeddings", False)),
+           "live": predictions_move(healthy, bad, shape, seed)}
+    if rec["live"]:
+        rec.update(triage(bad, "eager", text=text))
+    recs.append(rec)
     bad = root / f"{arch}-pad"
     shutil.copytree(healthy, bad)
     set_config(bad, pad_token_id=5)
