@@ -157,10 +157,7 @@ def after_nan_forward(findings: list[Finding], statuses: dict[str, dict]):
             touched.add(f.probe)
         out.append(f)
     for name in touched:
-        st = statuses.get(name)
-        if st and st.get("status") in ("fail", "warn"):
-            mine = [f.severity for f in out if f.probe == name]
-            st["status"] = "fail" if "error" in mine else "warn" if "warning" in mine else "pass"
+        restatus(statuses, out, name)
     return out, statuses
 
 
@@ -175,6 +172,21 @@ def first_sign(findings: list[Finding]) -> Finding | None:
 STATUS_ORDER = ("skipped", "no verdict", "pass", "warn", "fail")
 
 
+def status_of(findings: list[Finding], name: str) -> str:
+    """A check's status from its own findings: "fail" with an error, "warn" with a warning,
+    else "pass"."""
+    mine = [f.severity for f in findings if f.probe == name]
+    return "fail" if "error" in mine else "warn" if "warning" in mine else "pass"
+
+
+def restatus(statuses: dict[str, dict], findings: list[Finding], name: str) -> None:
+    """In place: a probe whose findings were re-judged (demoted, dropped, judged at init) gets
+    its failing status again from the findings kept; a pass, a no verdict or a skip stays."""
+    st = statuses.get(name)
+    if st and st.get("status") in ("fail", "warn"):
+        st["status"] = status_of(findings, name)
+
+
 def checks_statuses(findings: list[Finding], statuses: dict[str, dict]) -> dict[str, dict]:
     """Statuses for the checks that are not probes (triage's `checkpoint` hygiene, duplicate
     heads read from the weights, ...), and upgrades of a probe's status by such a check's
@@ -183,9 +195,7 @@ def checks_statuses(findings: list[Finding], statuses: dict[str, dict]) -> dict[
     info finding (a note that a sweep was skipped) is no check, and "no verdict" stays."""
     out = {}
     for name in {f.probe for f in findings} | {"checkpoint"}:
-        mine = [f for f in findings if f.probe == name]
-        st = ("fail" if any(f.severity == "error" for f in mine) else
-              "warn" if any(f.severity == "warning" for f in mine) else "pass")
+        st = status_of(findings, name)
         prev = statuses.get(name, {}).get("status")
         if st == "pass" and prev is not None:
             continue            # an info note checks nothing: a probe's no verdict stays
@@ -245,10 +255,7 @@ def select_codes(report: Report, select=None, ignore=None) -> Report:
         gone = sorted({f.code for f in dropped if f.probe == name})
         if not gone:
             continue
-        mine = [f for f in kept if f.probe == name]
-        if st.get("status") in ("fail", "warn"):
-            st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
-                            "warn" if any(f.severity == "warning" for f in mine) else "pass")
+        restatus(statuses, kept, name)
         st["ignored"] = gone
     run = {**report.run, "codes": {"select": list(select or []), "ignore": list(ignore or []),
                                    "dropped": len(dropped)}}

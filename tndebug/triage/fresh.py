@@ -39,6 +39,7 @@ from typing import Callable
 
 import torch
 
+from tndebug.driver import restatus, status_of
 from tndebug.findings import Finding
 from tndebug.probes.missing_scale import by_design_fix
 from tndebug.triage.hygiene import all_finite
@@ -170,10 +171,7 @@ def scale_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str
     st["fresh_init"] = {"built": how or "the model's own constructor, seed 0",
                         "folded_at_init": sorted(folded), "unscaled_at_init": sorted(unfolded),
                         **({"package_code": library} if library else {})}
-    mine = [f for f in result if f.probe == "missing-scale"]
-    if st.get("status") in ("fail", "warn"):
-        st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
-                        "warn" if any(f.severity == "warning" for f in mine) else "pass")
+    restatus(statuses, result, "missing-scale")
     return result, statuses
 
 
@@ -287,11 +285,10 @@ def shift_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str
                    f"does not tell which labels the weights were trained on")}
     rest = [f for f in findings if f not in target]
     if st.get("status") in ("pass", "warn", "fail"):
-        mine = [f for f in rest if f.probe == "label-shift"]
         checked = any(c.get("status") == "checked" for c in st["coverage"].values())
-        st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
-                        "warn" if any(f.severity == "warning" for f in mine) else
-                        "pass" if checked else "no verdict")
+        st["status"] = status_of(rest, "label-shift")
+        if st["status"] == "pass" and not checked:
+            st["status"] = "no verdict"
         if st["status"] == "no verdict":
             st["reason"] = st["coverage"]["unshifted"]["reason"]
     return rest, statuses
@@ -377,10 +374,8 @@ def _drift_at_init(findings, statuses, probe_fresh, how, is_target, code, rejudg
     st = statuses["variance-drift"]
     prior = st.get("fresh_init") if isinstance(st.get("fresh_init"), dict) else {}
     st["fresh_init"] = {**prior, "built": built, key: sorted(at_init)}
-    mine = [f for f in result if f.probe == "variance-drift"]
     if st.get("status") in ("pass", "warn", "fail"):
-        st["status"] = ("fail" if any(f.severity == "error" for f in mine) else
-                        "warn" if any(f.severity == "warning" for f in mine) else "pass")
+        st["status"] = status_of(result, "variance-drift")
     return result, statuses
 
 
