@@ -131,3 +131,34 @@ def test_plugin_on_a_decoder_only_and_an_encoder_only_model(pytester):
     result = pytester.runpytest("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*test_bert_with_a_causal_mask*", "*ERROR   mask-broadcast*"])
+
+
+def test_check_judges_a_hugging_face_models_scale_where_its_design_is():
+    """tndebug.check on a transformers object re-judges a missing-scale error on a fresh
+    `_from_config` model of its class, as `tndebug triage DIR` does (issue 19): T5 folds the
+    scale into its initialisation, and a T5 whose q has moved off that band (x3 here, as
+    training moves it) is its design, an info; GPT-2 with scale_attn_weights=False (a config
+    switch away from the default) stays an error."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+        num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=8,
+        relative_attention_max_distance=16, feed_forward_proj="relu", pad_token_id=0,
+        eos_token_id=1, decoder_start_token_id=0)).eval()
+    with torch.no_grad():
+        for m in t5.modules():
+            if type(m).__name__ == "T5Attention":
+                m.q.weight.mul_(3.0)
+    report = tndebug.check(t5)
+    scale = [f for f in report.findings if f.probe == "missing-scale"]
+    assert scale and all(f.severity == "info" for f in scale), scale
+    assert any(f.evidence.get("judged_on") == "fresh init" for f in scale), scale
+    assert report.verdict == "clean"
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=96, bos_token_id=1,
+        eos_token_id=2, scale_attn_weights=False)).eval()
+    errors = [f for f in tndebug.check(gpt2).findings if f.severity == "error"]
+    assert [f.probe for f in errors] == ["missing-scale"], errors
+    assert "scale_attn_weights" in errors[0].fix

@@ -83,6 +83,10 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
     with torch.random.fork_rng(devices=[subject.device] if subject.device.type == "cuda" else []):
         probed = driver.probe_once(subject, names, batch, compute_dtype=dtype, sinks=sinks)
     findings, statuses, seconds = probed.findings, probed.statuses, probed.seconds
+    if info["hf"]:                         # a missing scale judged where the design is (issue 19)
+        findings, statuses = _scale_at_init(model, forward, subject, names, batch, dtype,
+                                            findings, statuses, pad_id=pad_id, bos_id=bos_id,
+                                            src_vocab=src_vocab, tgt_vocab=tgt_vocab, arch=arch)
     # weights ported from code that repeats grouped-query kv heads the other way (triage's test)
     kv, kv_evidence = kv_order(lambda s, t: subject.logits(s, t), subject.capture, batch,
                                subject.pad_id, subject.tgt_vocab,
@@ -92,7 +96,10 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         from tndebug.capture.hf import attention_weights
         from tndebug.probes.hf_fixes import hf_fix, hf_where
         findings += duplicate_heads(attention_weights(model))
-        findings = driver.dedupe([hf_where(hf_fix(f), model) for f in findings])
+        from tndebug.triage.hf import scale_switches, with_switches
+        switches = scale_switches(getattr(model, "config", None)) if hasattr(model, "config") else {}
+        findings = driver.dedupe([with_switches(hf_where(hf_fix(f), model), switches) if switches
+                                  else hf_where(hf_fix(f), model) for f in findings])
     else:
         findings += duplicate_heads(projection_weights(model))
         findings = driver.dedupe(findings)
@@ -113,6 +120,31 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
            "status": "completed"}
     return driver.make_report(run, findings, statuses, select=driver.codes_option(select, "select="),
                               ignore=driver.codes_option(ignore, "ignore="))
+
+
+def _scale_at_init(model, forward, subject, names, batch, dtype, findings, statuses, **kw):
+    """A Hugging Face model's missing-scale error re-judged on a fresh `from_config` model of
+    its class, as `tndebug triage DIR` does (triage/fresh.scale_at_init): folded into the
+    initialisation (T5) or the installed package's own unmodified code (GPT-Neo) is the
+    architecture's design, an info; else the error stays. The fresh model is built only for
+    such an error."""
+    from tndebug.triage.fresh import SEED, scale_at_init, seeded
+    from tndebug.triage.hf import runs_package_code, scale_switches
+    config = getattr(model, "config", None)
+    build = getattr(type(model), "_from_config", None)
+    if config is None or build is None:
+        return findings, statuses
+
+    def probe_fresh(wanted):
+        fresh = seeded(lambda: build(config)).to(subject.device).eval()
+        sub, _ = live_subject(fresh, forward, **kw)
+        with torch.random.fork_rng(devices=[subject.device] if subject.device.type == "cuda" else []):
+            return driver.probe_once(sub, [n for n in wanted if n in names], batch, compute_dtype=dtype)
+    import transformers as tf
+    library = ("" if scale_switches(config) or not runs_package_code(model)
+               else f"transformers {tf.__version__}'s {type(model).__name__}")
+    how = f"{type(model).__name__}._from_config(model.config), seed {SEED}"
+    return scale_at_init(list(findings), statuses, probe_fresh, how, library)
 
 
 def _names(spec) -> list[str]:
