@@ -162,3 +162,33 @@ def test_check_judges_a_hugging_face_models_scale_where_its_design_is():
     errors = [f for f in tndebug.check(gpt2).findings if f.severity == "error"]
     assert [f.probe for f in errors] == ["missing-scale"], errors
     assert "scale_attn_weights" in errors[0].fix
+
+
+def test_watch_judges_a_hugging_face_models_scale_where_its_design_is():
+    """The same re-judgement when the watched loop closes: a T5 whose q left its
+    initialisation band (x3) trains under watch with no missing-scale error, the info judged on
+    a fresh initialisation."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+        num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=8,
+        relative_attention_max_distance=16, feed_forward_proj="relu", pad_token_id=0,
+        eos_token_id=1, decoder_start_token_id=0))
+    with torch.no_grad():
+        for m in t5.modules():
+            if type(m).__name__ == "T5Attention":
+                m.q.weight.mul_(3.0)
+    opt = torch.optim.Adam(t5.parameters(), 1e-4)
+    g = torch.Generator().manual_seed(1)
+    with tndebug.watch(t5, opt, probes="missing-scale") as dbg:
+        for _ in range(4):
+            x = torch.randint(2, 96, (8, 10), generator=g)
+            loss = t5(input_ids=x, labels=x).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    scale = [f for f in dbg.report.findings if f.probe == "missing-scale"]
+    assert scale and all(f.severity == "info" for f in scale), scale
+    assert any(f.evidence.get("judged_on") == "fresh init" for f in scale), scale

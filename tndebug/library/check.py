@@ -84,9 +84,9 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         probed = driver.probe_once(subject, names, batch, compute_dtype=dtype, sinks=sinks)
     findings, statuses, seconds = probed.findings, probed.statuses, probed.seconds
     if info["hf"]:                         # a missing scale judged where the design is (issue 19)
-        findings, statuses = _scale_at_init(model, forward, subject, names, batch, dtype,
-                                            findings, statuses, pad_id=pad_id, bos_id=bos_id,
-                                            src_vocab=src_vocab, tgt_vocab=tgt_vocab, arch=arch)
+        findings, statuses = hf_scale_at_init(model, forward, subject, findings, statuses, batch,
+                                              dtype, pad_id=pad_id, bos_id=bos_id,
+                                              src_vocab=src_vocab, tgt_vocab=tgt_vocab, arch=arch)
     # weights ported from code that repeats grouped-query kv heads the other way (triage's test)
     kv, kv_evidence = kv_order(lambda s, t: subject.logits(s, t), subject.capture, batch,
                                subject.pad_id, subject.tgt_vocab,
@@ -122,24 +122,26 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                               ignore=driver.codes_option(ignore, "ignore="))
 
 
-def _scale_at_init(model, forward, subject, names, batch, dtype, findings, statuses, **kw):
-    """A Hugging Face model's missing-scale error re-judged on a fresh `from_config` model of
-    its class, as `tndebug triage DIR` does (triage/fresh.scale_at_init): folded into the
-    initialisation (T5) or the installed package's own unmodified code (GPT-Neo) is the
-    architecture's design, an info; else the error stays. The fresh model is built only for
-    such an error."""
-    from tndebug.triage.fresh import SEED, scale_at_init, seeded
+def hf_scale_at_init(model, forward, subject, findings, statuses, batch=None, dtype=torch.float32,
+                     **kw):
+    """A Hugging Face model's missing-scale error re-judged on a fresh `_from_config` model of
+    its class, as `tndebug triage DIR` does (triage/fresh.scale_at_init); `check` and `watch`
+    both call it. Folded into the initialisation (T5) or the installed package's own unmodified
+    code (GPT-Neo) is the architecture's design, an info; else the error stays. The fresh model
+    is built only for such an error; `batch` None: random ids as `check` draws them."""
+    from tndebug.triage.fresh import SEED, _unscaled_error, scale_at_init, seeded
     from tndebug.triage.hf import runs_package_code, scale_switches
     config = getattr(model, "config", None)
     build = getattr(type(model), "_from_config", None)
-    if config is None or build is None:
+    if config is None or build is None or not any(_unscaled_error(f) for f in findings):
         return findings, statuses
+    batch = _batch(subject, None) if batch is None else batch
 
     def probe_fresh(wanted):
         fresh = seeded(lambda: build(config)).to(subject.device).eval()
         sub, _ = live_subject(fresh, forward, **kw)
         with torch.random.fork_rng(devices=[subject.device] if subject.device.type == "cuda" else []):
-            return driver.probe_once(sub, [n for n in wanted if n in names], batch, compute_dtype=dtype)
+            return driver.probe_once(sub, list(wanted), batch, compute_dtype=dtype)
     import transformers as tf
     library = ("" if scale_switches(config) or not runs_package_code(model)
                else f"transformers {tf.__version__}'s {type(model).__name__}")

@@ -341,6 +341,11 @@ class Watch(_WatchHooks):
                                     fix="A tndebug bug: training went on without probes; please "
                                         "report it with this traceback", code="watch/stopped"))
         statuses = engine.statuses(findings)
+        if self._info.get("hf") and status == "completed":   # a missing scale judged where the
+            from tndebug.library.check import hf_scale_at_init     # design is (check does too)
+            findings, statuses = hf_scale_at_init(self._model, self._forward, self._subject,
+                                                  findings, statuses, pad_id=self._pad_id,
+                                                  bos_id=self._bos_id, arch=self._arch)
         for name, why in self._failed.items():
             statuses[name] = {**statuses.get(name, {}), "status": "no verdict",
                               "reason": f"failed: {why}"}
