@@ -283,6 +283,9 @@ def redraw_head(folder: Path, model) -> str:
                                                            "embeddings.weight")))]
     key = keys[-1] if keys else next(k for k, v in model.state_dict(keep_vars=True).items() if v is head)
     sd = load_file(str(folder / "model.safetensors"))
+    if head is not emb:        # untied: the file's own key for it (GPT-NeoX saves lm_head as
+        key = next((k for k, v in sd.items() if v.shape == head.shape      # embed_out.weight)
+                    and torch.equal(v, head.detach()) and not torch.equal(v, emb.detach())), key)
     torch.manual_seed(99)
     sd[key] = torch.randn_like(head.detach()) * 0.02
     save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
