@@ -217,7 +217,8 @@ def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch
         if base is None or refit - base < LEARNED_GAP:
             return []
     learned = ("" if base is None else
-               f", and its states predict {refit - base:+.1%} more than a fresh initialisation's do")
+               f", and its states predict {100 * (refit - base):.0f} points more of the targets than a "
+               f"fresh initialisation's")
     return [Finding(
         "checkpoint", "error",
         f"{key} does not fit the trained body: on {scored} target tokens of the held-out "
