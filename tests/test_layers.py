@@ -21,6 +21,7 @@ LAYERS = {
     "capture": 2, "subject": 2,       # a Trace from any model; the model as the probes call it
     "probes": 3, "harness": 3,        # the probes (harness: the probes on our model, for tests)
     "driver": 4,                      # drives the probes once, builds a Report
+    "at_init": 4,                     # design judged on a fresh initialisation (triage, library)
     "reporters": 5,                   # console, markdown, plots, TensorBoard
     # front-ends
     "train": 6, "triage": 6, "library": 6, "commands": 6, "integrations": 6, "cli": 7,

@@ -96,7 +96,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         from tndebug.capture.hf import attention_weights
         from tndebug.probes.hf_fixes import hf_fix, hf_where
         findings += duplicate_heads(attention_weights(model))
-        from tndebug.triage.hf import scale_switches, with_switches
+        from tndebug.at_init import scale_switches, with_switches
         switches = scale_switches(getattr(model, "config", None)) if hasattr(model, "config") else {}
         findings = driver.dedupe([with_switches(hf_where(hf_fix(f), model), switches) if switches
                                   else hf_where(hf_fix(f), model) for f in findings])
@@ -129,11 +129,11 @@ def hf_scale_at_init(model, forward, subject, findings, statuses, batch=None, dt
     both call it. Folded into the initialisation (T5) or the installed package's own unmodified
     code (GPT-Neo) is the architecture's design, an info; else the error stays. The fresh model
     is built only for such an error; `batch` None: random ids as `check` draws them."""
-    from tndebug.triage.fresh import SEED, _unscaled_error, scale_at_init, seeded
-    from tndebug.triage.hf import runs_package_code, scale_switches
+    from tndebug.at_init import (SEED, runs_package_code, scale_at_init, scale_switches, seeded,
+                                 unscaled_error)
     config = getattr(model, "config", None)
     build = getattr(type(model), "_from_config", None)
-    if config is None or build is None or not any(_unscaled_error(f) for f in findings):
+    if config is None or build is None or not any(unscaled_error(f) for f in findings):
         return findings, statuses
     batch = _batch(subject, None) if batch is None else batch
 

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from tndebug.data import Batch
+from tndebug.at_init import runs_package_code, scale_switches, with_switches  # noqa: F401
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
@@ -120,64 +121,6 @@ def load_config(folder: Path):
     except Exception as e:  # noqa: BLE001 - transformers raises many types
         raise UsageError(f"{cfg_path} could not be read by transformers: {_line(e)}") from None
     return tf, config, kinds[shape]
-
-
-def runs_package_code(model: nn.Module) -> bool:
-    """Whether every function the model's modules run is the installed package's own: each
-    module class comes from transformers (or torch), and no function in the namespaces of
-    those transformers modules, nor any forward, was defined outside an installed package (a
-    user's or a test's monkeypatch, e.g. Falcon's apply_rotary_pos_emb replaced by one that
-    undoes the scale). Only then can an unscaled attention be the package's published design."""
-    import sys
-    import sysconfig
-
-    import transformers as tf
-    roots = {Path(p).resolve() for p in (sysconfig.get_paths()["purelib"],
-                                          sysconfig.get_paths()["platlib"])}
-    roots |= {Path(tf.__file__).resolve().parent, Path(torch.__file__).resolve().parent}
-
-    def installed(fn) -> bool:
-        code = getattr(fn, "__code__", None)
-        if code is None:
-            return True                                        # builtin, C or a class
-        where = Path(code.co_filename).resolve()
-        return any(where.is_relative_to(r) for r in roots)
-
-    names = {type(m).__module__ for m in model.modules()}
-    if any(not n.startswith(("transformers.", "torch.")) for n in names):
-        return False
-    for n in names:
-        if n.startswith("transformers.") and not all(
-                installed(v) for v in vars(sys.modules.get(n, object())).values()):
-            return False
-    return all(installed(getattr(type(m).forward, "__func__", type(m).forward))
-               for m in model.modules())
-
-
-def scale_switches(config) -> dict[str, tuple]:
-    """{field: (saved, class default)} for the config's fields whose names say they set an
-    attention scale (GPT-2's scale_attn_weights, Gemma-2's query_pre_attn_scalar, Granite's
-    attention_multiplier) and whose saved value differs from the config class's default. Names
-    are a hint: they keep an error and point its fix at the field, never clear one."""
-    try:
-        saved, default = config.to_dict(), type(config)().to_dict()
-    except Exception:  # noqa: BLE001 - a config class that cannot build its defaults: no hint
-        return {}
-    words = ("scale", "scaling", "multiplier", "scalar")
-    return {k: (v, default.get(k)) for k, v in saved.items()
-            if any(w in k.lower() for w in words) and isinstance(v, (bool, int, float))
-            and k in default and default[k] != v}
-
-
-def with_switches(f, switches: dict):
-    """A missing-scale error whose config sets a scale switch away from its default: the fix
-    names the field first."""
-    if f.probe != "missing-scale" or f.severity != "error":
-        return f
-    said = ", ".join(f"{k}={v!r} (the default is {d!r})" for k, (v, d) in switches.items())
-    return replace(f, fix=f"config.json sets {said}: that field sets this scale in transformers' "
-                          f"code. " + (f.fix or ""),
-                   evidence={**f.evidence, "config_scale_fields": {k: v for k, (v, _) in switches.items()}})
 
 
 def build_model(tf, config, attn: str | None, kind: str = "seq2seq", *, init: bool = True) -> nn.Module:
