@@ -133,6 +133,21 @@ def test_plugin_on_a_decoder_only_and_an_encoder_only_model(pytester):
     result.stdout.fnmatch_lines(["*test_bert_with_a_causal_mask*", "*ERROR   mask-broadcast*"])
 
 
+def _t5_q_off_band(transformers, torch):
+    """A tiny T5 whose q is 3x its initialisation (off the fold's band, as training moves it)."""
+    torch.manual_seed(0)
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+        num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=8,
+        relative_attention_max_distance=16, feed_forward_proj="relu", pad_token_id=0,
+        eos_token_id=1, decoder_start_token_id=0))
+    with torch.no_grad():
+        for m in t5.modules():
+            if type(m).__name__ == "T5Attention":
+                m.q.weight.mul_(3.0)
+    return t5
+
+
 def test_check_judges_a_hugging_face_models_scale_where_its_design_is():
     """tndebug.check on a transformers object re-judges a missing-scale error on a fresh
     `_from_config` model of its class, as `tndebug triage DIR` does (issue 19): T5 folds the
@@ -141,16 +156,7 @@ def test_check_judges_a_hugging_face_models_scale_where_its_design_is():
     switch away from the default) stays an error."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
-        num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=8,
-        relative_attention_max_distance=16, feed_forward_proj="relu", pad_token_id=0,
-        eos_token_id=1, decoder_start_token_id=0)).eval()
-    with torch.no_grad():
-        for m in t5.modules():
-            if type(m).__name__ == "T5Attention":
-                m.q.weight.mul_(3.0)
+    t5 = _t5_q_off_band(transformers, torch).eval()
     report = tndebug.check(t5)
     scale = [f for f in report.findings if f.probe == "missing-scale"]
     assert scale and all(f.severity == "info" for f in scale), scale
@@ -170,16 +176,7 @@ def test_watch_judges_a_hugging_face_models_scale_where_its_design_is():
     a fresh initialisation."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
-        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
-        num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=8,
-        relative_attention_max_distance=16, feed_forward_proj="relu", pad_token_id=0,
-        eos_token_id=1, decoder_start_token_id=0))
-    with torch.no_grad():
-        for m in t5.modules():
-            if type(m).__name__ == "T5Attention":
-                m.q.weight.mul_(3.0)
+    t5 = _t5_q_off_band(transformers, torch)
     opt = torch.optim.Adam(t5.parameters(), 1e-4)
     g = torch.Generator().manual_seed(1)
     with tndebug.watch(t5, opt, probes="missing-scale") as dbg:
