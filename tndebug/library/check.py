@@ -97,9 +97,10 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         from tndebug.probes.hf_fixes import hf_fix, hf_where
         findings += duplicate_heads(attention_weights(model))
         from tndebug.at_init import scale_switches, with_switches
-        switches = scale_switches(getattr(model, "config", None)) if hasattr(model, "config") else {}
-        findings = driver.dedupe([with_switches(hf_where(hf_fix(f), model), switches) if switches
-                                  else hf_where(hf_fix(f), model) for f in findings])
+        findings = driver.dedupe([hf_where(hf_fix(f), model) for f in findings])
+        switches = scale_switches(model.config) if hasattr(model, "config") else {}
+        if switches:                       # a scale field set away from its default: the fix names it
+            findings = [with_switches(f, switches) for f in findings]
     else:
         findings += duplicate_heads(projection_weights(model))
         findings = driver.dedupe(findings)
