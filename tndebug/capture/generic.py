@@ -344,6 +344,8 @@ class GenericCapture:
         paths = set(self.tok_wrappers)                  # the layout: the ids they are fed
         if state.follow_attention:
             paths |= self.attention
+        if state.intercept:             # QK-norm: norms inside attention (_norm_in_attention)
+            paths |= {n for n in self.norms if any(n.startswith(a + ".") for a in self.attention)}
         if "ffn.hidden" in reads:
             paths |= set(self.ffn_out)
         if reads & {"embed", "grad.stream"}:            # what enters each stack, and from where

@@ -14,6 +14,12 @@ from tndebug.capture.structure import is_attention
 MASK_NATS = 50.0   # an added term this far below its row's largest scales a key's weight by e^-50
                    # (2e-22): the key is removed, whatever fill was used (-1e4, -1e9, -inf,
                    # finfo.min); a position bias spans a few nats and stays in the scores
+# A row whose every added term is this far below zero has every key removed (a query that may
+# see nothing: Gemma-3's sliding window over a padded tail, bench/hf_unseen.py's batches): its
+# largest term is fill too, so MASK_NATS, relative to it, finds nothing. -1e4 is the mildest
+# fill in use (Hugging Face's old -10000.0); a bias is a few nats (T5, ALiBi: slope x distance,
+# and a row's own key adds 0), so no row of a bias comes near it.
+FILL = 1e4
 
 
 def masked_by_addition(added, shape) -> torch.Tensor | None:
@@ -22,7 +28,7 @@ def masked_by_addition(added, shape) -> torch.Tensor | None:
         return None
     d = added.float()
     top = d.amax(-1, keepdim=True)
-    removed = ~d.isfinite() | (d < top - MASK_NATS)
+    removed = ~d.isfinite() | (d < top - MASK_NATS) | (top <= -FILL)
     try:
         return removed.expand(shape) if removed.any() else None
     except RuntimeError:

@@ -153,9 +153,14 @@ class _State(_Streams):
                     and args[0].is_floating_point() and args[0].shape == x.shape:
                 self.pos_calls.append((name, args[0].detach(), x))
             if name in cap.norms:
-                self._norm_output(module, out)
-                if args and self.last_add is not None:
-                    self._norm_called(args[0], out)
+                inside = bool(self.calls) and name.startswith(self.calls[-1].path + ".")
+                if inside and self.intercept:
+                    self._norm_in_attention(args, kwargs, out)
+                # the stream's norms, as before QK-norms were hooked for the maps alone
+                if not inside or self.keep_order or self.reads & {"grad.stream", "all"}:
+                    self._norm_output(module, out)
+                    if args and self.last_add is not None:
+                        self._norm_called(args[0], out)
             if name in cap.layers:
                 stack, i = cap.layers[name]
                 self._stream(name, stack, i, "layer", out)
@@ -166,6 +171,36 @@ class _State(_Streams):
                 self._stream(name, cap.stacks[name], None, "stack", out)
             return None
         return hook
+
+    def _norm_in_attention(self, args, kwargs, out: torch.Tensor) -> None:
+        """A normalisation inside an attention module of a projection's output (QK-norm: Qwen3,
+        OLMo-2, Gemma-3 normalise q and k, per head or across heads, before RoPE and the
+        product): its output joins the call's maps, so that q and k at the product are traced
+        to it and the fitted scale is the one between the norm and the softmax, as the model's
+        code applies it. Only a norm whose input is (a view of) a map's output already run in
+        this call; the map's input stays the entry's input (what q and k were fed, which
+        tells self- from cross-attention). No weight: a norm's output never counts as a shared
+        projection (`_same_map`)."""
+        x = args[0] if args else next(iter(kwargs.values()), None)
+        if not isinstance(x, torch.Tensor) or x.shape != out.shape or out.dim() not in (3, 4):
+            return
+        call = self.calls[-1]
+        ptr = x.untyped_storage().data_ptr()
+        fed = next((i for i, o, _ in reversed(call.linears)
+                    if o.untyped_storage().data_ptr() == ptr), None)
+        if fed is None:
+            return
+        rows = out.detach()
+        if rows.dim() == 4:                     # per head: [B, T, h, d] or [B, h, T, d]
+            if fed.dim() != 3:                  # the map's input: [B, T, d_in]
+                return
+            if rows.shape[:2] == fed.shape[:2]:
+                rows = rows.flatten(-2)
+            elif rows.shape[0] == fed.shape[0] and rows.shape[2] == fed.shape[1]:
+                rows = rows.transpose(1, 2).flatten(-2)
+            else:
+                return
+        call.linears.append((fed, rows, None))
 
     # -- attention events ----------------------------------------------------------------------
     def current(self) -> _AttnCall | None:

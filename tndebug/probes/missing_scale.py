@@ -126,7 +126,10 @@ class MissingScale(Probe):
     out; with probabilities only, row-centred ln P on row-centred QK^T. Q and K are the
     projections' outputs: the generic capture traces the product's operands back to them, so a
     scale folded into q or k (`q * self.scaling`) counts; through a rotation after the
-    projection (RoPE) by the vectors' norms, which it keeps, as it keeps q.k's size. |c*sqrt(d_k) - 1| > 1e-3 (1e-2 in
+    projection (RoPE) by the vectors' norms, which it keeps, as it keeps q.k's size. With
+    QK-norm (Qwen3, Gemma-3, OLMo-2: q and k normalised inside the attention module) the
+    norms' outputs stand for the projections, and the scale is the one the code applies after
+    them. |c*sqrt(d_k) - 1| > 1e-3 (1e-2 in
     16-bit) is an error; unscaled attention whose q is sqrt(d_k) smaller than k (the weights
     carry the scale, as T5's initialisation does) is info. At setup (eval, a random batch) and
     on a sparse schedule during training. A module whose scores are not c*QK^T plus a shared
