@@ -93,6 +93,15 @@ JOBS: tuple[Job, ...] = (
         (("bench/hf_unseen.py", "--archs", "gpt2", "--steps", "20", "--key", "shapes", "--out",
           "{out}/hf_shapes"),),
         (R + "hf_shapes.json", R + "hf_shapes.md"), 12.0),
+    Job("hf_scan", "`tndebug triage DIR` on a development scan of 23 more architectures (QK-norm, "
+        "mixtures of experts, fused gated FFNs, n-gram streams), trained 1000 steps, healthy and with "
+        "injected bugs; not held out (what it found was fixed)",
+        (("bench/hf_unseen.py", "--scan", "--steps", "1000", "--key", "scan", "--note",
+          "SCAN: a development scan outside both halves (2026-12-07): what it found was fixed, so not "
+          "held out", "--out", "bench/results/hf_scan"),),
+        (("bench/hf_unseen.py", "--archs", "olmo2", "--steps", "20", "--key", "scan", "--out",
+          "{out}/hf_scan"),),
+        (R + "hf_scan.json", R + "hf_scan.md"), 6.0),
     Job("hf_triage_sizes", "`tndebug triage DIR` at GPT-2-small and BART-base size: time and peak "
         "memory against 30 s and 3x the fp32 weights (issue 21)",
         (("bench/hf_triage.py", "--size", "gpt2-small"), ("bench/hf_triage.py", "--size", "bart-base")),

@@ -94,10 +94,20 @@ def split() -> tuple[list[str], list[str]]:
 # Issue 21's decoder-only and encoder-only architectures: the tests use them (calibration side,
 # not held out); `--archs` runs them through the same cases.
 SHAPES = {"decoder": ["gpt2", "llama", "qwen2", "mistral", "gpt_neox"], "encoder": ["bert", "roberta"]}
+# A development scan (2026-12-07): architectures outside both halves, run once to find what the
+# halves do not hold (QK-norm, mixtures of experts, fused gated FFNs, sliding windows over
+# padding, n-gram streams); what it found was fixed and some are now in tests (cohere, olmo2,
+# gemma3_text: tests/triage/test_hf_qk_norm.py; glm, modernbert: test_hf_fused_ffn.py; mixtral:
+# test_hf_load.py). Not held out. MPT is left out: transformers' own MptForCausalLM fails this
+# task's training call (its attention mask is None).
+SCAN = {"decoder": ["olmo2", "gemma3_text", "cohere", "glm", "granite", "helium", "mixtral", "persimmon",
+                    "biogpt", "xglm", "codegen", "openai-gpt", "smollm3", "exaone4"],
+        "seq2seq": ["pegasus_x", "bigbird_pegasus", "prophetnet", "switch_transformers"],
+        "encoder": ["roberta-prelayernorm", "camembert", "data2vec-text", "modernbert", "esm"]}
 
 
 def shape_of(arch: str) -> str:
-    return next(s for group in (ARCHS, SHAPES) for s, names in group.items() if arch in names)
+    return next(s for group in (ARCHS, SHAPES, SCAN) for s, names in group.items() if arch in names)
 
 
 # -- configs --------------------------------------------------------------------------------
@@ -162,6 +172,47 @@ def config(arch: str):
         "gpt_neox": lambda: T.GPTNeoXConfig(**dec, rotary_pct=0.5),
         "bert": lambda: T.BertConfig(**enc),
         "roberta": lambda: T.RobertaConfig(**enc),
+        # SCAN
+        "olmo2": lambda: T.Olmo2Config(**dec, num_key_value_heads=2),
+        "gemma3_text": lambda: T.Gemma3TextConfig(**dec, num_key_value_heads=2, head_dim=D // H, sliding_window=8,
+                                                  query_pre_attn_scalar=D // H),
+        "cohere": lambda: T.CohereConfig(**dec, num_key_value_heads=2, use_qk_norm=True),
+        "glm": lambda: T.GlmConfig(**dec, num_key_value_heads=2, head_dim=D // H),
+        "granite": lambda: T.GraniteConfig(**dec, num_key_value_heads=2),
+        "helium": lambda: T.HeliumConfig(**dec, num_key_value_heads=2, head_dim=D // H),
+        "mixtral": lambda: T.MixtralConfig(**dec, num_key_value_heads=2, num_local_experts=4,
+                                           num_experts_per_tok=2),
+        "persimmon": lambda: T.PersimmonConfig(**dec),
+        "biogpt": lambda: T.BioGptConfig(**dec),
+        "xglm": lambda: T.XGLMConfig(vocab_size=V, d_model=D, ffn_dim=2 * D, num_layers=L, attention_heads=H,
+                                     max_position_embeddings=64, dropout=0.0, **ids),
+        "codegen": lambda: T.CodeGenConfig(vocab_size=V, n_embd=D, n_layer=L, n_head=H, n_positions=64,
+                                           rotary_dim=D // H // 2, **ids),
+        "openai-gpt": lambda: T.OpenAIGPTConfig(vocab_size=V, n_embd=D, n_layer=L, n_head=H, n_positions=64,
+                                                **ids),
+        "smollm3": lambda: T.SmolLM3Config(**dec, num_key_value_heads=2),
+        "exaone4": lambda: T.Exaone4Config(**dec, num_key_value_heads=2, head_dim=D // H),
+        "pegasus_x": lambda: T.PegasusXConfig(**s2s, block_size=4, num_global_tokens=2),
+        "bigbird_pegasus": lambda: T.BigBirdPegasusConfig(**s2s, attention_type="original_full"),
+        "prophetnet": lambda: T.ProphetNetConfig(vocab_size=V, hidden_size=D, encoder_ffn_dim=2 * D,
+                                                 decoder_ffn_dim=2 * D, num_encoder_layers=L,
+                                                 num_decoder_layers=L, num_encoder_attention_heads=H,
+                                                 num_decoder_attention_heads=H, max_position_embeddings=64,
+                                                 decoder_start_token_id=2, dropout=0.0, **ids),
+        "switch_transformers": lambda: T.SwitchTransformersConfig(
+            vocab_size=V, d_model=D, d_kv=D // H, d_ff=2 * D, num_layers=L, num_decoder_layers=L,
+            num_heads=H, num_experts=4, decoder_start_token_id=2, dropout_rate=0.0, **ids),
+        "roberta-prelayernorm": lambda: T.RobertaPreLayerNormConfig(**enc),
+        "camembert": lambda: T.CamembertConfig(**enc),
+        "data2vec-text": lambda: T.Data2VecTextConfig(**enc),
+        "modernbert": lambda: T.ModernBertConfig(vocab_size=V, hidden_size=D, num_hidden_layers=L,
+                                                 num_attention_heads=H, intermediate_size=2 * D,
+                                                 max_position_embeddings=64, cls_token_id=1, sep_token_id=2,
+                                                 global_attn_every_n_layers=1, local_attention=8, **ids),
+        "esm": lambda: T.EsmConfig(vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
+                                   intermediate_size=2 * D, max_position_embeddings=64, pad_token_id=0,
+                                   mask_token_id=MASK, position_embedding_type="rotary",
+                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
     }
     return make[arch]()
 
@@ -544,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--half", choices=("dev", "held-out"), default="dev")
     ap.add_argument("--archs", help="comma-separated architectures instead of a half")
+    ap.add_argument("--scan", action="store_true", help="the development scan's architectures (SCAN)")
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--seeds", type=int, default=1, help="init/data seeds per architecture "
                                                           "(0..N-1; default 1: seed 0)")
@@ -560,8 +612,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     assert split() == (DEV, HELD_OUT), f"the written split is not split(): {split()}"
     prov = Provenance.start(__file__, argv)
-    archs = args.archs.split(",") if args.archs else (DEV if args.half == "dev" else HELD_OUT)
-    half = "custom" if args.archs else args.half
+    scan = [a for names in SCAN.values() for a in names]
+    archs = (args.archs.split(",") if args.archs else scan if args.scan
+             else DEV if args.half == "dev" else HELD_OUT)
+    half = "custom" if args.archs else "scan" if args.scan else args.half
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     recs = []

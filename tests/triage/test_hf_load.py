@@ -2,7 +2,9 @@
 first (issue 21: memory and time at real sizes). The model is built uninitialised
 (`build_model(init=False)`), handed the file's tensors (`load_tied`), and what the file lacks is
 initialised (`init_missing`): every parameter and buffer, the non-persistent ones too, must
-equal `from_pretrained`'s, and the logits with them, on each architecture tndebug names."""
+equal `from_pretrained`'s, and the logits with them, on each architecture tndebug names, and on
+mixtures of experts, whose saved keys transformers merges on load (before 2026-12-07 triage
+refused a Mixtral directory: "unexpected keys")."""
 from __future__ import annotations
 
 import pytest
@@ -39,6 +41,13 @@ def _configs():
         "qwen2": (T.Qwen2Config(**dec, num_key_value_heads=2), T.AutoModelForCausalLM),
         "mistral": (T.MistralConfig(**dec, num_key_value_heads=2), T.AutoModelForCausalLM),
         "gpt_neox": (T.GPTNeoXConfig(**dec), T.AutoModelForCausalLM),
+        # a mixture of experts: held fused (experts.gate_up_proj [E, 2f, d]), saved per expert
+        # (experts.0.w1.weight ...), merged on load by transformers' conversion mapping
+        "mixtral": (T.MixtralConfig(**dec, num_key_value_heads=2, num_local_experts=4,
+                                    num_experts_per_tok=2), T.AutoModelForCausalLM),
+        "qwen2_moe": (T.Qwen2MoeConfig(**dec, num_key_value_heads=2, num_experts=4,
+                                       num_experts_per_tok=2, moe_intermediate_size=D,
+                                       shared_expert_intermediate_size=D), T.AutoModelForCausalLM),
         "bert": (T.BertConfig(**enc), T.AutoModelForMaskedLM),
         "roberta": (T.RobertaConfig(**enc), T.AutoModelForMaskedLM),
     }

@@ -1,9 +1,10 @@
-"""missing-scale on attention with QK-norm (Qwen3 and Gemma-3 normalise each head of q and k,
-OLMo-2 the whole of q and k, before RoPE and the product): q and k at the product are traced to
+"""missing-scale on attention with QK-norm (Cohere with use_qk_norm, a LayerNorm per head with
+its own gains, and Gemma-3 normalise each head of q and k, before and after the head split;
+OLMo-2 the whole of q and k; all before RoPE and the product): q and k at the product are traced to
 the norms' outputs, so the scale the code applies between the norm and the softmax is fitted and
 judged, at initialisation and with trained norm gains; a scale removed from the loaded model is
 named. Before, every such module was "could not be traced": no verdict (issue 19's held-out
-Qwen3, INCOMPLETE after 1000 steps)."""
+Qwen3, INCOMPLETE after 1000 steps; Qwen3 itself stays out of the tests: bench/hf_unseen.py)."""
 from __future__ import annotations
 
 import math
@@ -19,7 +20,7 @@ from tndebug.triage.hf import triage_hf                               # noqa: E4
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-ARCHS = ("qwen3", "olmo2", "gemma3_text")
+ARCHS = ("cohere", "olmo2", "gemma3_text")
 V, D, L, H, D_K = 1000, 64, 2, 4, 16
 
 
@@ -27,8 +28,8 @@ def config(arch: str):
     T = transformers
     sizes = dict(vocab_size=V, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=L,
                  num_attention_heads=H, max_position_embeddings=64)
-    if arch == "qwen3":
-        return T.Qwen3Config(**sizes, num_key_value_heads=2, head_dim=D_K)
+    if arch == "cohere":
+        return T.CohereConfig(**sizes, num_key_value_heads=2, use_qk_norm=True)
     if arch == "olmo2":
         return T.Olmo2Config(**sizes, num_key_value_heads=2)
     # Gemma-3 scales by query_pre_attn_scalar ** -0.5: set to the head width, as its published
@@ -70,7 +71,7 @@ def scale_findings(report):
 @pytest.mark.parametrize("gains", ("init", "trained"))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_qk_normed_attention_is_checked_in_every_module(dirs, arch, gains, attn):
-    # At initialisation every per-head gain is 1 (Qwen3, Gemma-3) and the normed vectors' norms
+    # At initialisation every per-head gain is 1 (Cohere, Gemma-3) and the normed vectors' norms
     # differ only through the norm's eps (relative spread ~9e-6 here): the matcher's norm test
     # still holds, the right map fitting to 3e-8 against a bar of spread / 10 (capture/projections.py)
     report = triage_hf(TriageOptions(str(dirs[arch, gains]), attn=attn, probes="missing-scale"))

@@ -159,7 +159,8 @@ class GenericCapture:
 
         From structure, not names: outside attention, a module whose own Linear children include
         an expansion d -> f and a contraction f -> d (two Linears around an activation, or three
-        in a gated FFN such as T5's wi_0/wi_1/wo; Hugging Face's Conv1D counts as a Linear, see
+        in a gated FFN such as T5's wi_0/wi_1/wo, or a gated FFN's two fused into d -> 2f, as
+        Phi-3's gate_up_proj; Hugging Face's Conv1D counts as a Linear, see
         `affine_dims`) is a feed-forward block; the contraction's
         input is the hidden. When f == d the two cannot be told apart by shape, and the one
         registered second is taken (every implementation we know defines w_1 before w_2).
@@ -172,8 +173,10 @@ class GenericCapture:
             linears = [(n, c, affine_dims(c)) for n, c in m.named_children()]
             linears = [(n, c, dims) for n, c, dims in linears if dims is not None]
             for i, (n2, l2, (in2, out2)) in enumerate(linears):
+                # an expansion d -> f before it, or d -> 2f: a gated FFN's gate and up maps
+                # fused into one (Phi-3's and GLM's gate_up_proj, chunked in two)
                 pairs = [l1 for n1, l1, (in1, out1) in linears if l1 is not l2
-                         and out1 == in2 and in1 == out2]
+                         and out1 in (in2, 2 * in2) and in1 == out2]
                 contraction = in2 > out2 or (
                     in2 == out2 and any(l1 is c for _, c, _ in linears[:i] for l1 in pairs))
                 named = n2 in _FFN_OUT and (owner in self.layers or _FFN.search(owner.rpartition(".")[2])

@@ -207,6 +207,8 @@ def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch
     z = (a_head - 1) / s0
     if not z < HEAD_NULL_Z:
         return []
+    if states.shape[:-1] != real.shape or logits.shape[:-1] != real.shape:
+        return []           # a head read once per stream (ProphetNet's [N, ngram, T, d]): not judged
     y = tgt_out[real]
     refit, saved, scored = _refit_accuracy(states, real, y, logits[real].argmax(-1))
     if scored < 2 * MIN_ROWS_PER_FOLD or refit - saved < SHOWN_GAP:

@@ -231,22 +231,48 @@ def _line(e: Exception) -> str:
 
 
 def renamed(model: nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`sd` with the key renames transformers applies on load (its conversion mapping:
-    GPTNeoX saves `embed_out.weight` for the model's `lm_head.weight`). A key is renamed only
-    when it is not one of the model's own and its new name is; without the mapping (older
-    transformers) nothing changes."""
+    """`sd` with the key renames and merges transformers applies on load (its conversion
+    mapping, through its own functions: GPTNeoX saves `embed_out.weight` for the model's
+    `lm_head.weight`; transformers 5 holds a mixture of experts' weights fused,
+    `mlp.experts.gate_up_proj`, and saves them per expert, `block_sparse_moe.experts.0.w1.weight`,
+    which the mapping's operations stack and concatenate). A key is renamed only when it is not
+    one of the model's own and its new name is; without the mapping (older transformers), or
+    where a merge fails, the keys stay as saved (and what does not fit is refused)."""
     try:
         from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightRenaming
-        rules = [(src, t.target_patterns[0]) for t in get_model_conversion_mapping(model)
-                 if type(t) is WeightRenaming and len(t.target_patterns) == 1
-                 for src in t.source_patterns]
+        from transformers.core_model_loading import WeightConverter, dot_natural_key, rename_source_key
+        mapping = list(get_model_conversion_mapping(model) or [])
     except Exception:  # noqa: BLE001 - no mapping in this transformers: keys as saved
         return sd
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    renamings = [t for t in mapping if not isinstance(t, WeightConverter)]
     own = model.state_dict()
-    out = {}
-    for k, v in sd.items():
-        new = next((n for src, dst in rules for n in [re.sub(src, dst, k)] if n != k and n in own),
-                   k) if k not in own else k
-        out[new] = v
+    prefix = getattr(model, "base_model_prefix", None)
+    out: dict[str, torch.Tensor] = {}
+    merges: dict[str, tuple] = {}                   # target key -> (converter, {pattern: [tensors]})
+    for k in sorted(sd, key=dot_natural_key):       # experts in their index order
+        new, pattern = k, None
+        if k not in own:
+            try:
+                new, pattern = rename_source_key(k, renamings, converters, prefix, own)
+            except Exception:  # noqa: BLE001 - a key the mapping cannot read: as saved
+                new, pattern = k, None
+        if new not in own or new == k:
+            out[k] = sd[k]
+        elif pattern is None:
+            out[new] = sd[k]
+        else:
+            conv = next(t for t in converters if pattern in t.source_patterns)
+            merges.setdefault(new, (conv, {}))[1].setdefault(pattern, []).append((k, sd[k]))
+    for new, (conv, parts) in merges.items():
+        try:
+            d = {p: [v for _, v in kv] for p, kv in parts.items()}
+            for op in conv.operations:
+                d = op.convert(d, conv.source_patterns, conv.target_patterns)
+            (value,) = d.values()
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(type(value).__name__)
+            out[new] = value
+        except Exception:  # noqa: BLE001 - not merged: the keys as saved, refused by load_tied
+            out.update({k: v for kv in parts.values() for k, v in kv})
     return out
