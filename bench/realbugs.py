@@ -155,7 +155,7 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
     coll = [r for r in changing if "collateral" in r["outcome"]]
     L = ["# Real-bug corpus: reported Transformer bugs, reconstructed in a model of our own (issue 19)", "",
          provenance_line(meta["provenance"]),
-         f"* Commit `{meta['commit']}` (at the start); `git status --porcelain` empty at the start: **{meta['clean_tree']}**"
+         f"* Commit `{meta['commit']}` (at the start); the code clean at the start (bench/_provenance.py CODE_PATHS): **{meta['clean_tree']}**"
          f" (the corpus itself, {', '.join(CORPUS_PATHS)}: {'committed' if meta['corpus_clean'] else 'UNCOMMITTED'})",
          f"* Command `{meta['provenance']['command']}`; load average before {meta['provenance']['load_before']}, "
          f"after {meta['provenance']['load_after']}; wall {meta['wall_s']:.0f} s",
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     prov = Provenance.start(__file__, argv)
-    clean_tree = _git("status", "--porcelain") == ""
+    clean_tree = prov.tree["clean"]          # the code's paths (results written by a chain excluded)
     corpus_clean = _git("status", "--porcelain", "--", *CORPUS_PATHS) == ""
     t0 = time.perf_counter()
     records = []
