@@ -124,3 +124,21 @@ def test_body_under_the_alignment_bar_is_judged_from_behaviour(tmp_path, monkeyp
     code, found = _triage(model, ids, tmp_path, "redrawn")        # the CLI passes its from_config
     assert code == 1 and [(f["severity"], f["where"]) for f in found] == [("error", "lm_head.weight")], found
     assert found[0]["evidence"]["fresh_refit_accuracy"] is not None
+
+
+def test_a_head_that_cannot_be_judged_on_the_data_is_not_a_pass(tmp_path):
+    """Data too small to refit a head (3 sequences): the untied head's test did not run, and the
+    verdict says so (a part not run: INCOMPLETE, exit 4), as it does without data; before
+    2026-12-07 this returned nothing and the verdict could be CLEAN."""
+    from tndebug.triage import hf_head
+    model, ids = _trained("gpt2", 300)
+    few = ids[:3]
+    found, why = hf_head.judge_head(model, None, few[:, :-1], few[:, 1:], 0)
+    assert found == [] and "fewer than a refitted head needs" in why, why
+    code, report = triage_report(model, few, tmp_path, "few")
+    not_run = report["probes"]["checkpoint"].get("not_run", {})
+    assert "the untied-head test" in not_run and "lm_head.weight" in not_run["the untied-head test"], report["probes"]["checkpoint"]
+    assert report["verdict"] != "clean" and code == 4, (report["verdict"], code)
+    # judged on enough data: no part left unrun
+    found, why = hf_head.judge_head(model, None, ids[:, :-1], ids[:, 1:], 0)
+    assert found == [] and why is None

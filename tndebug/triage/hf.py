@@ -297,20 +297,21 @@ def triage_hf(opts, patch=None, sinks=()):
     forward, second = adapter(model)
 
     data, source, data_checks = held_out(opts, folder, ids, ids["marker"], config, kind)
+    head_unrun = None                     # why an untied head was not judged, if it was not
     if data is not None:
         check_vocab(Batch(data.tgt_in if decoder else data.src, data.tgt_in, data.tgt_out),
                     src_v, tgt_v, source)
         if not encoder:                   # an untied head that does not fit the trained body
-            from tndebug.triage.hf_head import head_unfit_on_data
+            from tndebug.triage.hf_head import judge_head
             t_in = data.tgt_in.clone()
             if not decoder:
                 t_in[:, 0] = ids["start"]  # as the model is called: led by the decoder start
-            data_checks = data_checks + head_unfit_on_data(
+            head_found, head_unrun = judge_head(
                 model, None if decoder else data.src, t_in, data.tgt_out, ids["pad"],
                 fresh=lambda: seeded(lambda: build_model(tf, config, attn, kind)))
+            data_checks = data_checks + head_found
     # data given but not read (config.json's pad is a real token of it: data_checks names it)
     unused = f"{source} was not used (the pad_token_id error)" if data is None and source else ""
-    head_unrun = None
     if data is None and not encoder:      # the same head, unjudged: the verdict says so
         from tndebug.triage.hf_head import head_unchecked
         head_unrun = head_unchecked(model, unused)

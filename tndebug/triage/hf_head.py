@@ -179,9 +179,19 @@ def head_unchecked(model: nn.Module, unused: str = "") -> str | None:
 def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch.Tensor,
                        tgt_out: torch.Tensor, pad_id: int,
                        fresh: Callable[[], nn.Module] | None = None) -> list[Finding]:
+    """`judge_head`'s findings alone."""
+    return judge_head(model, src, tgt_in, tgt_out, pad_id, fresh)[0]
+
+
+def judge_head(model: nn.Module, src: torch.Tensor | None, tgt_in: torch.Tensor,
+               tgt_out: torch.Tensor, pad_id: int,
+               fresh: Callable[[], nn.Module] | None = None) -> tuple[list[Finding], str | None]:
     """The loaded `model` on the user's held-out batch: an untied head that does not fit its
     trained body, shown in accuracy, is an error; else nothing (a tied head is
-    hf_checks.tied_head's case).
+    hf_checks.tied_head's case). Returns (findings, why the head could not be judged, or None):
+    too few target tokens to refit a head, the model's linear maps not read, a head read once
+    per stream, or a body whose training could not be told (no fresh initialisation): the
+    verdict records that as a part not run, never as a pass.
 
     Args:
         src: [N, S] the encoder's ids of an encoder-decoder; ignored (None or [N, 0]) for a
@@ -194,30 +204,38 @@ def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch
             whether the body learned (LEARNED_GAP)."""
     key = untied_head(model)
     if key is None:                                # tied (or no matrix head): not this check's
-        return []
+        return [], None
     head = model.get_output_embeddings()
     real = tgt_out != pad_id
-    if int(real.sum()) < 4 * MIN_ROWS_PER_FOLD or len(tgt_in) < 4:
-        return []
+    n_real = int(real.sum())
+    if n_real < 4 * MIN_ROWS_PER_FOLD or len(tgt_in) < 4:
+        return [], (f"{key}: the data hold {n_real} target tokens in {len(tgt_in)} sequences, "
+                    f"fewer than a refitted head needs ({4 * MIN_ROWS_PER_FOLD} in 4)")
     stats, states, logits = _run(model, head, src, tgt_in, tgt_out, pad_id)
     if stats is None or "\0head" not in stats or len(stats) < 3:
-        return []
+        return [], f"{key}: the model's linear maps could not be read on the data"
     a_head, s0 = stats.pop("\0head")
     body = statistics.median(a for a, _ in stats.values())
     z = (a_head - 1) / s0
     if not z < HEAD_NULL_Z:
-        return []
+        return [], None                            # aligned with the states it reads: fits
     if states.shape[:-1] != real.shape or logits.shape[:-1] != real.shape:
-        return []           # a head read once per stream (ProphetNet's [N, ngram, T, d]): not judged
+        return [], (f"{key} reads states of shape {list(states.shape)}, not one per target "
+                    f"token (a head per stream, as ProphetNet's): not judged")
     y = tgt_out[real]
     refit, saved, scored = _refit_accuracy(states, real, y, logits[real].argmax(-1))
-    if scored < 2 * MIN_ROWS_PER_FOLD or refit - saved < SHOWN_GAP:
-        return []
+    if scored < 2 * MIN_ROWS_PER_FOLD:
+        return [], f"{key}: {scored} target tokens scored, too few to compare a refitted head"
+    if refit - saved < SHOWN_GAP:
+        return [], None                            # predicts as well as a refit: fits
     base = None
     if body < BODY_TRAINED:         # the alignment does not say trained: does behaviour?
         base = _fresh_refit(fresh, src, tgt_in, tgt_out, pad_id) if fresh is not None else None
-        if base is None or refit - base < LEARNED_GAP:
-            return []
+        if base is None:
+            return [], (f"{key}: the body's alignment ({body:.2f}x) does not say trained, and no "
+                        f"fresh initialisation could be built to ask its behaviour")
+        if refit - base < LEARNED_GAP:
+            return [], None         # body and head both still learning: not a defect
     learned = ("" if base is None else
                f", and its states predict {100 * (refit - base):.0f} points more of the targets than a "
                f"fresh initialisation's")
@@ -237,7 +255,7 @@ def head_unfit_on_data(model: nn.Module, src: torch.Tensor | None, tgt_in: torch
                   "threshold": f"body median >= {BODY_TRAINED} (or refit accuracy >= a fresh "
                                f"initialisation's + {LEARNED_GAP}), head z < {HEAD_NULL_Z}, refit "
                                f"accuracy >= saved + {SHOWN_GAP}"},
-        code="checkpoint/head-unfit")]
+        code="checkpoint/head-unfit")], None
 
 
 def _fresh_refit(fresh: Callable[[], nn.Module], src, tgt_in, tgt_out, pad_id) -> float | None:
