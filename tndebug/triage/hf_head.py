@@ -212,8 +212,14 @@ def judge_head(model: nn.Module, src: torch.Tensor | None, tgt_in: torch.Tensor,
         return [], (f"{key}: the data hold {n_real} target tokens in {len(tgt_in)} sequences, "
                     f"fewer than a refitted head needs ({4 * MIN_ROWS_PER_FOLD} in 4)")
     stats, states, logits = _run(model, head, src, tgt_in, tgt_out, pad_id)
-    if stats is None or "\0head" not in stats or len(stats) < 3:
-        return [], f"{key}: the model's linear maps could not be read on the data"
+    if stats is None:
+        return [], f"{key}: the model did not run on the data"
+    if "\0head" not in stats:
+        return [], (f"{key}: the module transformers names as the output layer "
+                    f"({type(head).__name__}) is not applied to the final states in the forward "
+                    f"(FSMT's output_projection is another module), so what it reads is not seen")
+    if len(stats) < 3:
+        return [], f"{key}: fewer than 2 of the body's linear maps were read on the data"
     a_head, s0 = stats.pop("\0head")
     body = statistics.median(a for a, _ in stats.values())
     z = (a_head - 1) / s0
@@ -289,6 +295,8 @@ def _run(model: nn.Module, head: nn.Module, src, tgt_in, tgt_out, pad_id):
     stats, handles, seen = {}, [], {}
 
     def look(mod, args):
+        if not (args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point()):
+            return                   # ids into an Embedding named as the output layer (FSMT)
         x = args[0].detach().float()
         wt = mod.weight.detach().float()
         if mod is head:
