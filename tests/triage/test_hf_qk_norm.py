@@ -19,6 +19,11 @@ transformers = pytest.importorskip("transformers")
 from tndebug.triage.hf import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
+try:
+    from test_hf_decoder_scale import rope, scaled
+except ImportError:  # tests/triage imported as a package
+    from tests.triage.test_hf_decoder_scale import rope, scaled
+
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 ARCHS = ("cohere", "olmo2", "gemma3_text")
 V, D, L, H, D_K = 1000, 64, 2, 4, 16
@@ -84,12 +89,8 @@ def test_qk_normed_attention_is_checked_in_every_module(dirs, arch, gains, attn)
 @pytest.mark.parametrize("attn", ("eager", "sdpa"))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_unscaled_qk_normed_attention_is_named(dirs, arch, attn):
-    def unscaled(model, adapter):
-        for m in model.modules():
-            if isinstance(getattr(m, "scaling", None), float):
-                m.scaling = 1.0
     report = triage_hf(TriageOptions(str(dirs[arch, "trained"]), attn=attn, probes="missing-scale"),
-                       patch=unscaled)
+                       patch=scaled(lambda m: 1.0))
     found = scale_findings(report)
     assert [(f.severity, f.code) for f in found] == [("error", "missing-scale/absent")], found
     assert len(found[0].evidence["modules"]) == L
@@ -98,14 +99,6 @@ def test_unscaled_qk_normed_attention_is_named(dirs, arch, attn):
 
 # -- the matcher -------------------------------------------------------------------------------
 B, T = 3, 10
-
-
-def rope(x):
-    t = torch.arange(x.shape[-2], dtype=torch.float32)[:, None]
-    ang = t * 10000 ** (-torch.arange(0, x.shape[-1], 2, dtype=torch.float32) / x.shape[-1])
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-    half = torch.cat([-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]], -1)
-    return x * cos + half * sin
 
 
 def test_a_rotated_per_head_normed_operand_is_traced_to_the_norm_not_the_projection():

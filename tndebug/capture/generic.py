@@ -348,7 +348,7 @@ class GenericCapture:
         if state.follow_attention:
             paths |= self.attention
         if state.intercept:             # QK-norm: norms inside attention (_norm_in_attention)
-            paths |= {n for n in self.norms if any(n.startswith(a + ".") for a in self.attention)}
+            paths |= self._attention_norms()
         if "ffn.hidden" in reads:
             paths |= set(self.ffn_out)
         if reads & {"embed", "grad.stream"}:            # what enters each stack, and from where
@@ -357,6 +357,15 @@ class GenericCapture:
         if "grad.stream" in reads:      # the norms: a Post-LN stream point may be one's output
             paths |= set(self.layers) | self.sublayers | self.norms
         return [n for n, _ in self.model.named_modules() if n in paths]
+
+    def _attention_norms(self) -> set[str]:
+        """The norms inside attention modules, found once per set of attention modules (it
+        grows only when `discover` adds one), not on every probed step."""
+        key = frozenset(self.attention)
+        if getattr(self, "_attn_norms_key", None) != key:
+            self._attn_norms_key = key
+            self._attn_norms = {n for n in self.norms if any(n.startswith(a + ".") for a in key)}
+        return self._attn_norms
 
     @contextmanager
     def _installed(self, state: "_State", paths: list[str]):
