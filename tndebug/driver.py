@@ -169,7 +169,7 @@ def first_sign(findings: list[Finding]) -> Finding | None:
     return min(signs, key=lambda s: s[:3])[3] if signs else None
 
 
-STATUS_ORDER = ("skipped", "no verdict", "pass", "warn", "fail")
+STATUS_ORDER = ("skipped", "no verdict", "pass", "internal error", "warn", "fail")
 
 
 def status_of(findings: list[Finding], name: str) -> str:

@@ -4,7 +4,8 @@
      "run": {...},                 # what ran: task, preset, norm, faults, seed, steps, device,
                                    # final_loss, exact_match, token_accuracy, wall_s, status, ...
      "verdict": "clean" | "warnings" | "errors" | "incomplete" | "unchecked",
-     "probes": {name: {"status": "pass" | "warn" | "fail" | "no verdict" | "skipped",
+     "probes": {name: {"status": "pass" | "warn" | "fail" | "no verdict" | "skipped"
+                                 | "internal error",   # the probe's own code raised
                        "reason"?: str, "steps_observed"?: int,
                        "coverage"?: {where: {"status": "checked" | "no verdict" | "not applicable",
                                              "reason"?: str}}}},
@@ -72,7 +73,7 @@ class Report:
         places and not others is "partly checked" (its coverage says where), not here."""
         out = {}
         for n, st in self.probes.items():
-            if st.get("status") == "no verdict":
+            if st.get("status") in ("no verdict", "internal error"):
                 out[n] = st.get("reason", "")
             elif st.get("not_run"):
                 out[n] = "; ".join(f"{part} not run: {why}" for part, why in st["not_run"].items())

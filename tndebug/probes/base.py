@@ -126,6 +126,8 @@ class Probe:
         self.metrics: list[tuple[int, str, float]] = []   # (step, tag, value), drained by the engine
         self.skipped: str | None = None                   # reason, when nothing could be checked
         self.checked = False                              # something was actually examined
+        self.internal_error: str | None = None            # the probe's own code raised (a tndebug bug)
+        self.interrupted = False                          # a moment raised: what it checked is unfinished
         self.coverage: dict[str, dict[str, str]] = {}     # where -> {"status", "reason"?}
         self.observed_steps = 0                           # training steps observed (the engine counts)
         self.mode: str | None = None                      # run.mode, set by the engine
@@ -214,7 +216,7 @@ class Probe:
             self.skipped = reason
 
     def status(self, findings: list[Finding] | None = None) -> str:
-        """fail | warn | pass | no verdict | skipped.
+        """fail | warn | internal error | pass | no verdict | skipped.
 
         fail / warn from the findings (`findings`: another list to judge, e.g. every rank's
         under DDP); else "pass" only if something was checked; "no verdict" when the probe was
@@ -226,6 +228,10 @@ class Probe:
             return "fail"
         if any(f.severity == "warning" for f in findings):
             return "warn"
+        if self.internal_error:
+            return "internal error"         # never "pass": what it checked before it raised is unknown
+        if self.interrupted:
+            return "no verdict"
         if self._starved():
             return "no verdict"
         if self.checked:
@@ -242,6 +248,8 @@ class Probe:
     def reason(self) -> str:
         """Why the status is what it is: the probe's own skip reason, else (for no verdict or
         skipped) the first reason among its coverage at that level."""
+        if self.internal_error:
+            return self.internal_error
         if self._starved():
             return NO_STEP
         if self.skipped:

@@ -72,8 +72,13 @@ class ProbeEngine:
         try:
             return fn(*args)
         except Exception as e:  # noqa: BLE001 - a probe's bug must not kill training
-            if probe.skipped is None:
-                probe.skip(failure_reason(what, e))
+            if by_tndebug(e):       # tndebug's own bug: an internal error, never a pass
+                if probe.internal_error is None:
+                    probe.internal_error = failure_reason(what, e)
+            else:                   # the model raised and the probe did not catch it
+                probe.interrupted = True
+                if probe.skipped is None:
+                    probe.skip(failure_reason(what, e))
             return None
         finally:
             self.seconds_by_probe[probe.name] = self.seconds_by_probe.get(probe.name, 0.0) + \

@@ -287,7 +287,11 @@ class HeadCollapse(Probe):
         ev: dict[str, Any] = {"max_head_cosine": max_cos, "threshold_cosine": DUP_COS}
         if not groups and not weights and rec.probs is not None and not rec.head_averaged \
                 and not flat_scores(rec):
-            B, _, T, _ = rec.probs.shape
+            B, heads, T, _ = rec.probs.shape
+            if heads != h:       # the probabilities' head axis disagrees with the module's heads
+                self.skip(f"the attention probabilities hold {heads} heads on their head axis, the "
+                          f"module {h}: its layout could not be read", where=site)
+                return
             rows_ok = query_keep(trace, rec, B, T, rec.probs.device)
             stats, js = head_stats(rec.probs, rec.key_keep(), rows_ok)
             ent = stats[:, 0]

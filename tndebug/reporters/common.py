@@ -150,9 +150,9 @@ def first_sign_text(report: Report) -> str | None:
 
 
 def probe_groups(report: Report) -> dict[str, list[tuple[str, str]]]:
-    """status -> [(probe, reason)] for pass | warn | fail | no verdict | skipped."""
-    out: dict[str, list[tuple[str, str]]] = {"pass": [], "warn": [], "fail": [], "no verdict": [],
-                                             "skipped": []}
+    """status -> [(probe, reason)] for pass | warn | fail | internal error | no verdict | skipped."""
+    out: dict[str, list[tuple[str, str]]] = {"pass": [], "warn": [], "fail": [], "internal error": [],
+                                             "no verdict": [], "skipped": []}
     for name, st in report.probes.items():
         out.setdefault(st.get("status", "pass"), []).append((name, st.get("reason", "")))
     return out

@@ -255,7 +255,9 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
             line = Text(f"probes {label} ({len(groups[status])}): ", style=style)
             line.append(", ".join(n for n, _ in groups[status]), style="default")
             parts.append(line)
-    for status, label, word, style in (("no verdict", "probes with no verdict", "NO VERDICT", "magenta"),
+    for status, label, word, style in (("internal error", "probes that raised (a tndebug bug: please "
+                                        "report it)", "INTERNAL ERROR", "red"),
+                                       ("no verdict", "probes with no verdict", "NO VERDICT", "magenta"),
                                        ("partial", "partly checked", "", "dim"),
                                        ("skipped", "probes skipped", "SKIPPED", "dim")):
         rows = _partly_checked(report) if status == "partial" else groups.get(status, [])

@@ -13,6 +13,7 @@ from tndebug.reporters.plots import Plot
 RUN_KEYS_FIRST = ("status", "task", "preset", "arch", "norm", "faults", "probes", "seed", "steps",
                   "device", "final_loss", "exact_match", "token_accuracy", "wall_s")
 STATUS_MARK = {"pass": "pass", "warn": "**WARN**", "fail": "**FAIL**", "no verdict": "*no verdict*",
+               "internal error": "**INTERNAL ERROR** (a tndebug bug)",
                "skipped": "skipped"}
 
 
