@@ -15,7 +15,13 @@
                  "step", "findings": [index into findings, ...]}, ...]}
                                    # one defect in several modules: findings grouped by probe,
                                    # severity, fix and message up to module names and numbers
+     "metrics": {tag: [[step, value], ...]}}
+                                   # every scalar the reporters were shown (the probes' metrics,
+                                   # tags.py's families, and the trainer's train/, eval/): what
+                                   # TensorBoard got; one tag a line. {} when nothing recorded
 Keys are stable: add, never rename.
+
+    load_report("runs/x/report.json").metrics_frame().query("layer == 1")   # pandas (frames.py)
 """
 from __future__ import annotations
 
@@ -37,6 +43,8 @@ class Report:
     probes: dict[str, dict] = field(default_factory=dict)
     first_sign: Finding | None = None
     history: dict[str, list] = field(default_factory=dict)   # curves for plots (not in JSON's stable core)
+    # tag -> [(step, value), ...]: every scalar recorded (ReportSession.finish fills it)
+    metrics: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -94,11 +102,26 @@ class Report:
         index `self.findings`."""
         return group_findings(self.findings)
 
+    def findings_frame(self):
+        """A pandas DataFrame, one row per finding: probe, code, severity, where, step, layer,
+        head, rank, message, fix, then each evidence key as a column `evidence.<key>` (nested
+        keys joined with dots). The same frame from report.json (`load_report`)."""
+        from tndebug.frames import findings_frame
+        return findings_frame(self)
+
+    def metrics_frame(self):
+        """A long pandas DataFrame of every recorded scalar, one row per (tag, step): step, tag,
+        family, stack, kind, layer, head, stat, module, site, name, value; the columns between
+        are the tag families' parts (tndebug/probes/tags.py), blank where a tag has none."""
+        from tndebug.frames import metrics_frame
+        return metrics_frame(self)
+
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "run": self.run, "verdict": self.verdict, "probes": self.probes,
                 "first_sign": self.first_sign.to_dict() if self.first_sign else None,
                 "findings": [f.to_dict() for f in self.findings],
-                "groups": [g.to_dict() for g in self.groups()]}
+                "groups": [g.to_dict() for g in self.groups()],
+                "metrics": {tag: [list(p) for p in series] for tag, series in self.metrics.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Report":
@@ -106,17 +129,40 @@ class Report:
             raise ValueError(f"not a {SCHEMA} report (schema={d.get('schema')!r})")
         fs = d.get("first_sign")
         return cls(run=d["run"], findings=[Finding.from_dict(f) for f in d["findings"]],
-                   probes=d.get("probes", {}), first_sign=Finding.from_dict(fs) if fs else None)
+                   probes=d.get("probes", {}), first_sign=Finding.from_dict(fs) if fs else None,
+                   metrics={tag: [(int(s), v) for s, v in series]
+                            for tag, series in (d.get("metrics") or {}).items()})
 
     def write_json(self, path: str | Path) -> Path:
         path = Path(path)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, default=_jsonable) + "\n")
+        tmp.write_text(self.to_json())
         tmp.replace(path)
         return path
 
+    def to_json(self) -> str:
+        """report.json's text: indented, but each metric tag's series on one line (a run's
+        thousands of points would otherwise take four lines each)."""
+        d = self.to_dict()
+        metrics = d.pop("metrics")
+        text = json.dumps(d, indent=2, default=jsonable)
+        lines = [f"    {json.dumps(tag)}: {json.dumps(series, default=jsonable)}"
+                 for tag, series in metrics.items()]
+        body = "{\n" + ",\n".join(lines) + "\n  }" if lines else "{}"
+        return text[:-2] + f',\n  "metrics": {body}\n}}\n'
 
-def _jsonable(x):
+
+def load_report(path: str | Path) -> Report:
+    """The Report in a report.json written by `tndebug run`, `triage`, `tndebug.watch(out=)`
+    or `check(out=)`; `path` is the file or the directory holding it."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    return Report.from_dict(json.loads(path.read_text()))
+
+
+def jsonable(x):
+    """What json cannot write: a tensor as a list, a numpy scalar as its item, else str."""
     try:
         import torch
         if isinstance(x, torch.Tensor):

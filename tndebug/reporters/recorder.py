@@ -148,6 +148,14 @@ class Recorder:
         return self.last_finite, (f"no finite attention after step {self.last_finite.step} "
                                   f"(non-finite at step {snap.step})")
 
+    def recorded(self) -> dict[str, list[tuple[int, float]]]:
+        """Every scalar shown to this sink, tag -> [(step, value), ...]: the trainer's scalars,
+        then the probes' metrics (Report.metrics)."""
+        out = {tag: list(series) for tag, series in self.scalars.items()}
+        for tag, series in self.metrics.items():
+            out.setdefault(tag, []).extend(series)
+        return out
+
     def latest(self, tag: str) -> tuple[int, float] | None:
         series = self.metrics.get(tag) or self.scalars.get(tag)
         return series[-1] if series else None

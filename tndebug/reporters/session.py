@@ -11,6 +11,8 @@
 and hparams; then prints the summary (`fmt` text: the findings table on stdout; json: the
 report alone on stdout; md: report.md on stdout; everything else on stderr) and returns the
 exit code. It is idempotent; `close()` only flushes and closes TensorBoard (also idempotent).
+The report first gets every scalar the session recorded (`report.metrics`, unless it has its
+own): what TensorBoard got, for `Report.metrics_frame()` and report.json.
 Files: out_dir/report.json, report.md, figures/*.png, tb/events.out.tfevents.*
 """
 from __future__ import annotations
@@ -108,6 +110,7 @@ class ReportSession:
             return self._code
         t0 = time.perf_counter()
         report.run = relative_paths(report.run, self.out_dir)
+        report.metrics = report.metrics or self.recorder.recorded()    # what TensorBoard got
         paths = {"report": str(self.out_dir / "report.json")}
         md = ""
         try:
