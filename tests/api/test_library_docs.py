@@ -29,13 +29,16 @@ def workdir(tmp_path, monkeypatch):
 
 def test_the_page_has_an_example_per_entry_point():
     assert set(examples()) == {"mymodel.py", "train_plain.py", "train_hf.py", "train_lightning.py",
-                               "check_model.py", "test_mymodel.py"}
+                               "check_model.py", "test_mymodel.py", "notebook.py"}
 
 
 def test_plain_loop_and_check(workdir, capsys):
     runpy.run_path("train_plain.py", run_name="__main__")
     assert capsys.readouterr().out.strip().splitlines()[-1] == "clean 0"
     assert (workdir / "runs" / "mine" / "report.json").is_file()
+    table = runpy.run_path("notebook.py", run_name="__main__")["table"]     # the run's numbers
+    assert table.shape == (2, 4) and table.notna().all().all()               # layers x heads
+    assert (workdir / "entropy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     runpy.run_path("check_model.py", run_name="__main__")
     assert capsys.readouterr().out.strip().splitlines()[-1] == "clean []"
 
