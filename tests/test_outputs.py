@@ -5,16 +5,27 @@ import sys
 
 import pytest
 
-from tndebug import outputs
+from tndebug import manifest, outputs
 from tndebug.errors import UsageError
 
 
-def _run_in(d, *names):
+def _files(d, *names):
     d.mkdir(parents=True, exist_ok=True)
     for n in names:
         (d / n).parent.mkdir(parents=True, exist_ok=True)
         (d / n).write_text("x")
     return d
+
+
+def _run_in(d, *names):
+    """`d` with `names` written by tndebug (its manifest lists those tndebug writes)."""
+    _files(d, *names)
+    manifest.write(d, {n for n in names if manifest.tndebug_name(n)})
+    return d
+
+
+def _tree(d):
+    return sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file())
 
 
 def test_a_file_a_path_under_a_file_and_an_unwritable_parent_are_refused(tmp_path, monkeypatch):
@@ -52,7 +63,7 @@ def test_overwrite_clears_old_outputs_so_tb_holds_one_run(tmp_path):
     d = _run_in(tmp_path / "run", "report.json", "report.md", "checkpoint.pt", "figures/loss.png",
                 "tb/events.out.tfevents.1.host", "keep.txt")
     with outputs.claim_output(str(d), "x", overwrite=True, kind="run"):
-        assert sorted(p.name for p in d.rglob("*") if p.is_file()) == [outputs.LOCK, "keep.txt"]
+        assert _tree(d) == [outputs.LOCK, "figures/loss.png", "keep.txt"]   # loss.png: no tndebug name
     assert not (d / outputs.LOCK).exists()
 
 
@@ -105,3 +116,147 @@ def test_triage_default_names_the_parent_directory(tmp_path, monkeypatch):
     assert outputs.triage_default(tmp_path / "runs" / "copy-small-pre" / "checkpoint.pt") \
         == "triage-copy-small-pre-checkpoint"
     assert outputs.triage_default("a") == "triage-a"                      # a directory
+
+
+# -- issue 47: tndebug deletes only what it wrote ------------------------------------------------
+USERS = ("report.md", "data.csv", "figures/mine.png")
+
+
+def test_a_users_own_report_md_is_not_tndebug_output_and_survives_overwrite(tmp_path):
+    d = _files(tmp_path / "mine", *USERS)
+    for overwrite in (False, True):
+        with pytest.raises(UsageError, match=r"holds report.md, which tndebug did not write "
+                                             r"and would write over \(nothing is removed\)"):
+            outputs.resolve_output(str(d), "x", overwrite=overwrite, kind="run")
+        with pytest.raises(UsageError):
+            with outputs.claim_output(str(d), "x", overwrite=overwrite, kind="run"):
+                pass
+    assert _tree(d) == sorted(USERS)
+
+
+def test_overwrite_removes_exactly_what_the_manifest_lists(tmp_path):
+    d = _files(tmp_path / "run", "data.csv", "figures/mine.png")
+    with outputs.claim_output(str(d), "x", overwrite=False, kind="run") as out:     # a run's files
+        for n in ("report.json", "report.md", "checkpoint.pt", "figures/curves.png"):
+            (out / n).write_text("x")
+    assert manifest.read(d) == {"report.json", "report.md", "checkpoint.pt", "figures/curves.png"}
+    with pytest.raises(UsageError, match=r"already holds tndebug output \(report.json, report.md, "
+                                         r"checkpoint.pt\)"):
+        outputs.resolve_output(str(d), "x", overwrite=False, kind="run")
+    with outputs.claim_output(str(d), "x", overwrite=True, kind="run"):
+        assert _tree(d) == [outputs.LOCK, "data.csv", "figures/mine.png"]
+    assert _tree(d) == ["data.csv", "figures/mine.png"]
+
+
+def test_a_manifest_cannot_make_tndebug_delete_a_users_file(tmp_path):
+    d = _files(tmp_path / "run", "data.csv", "report.json")
+    (d / manifest.MANIFEST).write_text('{"written": ["data.csv", "../x", "report.json"]}')
+    (tmp_path / "x").write_text("x")
+    with outputs.claim_output(str(d), "x", overwrite=True, kind="run"):
+        pass
+    assert _tree(d) == ["data.csv"] and (tmp_path / "x").exists()
+
+
+def test_a_directory_from_before_the_manifest_is_recognised_by_its_files(tmp_path):
+    d = _files(tmp_path / "old", "data.csv", "figures/mine.png", "figures/curves.png")
+    (d / "report.json").write_text('{"schema": "tndebug.report/2", "run": {"figures": '
+                                   '[{"file": "figures/curves.png"}]}}')
+    (d / "report.md").write_text("# tndebug report: CLEAN\n")
+    _files(d, "tb/events.out.tfevents.1.host")
+    assert outputs.tndebug_outputs(d) == ["report.json", "report.md", "tb/"]
+    assert manifest.ours(d) == {"report.json", "report.md", "figures/curves.png",
+                                "tb/events.out.tfevents.1.host"}
+    with outputs.claim_output(str(d), "x", overwrite=True, kind="run"):
+        pass
+    assert _tree(d) == ["data.csv", "figures/mine.png"]
+
+
+def test_a_report_json_of_someone_else_is_not_tndebug_output(tmp_path):
+    d = tmp_path / "other"
+    d.mkdir()
+    (d / "report.json").write_text('{"schema": "mytool/1"}')
+    with pytest.raises(UsageError, match="holds report.json, which tndebug did not write"):
+        outputs.resolve_output(str(d), "x", overwrite=True, kind="run")
+
+
+def test_tensorboard_events_of_the_user_are_left_alone(tmp_path):
+    d = tmp_path / "tbrun"
+    (d / "tb").mkdir(parents=True)
+    (d / "tb" / "events.out.tfevents.1.host").write_bytes(b"x" * 1000)     # holds data
+    with pytest.raises(UsageError, match="holds tb/events.out.tfevents.1.host, which tndebug did not"):
+        outputs.resolve_output(str(d), "x", overwrite=True, kind="run")
+    # triage writes no tb/ over them (reporters/oneshot.py keeps them): no refusal
+    assert outputs.resolve_output(str(d), "x", overwrite=False, kind="triage") == (d, False)
+
+
+@pytest.mark.parametrize("out", ["", " ", "\t"])
+def test_an_empty_out_is_refused(out, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="an empty path; pass a directory path"):
+        outputs.resolve_output(out, "x", overwrite=False, kind="run")
+    with pytest.raises(UsageError, match=r"^out='': an empty path"):
+        outputs.resolve_output("", "x", overwrite=False, kind="run", names=outputs.LIBRARY)
+
+
+def test_a_command_that_fails_before_its_first_step_removes_what_it_made(tmp_path):
+    d = _files(tmp_path / "run", "data.csv")
+    with pytest.raises(RuntimeError):
+        with outputs.claim_output(str(d), "x", overwrite=False, kind="run") as out:
+            (out / "tb").mkdir()
+            (out / "tb" / "events.out.tfevents.2.host").write_bytes(b"x" * 500)
+            manifest.record(out / "tb" / "events.out.tfevents.2.host")
+            assert manifest.read(out) == {"tb/events.out.tfevents.2.host"}
+            raise RuntimeError("allocation failed")
+    assert _tree(d) == ["data.csv"] and not (d / "tb").exists()
+    new = tmp_path / "new"
+    with pytest.raises(RuntimeError):
+        with outputs.claim_output(str(new), "x", overwrite=False, kind="run") as out:
+            (out / "figures").mkdir()
+            (out / "figures" / "depth.png").write_text("x")
+            raise RuntimeError("boom")
+    assert not new.exists()
+    # a run that wrote its checkpoint keeps everything, listed
+    with pytest.raises(RuntimeError):
+        with outputs.claim_output(str(new), "x", overwrite=False, kind="run") as out:
+            (out / "checkpoint.pt").write_text("x")
+            (out / "report.md").write_text("x")
+            raise RuntimeError("later")
+    assert manifest.read(new) == {"checkpoint.pt", "report.md"}
+
+
+TINY_RUN = ["run", "--preset", "tiny", "--probe", "none", "--batch-size", "8", "--steps", "1"]
+
+
+def test_a_run_that_fails_at_its_start_leaves_no_tb_and_the_next_run_goes_in(tmp_path, monkeypatch,
+                                                                             capsys):
+    import tndebug.train
+    from tndebug.cli import main
+    d = _files(tmp_path / "mine", "data.csv", "figures/mine.png")
+    real = tndebug.train.run_training
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("could not allocate 8e12 bytes")
+    monkeypatch.setattr(tndebug.train, "run_training", fails)
+    assert main(TINY_RUN + ["--out", str(d)]) == 3
+    assert _tree(d) == ["data.csv", "figures/mine.png"]
+    monkeypatch.setattr(tndebug.train, "run_training", real)
+    assert main(TINY_RUN + ["--out", str(d)]) == 0
+    assert main(TINY_RUN + ["--out", str(d), "--overwrite"]) == 0
+    assert "data.csv" in _tree(d) and "figures/mine.png" in _tree(d)
+    assert len(list((d / "tb").glob("events.out.tfevents.*"))) == 1
+    capsys.readouterr()
+
+
+def test_the_cli_refuses_an_empty_out_and_a_users_report_md(tmp_path, monkeypatch, capsys):
+    from tndebug.cli import main
+    monkeypatch.chdir(tmp_path)
+    for out in ("", " "):
+        assert main(TINY_RUN + ["--out", out]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and "an empty path" in err and len(err.splitlines()) == 1, err
+    assert not any(tmp_path.iterdir())                       # nothing written into the cwd
+    d = _files(tmp_path / "mine", *USERS)
+    for extra in ([], ["--overwrite"]):
+        assert main(TINY_RUN + ["--out", "mine", *extra]) == 2
+        assert "which tndebug did not write" in capsys.readouterr().err
+    assert _tree(d) == sorted(USERS)

@@ -6,11 +6,13 @@
 The rule, the one TensorBoard and experiment-tracking users expect (a run is never silently
 replaced, and one tb/ never holds two runs):
 
-* `--out DIR` given: DIR must be a directory or not exist yet, must not lie under a file, and
-  must be writable. If DIR already holds tndebug output (report.json, report.md, checkpoint.pt
-  or TensorBoard event files in tb/), it is refused unless `--overwrite`; with `--overwrite`
-  the old outputs are removed first (`run`: reports, figures, event files, checkpoint;
-  `triage`: reports and figures only, never a checkpoint or tb/ it may be reading).
+* `--out DIR` given: DIR must be a non-empty path, a directory or not there yet, not under a
+  file, and writable. If DIR already holds tndebug output (what its `.tndebug-manifest.json`
+  lists, or files recognisably tndebug's: tndebug/manifest.py), it is refused unless
+  `--overwrite`, which removes exactly those files first (`run`: reports, figures, event files,
+  checkpoint; `triage`: reports and figures only, never a checkpoint or tb/ it may be reading).
+  A file of the user's where tndebug would write (their own report.md, or TensorBoard events
+  in tb/) is refused with or without `--overwrite`: nothing of the user's is changed.
 * no `--out`: the default name if it holds no tndebug output, else the first free of
   `NAME-2`, `NAME-3`, ... (a rerun of the same command never mixes with the last one).
 * `run --resume DIR` continues the run in DIR: its own outputs are expected there.
@@ -18,6 +20,8 @@ replaced, and one tb/ never holds two runs):
   whose process is gone is stale and taken over; a live one is refused.
 
 Every refusal is a UsageError (one line, exit 2) raised before anything is trained or loaded.
+A command that ends without writing a report or a checkpoint (it failed before its first step)
+removes the files it made, so the next run into DIR is not refused for them.
 `tndebug.watch(out=, overwrite=)` follows the same rule; its refusals name its keywords
 (`names=LIBRARY`), and without `out=` it writes nothing.
 """
@@ -29,11 +33,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from tndebug import manifest
 from tndebug.errors import UsageError
 
 LOCK = ".tndebug.lock"
-REPORT_FILES = ("report.json", "report.md")
-RUN_FILES = REPORT_FILES + ("checkpoint.pt", "checkpoint.pt.tmp")
 MAX_NUMBERED = 1000
 
 
@@ -50,14 +53,31 @@ CLI = Naming()
 LIBRARY = Naming(out="out='{}'", overwrite="overwrite=True", another="another out=", fresh="")
 
 
+SHOWN = ("report.json", "report.md", "checkpoint.pt", "checkpoint.pt.tmp", "tb/", "figures/")
+
+
+def _shown(entries) -> list[str]:
+    """Relative names as a refusal shows them: figures/ and tb/ once, report files first."""
+    tops = {e.split("/")[0] + "/" if "/" in e else e for e in entries}
+    first = [n for n in SHOWN if n in tops and n != "figures/"]
+    return first or sorted(tops)
+
+
 def tndebug_outputs(d: Path) -> list[str]:
-    """The tndebug outputs already in `d` (relative names), [] when none or no directory."""
-    if not d.is_dir():
-        return []
-    found = [n for n in RUN_FILES if (d / n).is_file()]
-    if any((d / "tb").glob("events.out.tfevents.*")):
-        found.append("tb/")
-    return found
+    """The tndebug outputs already in `d` (tndebug/manifest.py decides), as shown: [] when none."""
+    return _shown(manifest.ours(d))
+
+
+def writes(kind: str) -> tuple[str, ...]:
+    """The names a `kind` of command writes (triage: its tb/ is placed by reporters/oneshot.py)."""
+    return manifest.WRITES if kind == "run" else manifest.REPORTS
+
+
+def check_empty(out: str, names: "Naming") -> None:
+    """An empty or blank --out would write into the current directory: refused."""
+    if not str(out).strip():
+        place = names.out.format(out) if names is not CLI else f"--out {out!r}"
+        raise UsageError(f"{place}: an empty path; pass a directory path" + names.fresh)
 
 
 def check_place(d: Path, flag: str = "--out", names: Naming = CLI) -> None:
@@ -76,7 +96,11 @@ def check_place(d: Path, flag: str = "--out", names: Naming = CLI) -> None:
         raise UsageError(f"{place}: {parent} is not writable; pass a directory you can write")
 
 
-def numbered(base: Path, taken=lambda p: bool(tndebug_outputs(p)) or _locked(p)) -> Path:
+def _taken(p: Path) -> bool:
+    return bool(manifest.ours(p)) or bool(manifest.foreign(p, manifest.WRITES)) or _locked(p)
+
+
+def numbered(base: Path, taken=_taken) -> Path:
     """`base` if free, else the first free of base-2, base-3, ..."""
     if not taken(base):
         return base
@@ -88,23 +112,9 @@ def numbered(base: Path, taken=lambda p: bool(tndebug_outputs(p)) or _locked(p))
 
 
 def clear_outputs(d: Path, kind: str) -> list[str]:
-    """Remove the previous tndebug outputs of `d` that this `kind` of command writes."""
-    removed = []
-    names = RUN_FILES if kind == "run" else REPORT_FILES
-    for n in names:
-        if (d / n).is_file():
-            (d / n).unlink()
-            removed.append(n)
-    figures = d / "figures"
-    if figures.is_dir():
-        for f in figures.glob("*.png"):
-            f.unlink()
-            removed.append(f"figures/{f.name}")
-    if kind == "run":
-        for f in (d / "tb").glob("events.out.tfevents.*"):
-            f.unlink()
-            removed.append(f"tb/{f.name}")
-    return removed
+    """Remove what tndebug wrote in `d` (its manifest, or recognisably tndebug's files) that this
+    `kind` of command writes; never a file of the user's."""
+    return manifest.remove(d, {e for e in manifest.ours(d) if manifest.tndebug_name(e, writes(kind))})
 
 
 # -- the lock ----------------------------------------------------------------------------------
@@ -198,10 +208,16 @@ def resolve_output(out: str | None, default: str, *, overwrite: bool, kind: str,
         d = Path(default)
         check_place(d)
         return numbered(d), False
+    check_empty(out, names)
     d = Path(out)
     check_place(d, names=names)
     if continuing is not None and d.resolve() == Path(continuing).resolve():
         return d, False
+    theirs = manifest.foreign(d, writes(kind))
+    if theirs:
+        shown = ", ".join(theirs[:4]) + (f" (+{len(theirs) - 4} more)" if len(theirs) > 4 else "")
+        raise UsageError(f"{names.out.format(d)} holds {shown}, which tndebug did not write and "
+                         f"would write over (nothing is removed); pass {names.another}{names.fresh}")
     found = tndebug_outputs(d)
     if found and not overwrite:
         shown = ", ".join(found[:4])
@@ -241,12 +257,30 @@ def claim_output(out: str | None, default: str, *, overwrite: bool, kind: str,
     try:
         if clear:
             clear_outputs(d, kind)
-        yield d
+        with manifest.tracking(d):
+            before, listed = manifest.snapshot(d), manifest.read(d)
+            try:
+                yield d
+            finally:
+                _settle(d, before, listed)
     finally:
         lock.release()
         if created:
             with contextlib.suppress(OSError):   # only when empty
                 d.rmdir()
+
+
+def _settle(d: Path, before: dict, listed: set[str]) -> None:
+    """After the command: what it wrote (tndebug-named files new or changed since `before`, and
+    what `manifest.record` listed) goes in the manifest; a command that wrote neither a report
+    nor a checkpoint (it failed before its first step, or was refused) removes what it made."""
+    after = manifest.snapshot(d)
+    wrote = {n for n, key in after.items() if before.get(n) != key}
+    wrote |= {n for n in manifest.read(d) - listed if n in after}
+    if wrote & set(manifest.KEEPS):
+        manifest.add(d, wrote)
+    elif wrote:
+        manifest.remove(d, {n for n in wrote if n not in before})
 
 
 def triage_default(checkpoint: str | Path) -> str:

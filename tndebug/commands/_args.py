@@ -41,6 +41,15 @@ def positive_float(text: str) -> float:
     return value
 
 
+def out_path(text: str) -> str:
+    """--out: a path that is not empty or blank (an empty one would write into the current
+    directory); the rest of the rule is tndebug/outputs.py's."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty path; pass a directory path "
+                                         f"(without --out a fresh numbered directory is used)")
+    return text
+
+
 def probe_selection(spec: str, command: str) -> str:
     """--probe of run and triage: an empty selection ('' or ',') would check nothing and say
     CLEAN, so it is refused; `none` says that on purpose."""

@@ -10,8 +10,8 @@ import signal
 import sys
 
 from tndebug import driver
-from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, positive_float, \
-    positive_int
+from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, out_path, \
+    positive_float, positive_int
 from tndebug.config import ARCHS, NORM_KINDS, NORMS, POSITIONS, PRESETS, ModelConfig
 from tndebug.data import TASKS
 from tndebug.errors import SigTerm, UsageError
@@ -111,7 +111,7 @@ def add_parser(sub) -> None:
                         "under torchrun (gloo on CPU, NCCL with one GPU each); the global batch is "
                         "split over them; same as `torchrun --standalone --nproc-per-node=N -m "
                         "tndebug run ...` (default 1)")
-    p.add_argument("--out", default=None, metavar="DIR",
+    p.add_argument("--out", type=out_path, default=None, metavar="DIR",
                    help="where checkpoint.pt, report.json, report.md and tb/ go (default "
                         "runs/<task>-<preset>-<norm>[-faults], numbered -2, -3, ... when taken; "
                         "with --resume, the checkpoint's directory); see Outputs above")

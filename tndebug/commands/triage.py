@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 
 from tndebug import driver
-from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, positive_int
+from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, out_path, \
+    positive_int
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.probes import PROBE_NAMES
@@ -99,7 +100,7 @@ def add_parser(sub) -> None:
     p.add_argument("--probe", default=None,
                    help=f"probes to run: all, none or a,b (default: those that judge weights; "
                         f"known: {', '.join(PROBE_NAMES)})")
-    p.add_argument("--out", default=None, metavar="DIR",
+    p.add_argument("--out", type=out_path, default=None, metavar="DIR",
                    help="output directory (default: ./triage-<parent dir>-<file stem>, numbered "
                         "-2, -3, ... when taken); see Outputs above")
     p.add_argument("--overwrite", action="store_true",

@@ -39,6 +39,7 @@ from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import custom_scalars, hparams
 
+from tndebug import manifest
 from tndebug.probes import tags
 from tndebug.reporters.recorder import on_cadence
 from tndebug.capture.trace import Trace
@@ -66,8 +67,11 @@ class TensorBoardSink:
                  heavy_every: int | None = None, flush_secs: int = 30,
                  purge_step: int | None = None) -> None:
         self.log_dir = Path(log_dir)
+        before = set(self.log_dir.glob("events.out.tfevents.*"))
         self.writer = SummaryWriter(str(self.log_dir), flush_secs=flush_secs,
                                     purge_step=purge_step or None)
+        for f in set(self.log_dir.glob("events.out.tfevents.*")) - before:
+            manifest.record(f)          # listed now: a run killed before its report still has it
         self._written: dict[str, int] = {}             # SAME_AS tag -> last step written
         self.histograms, self.images = histograms, images
         self.heavy_every = heavy_every or HEAVY_EVERY   # steps that get histograms and images
