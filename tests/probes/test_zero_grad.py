@@ -15,13 +15,14 @@ from tndebug.probes.zero_grad import ZeroGradProbe
 V = 11
 
 
-def user_loop(steps=6, *, zero=True, set_to_none=True, micro=1, clip=False):
+def user_loop(steps=6, *, zero=True, set_to_none=True, micro=1, clip=False, start_step=0):
     """A user's loop under tndebug.watch: Adam, `micro` backward calls per step."""
     torch.manual_seed(0)
     model = make_model(ModelConfig.tiny())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
-    with tndebug.watch(model, opt, quiet=True, probes="zero-grad", total_steps=steps) as dbg:
+    with tndebug.watch(model, opt, quiet=True, probes="zero-grad", total_steps=steps,
+                       start_step=start_step) as dbg:
         for _ in range(steps):
             if zero:
                 opt.zero_grad(set_to_none=set_to_none)
@@ -55,6 +56,13 @@ def test_forgotten_zero_grad_is_an_exact_error_at_the_second_step(clip):
     assert f.severity == "error" and f.step == 1, f.message
     assert "zero_grad" in f.fix and f.evidence["version_unchanged"]
     assert f.evidence["carried_steps"] == f.evidence["checked_steps"] == 5
+
+
+def test_a_resumed_loop_names_the_global_step():
+    """Issue 44: after a resume at step 100 the finding is at step 101, not 1."""
+    report = user_loop(zero=False, start_step=100)
+    (f,) = [f for f in report.findings if f.probe == "zero-grad"]
+    assert f.step == 101 and "at step 101" in f.message and "step 100's gradient" in f.message
 
 
 def test_the_trainer_loop_is_clean():

@@ -27,7 +27,7 @@ import weakref
 
 import torch
 
-from tndebug.probes.base import Probe, RunContext
+from tndebug.probes.base import Probe, ResumeInfo, RunContext
 from tndebug.probes.schedule import own_hooks
 
 TRACKED = 3           # parameters watched: one shows the bug; the smallest keep the check cheap
@@ -54,6 +54,7 @@ class ZeroGradProbe(Probe):
         self._armed: set[int] = set()              # parameters whose next backward is looked at
         self._fresh = False
         self.steps = 0                             # optimizer steps seen
+        self._start = 0                            # the global step this process began at (resume)
         self.checked_steps = 0                     # steps whose first backward was looked at
         self._carried: set[int] = set()            # steps whose backward found the last step's grad
 
@@ -70,6 +71,9 @@ class ZeroGradProbe(Probe):
             self._handles.append(p.register_hook(lambda g, i=i: _incoming(me, i)))
         self._handles.append(run.optimizer.register_step_post_hook(
             lambda opt, args, kwargs: _stepped(me)))
+
+    def on_resume(self, run: RunContext, info: ResumeInfo) -> None:
+        self._start = info.step              # steps are counted from here: findings carry the global one
 
     def after_step(self) -> None:
         """The optimizer stepped: note each tracked .grad (object, version); arm the check."""
@@ -98,7 +102,7 @@ class ZeroGradProbe(Probe):
         self._carried.add(self.steps)
         if self.findings:
             return
-        step = self.steps                 # the step whose backward this is (0 = the first)
+        step = self._start + self.steps   # the global step whose backward this is
         self.report("error", f"gradients accumulate across optimizer steps: at step {step} the "
                     f".grad of {name} still held step {step - 1}'s gradient when backward added "
                     f"the new one (optimizer.zero_grad() is not called between steps)",

@@ -12,8 +12,10 @@ trainer may read them; probes never do).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -116,8 +118,15 @@ def check_resume_fits(model_cfg: ModelConfig, state: dict) -> None:
             model = make_model(apply_config_faults(model_cfg))
     except Exception:  # noqa: BLE001 - a model that cannot be built on meta: checked when loaded
         return
+    weights = distributed.unwrap_state_dict(state["model"])
+    # load_state_dict(assign=True) writes its switch into the dict's `_metadata` (torch 2.x), so
+    # the run's own load of the same dict would swap new Parameters into the model, away from
+    # the optimizer's (which then stepped orphans; the model's .grad summed forever): a copy
+    trial = OrderedDict(weights)
+    if getattr(weights, "_metadata", None) is not None:
+        trial._metadata = copy.deepcopy(weights._metadata)
     try:   # assign: meta tensors take the checkpoint's (shapes are still checked), no copy
-        model.load_state_dict(distributed.unwrap_state_dict(state["model"]), assign=True)
+        model.load_state_dict(trial, assign=True)
     except RuntimeError as e:
         raise UsageError(f"checkpoint does not fit this model: {ckpt.describe_mismatch(e)}") from None
     groups = (state.get("optimizer") or {}).get("param_groups") or []
