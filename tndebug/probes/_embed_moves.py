@@ -14,6 +14,7 @@ import torch
 
 from tndebug.probes._attn_stats import probe_batch
 from tndebug.probes._mask_tests import EXTRA_PADS as EXTRA, REL_TOL as REL   # the same exact test
+from tndebug.probes._tolerance import tol
 from tndebug.subject import Subject
 
 
@@ -30,7 +31,7 @@ def _delta(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor) -> tuple[float,
     a, b = a[keep].float(), b[keep].float()
     if not a.numel() or not (a.isfinite().all() and b.isfinite().all()):
         return None
-    return float((b - a).abs().max()), REL * (1 + float(a.abs().max()))
+    return float((b - a).abs().max()), tol(REL, a, b) * (1 + float(a.abs().max()))
 
 
 def embedding_moves(s: Subject) -> dict[str, dict]:

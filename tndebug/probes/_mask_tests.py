@@ -12,9 +12,12 @@ import torch
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._raised import ModelRaised, call as _call
 from tndebug.probes._attn_stats import as_heads, probe_batch
+from tndebug.probes._tolerance import tol
 from tndebug.subject import Subject
 
-# Exact tests, set on no run (8a62a05): fp32 rounding ~1e-7 vs effects of 1e-2..1; one value for every dtype.
+# Exact tests, set on no run (8a62a05): fp32 rounding ~1e-7 vs effects of 1e-2..1. In 16 bits each
+# is raised to 2 eps of the compute dtype (_tolerance.tol; MASS_TOL stays: a masked key's
+# probability is exactly 0 in every dtype).
 REL_TOL = 1e-5     # behaviour: max|change| > REL_TOL * (1 + max|reference|)
 MASS_TOL = 1e-6    # probability a real query puts on keys it must not see
 SUM_TOL = 1e-5     # |sum_j P_ij - 1| on real query rows
@@ -51,7 +54,7 @@ def compare(ref: torch.Tensor, new: torch.Tensor, keep: torch.Tensor | None = No
     finite = bool(ref.isfinite().all() and new.isfinite().all())
     if not finite:
         return Check(finite=False)
-    return Check(float((new - ref).abs().max()), REL_TOL * (1 + float(ref.abs().max())))
+    return Check(float((new - ref).abs().max()), tol(REL_TOL, ref, new) * (1 + float(ref.abs().max())))
 
 
 @dataclass
@@ -187,13 +190,13 @@ def expected(kind: str, src: torch.Tensor, tgt: torch.Tensor, pad: int):
     return q_real[:, None], allowed[:, None]
 
 
-def _normalised_axis(p: torch.Tensor) -> str | None:
+def _normalised_axis(p: torch.Tensor, sum_tol: float = SUM_TOL) -> str | None:
     """The axis other than keys and queries that the probabilities [B, h, T, S] sum to 1 over
     (a softmax taken over the batch or the heads), or None. Exact: a softmax's sums are 1 to
     rounding, and no other axis sums to 1 by accident on random inputs of more than one row."""
     q = p.nan_to_num()
     for axis, name in ((0, "batch"), (1, "heads")):
-        if p.shape[axis] > 1 and float((q.sum(axis) - 1).abs().max()) <= SUM_TOL:
+        if p.shape[axis] > 1 and float((q.sum(axis) - 1).abs().max()) <= sum_tol:
             return name
     return None
 
@@ -201,6 +204,7 @@ def _normalised_axis(p: torch.Tensor) -> str | None:
 def probs_check(m: Module, p: torch.Tensor, src, tgt, pad) -> str:
     """Mass on keys a real query must not see, row sums; sets m.problem when one fails.
     Returns "" when the probabilities were tested, else why they could not be."""
+    sum_tol = tol(SUM_TOL, p)                 # the probabilities' own rounding counts
     p = as_heads(p).float()                                                   # [B, h, Tq, Sk]
     q_real, allowed = expected(m.kind, src, tgt, pad)
     if p.shape[0] != allowed.shape[0] or p.shape[-2:] != allowed.shape[-2:]:
@@ -223,9 +227,9 @@ def probs_check(m: Module, p: torch.Tensor, src, tgt, pad) -> str:
     m.stats = st
     sum_err = max(abs(st["row_sum_min"] - 1), abs(st["row_sum_max"] - 1))
     span = f"{st['row_sum_min']:.3f}..{st['row_sum_max']:.3f}"
-    other = _normalised_axis(p) if sum_err > SUM_TOL else None
-    if sum_err > SUM_TOL:
-        if col_err <= SUM_TOL:
+    other = _normalised_axis(p, sum_tol) if sum_err > sum_tol else None
+    if sum_err > sum_tol:
+        if col_err <= sum_tol:
             m.problem, m.fix = f"softmax over the query axis: columns sum to 1, rows to {span}", NOTE["softmax_wrong_dim"]
             m.code = "softmax-axis"
         elif other is not None:

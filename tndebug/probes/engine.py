@@ -22,6 +22,7 @@ from tndebug.findings import Finding
 from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.budget import Budget
+from tndebug.probes._tolerance import computing_in
 from tndebug.capture.trace import Trace
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
@@ -70,7 +71,8 @@ class ProbeEngine:
         """Run one probe moment; a crashing probe is skipped, never the whole run."""
         t0 = time.perf_counter()
         try:
-            return fn(*args)
+            with computing_in(self.run.compute_dtype):      # exact tests' tolerances (_tolerance.py)
+                return fn(*args)
         except Exception as e:  # noqa: BLE001 - a probe's bug must not kill training
             if by_tndebug(e):       # tndebug's own bug: an internal error, never a pass
                 if probe.internal_error is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 
 from tndebug.notes import FAULT_NOTES
+from tndebug.probes._tolerance import tol
 from tndebug.probes._mask_tests import (FIT_TOL, INPUTS, KINDS, MASS_TOL, NOTE, REL_TOL, SUM_TOL,
                                         Check, Module, _likely_cause, behaviour, compare, probs_check)
 from tndebug.probes._raised import ModelRaised, call as _call, raised_in as _raised_in
@@ -212,11 +213,12 @@ class MaskBroadcast(Probe):
             mods = [m for m in modules if m.kind == kind and m.problem]
             if not mods and failed:
                 fit_heads()
-                mods = [m for m in modules if m.kind == kind and m.fit is not None and m.fit > FIT_TOL]
+                fit_tol = tol(FIT_TOL)
+                mods = [m for m in modules if m.kind == kind and m.fit is not None and m.fit > fit_tol]
                 for m in mods:
                     sides = m.fit_sides
-                    merge = sides.get("merge", 0.0) > FIT_TOL
-                    split = sides.get("split", 0.0) > FIT_TOL or not merge
+                    merge = sides.get("merge", 0.0) > fit_tol
+                    split = sides.get("split", 0.0) > fit_tol or not merge
                     words = []
                     if split:
                         words.append(f"q or v is not a per-position function of the input "
