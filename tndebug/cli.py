@@ -79,7 +79,10 @@ def _main(argv: list[str] | None) -> int:
             return EXIT_USAGE
         if getattr(args, "probe", None) is not None:
             probe_selection(args.probe, args.command)
-        return int(args.func(args) or 0)
+        try:
+            return int(args.func(args) or 0)
+        except SystemExit as e:           # tndebug never exits inside a command: the user's code did
+            raise UsageError(user_exit(e)) from None
     except UsageError as e:
         print(f"tndebug: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -97,6 +100,32 @@ def _main(argv: list[str] | None) -> int:
         print(f"tndebug: internal error: {type(e).__name__}: {e} "
               f"(set TNDEBUG_DEBUG=1 for the traceback; please report it)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def user_exit(e: SystemExit) -> str:
+    """One line for a SystemExit raised by the user's code (--model, --adapter, --data, their
+    import): the file and line that exited, from the traceback's last frame outside tndebug."""
+    import os
+    from pathlib import Path
+    ours = Path(__file__).resolve().parent
+    where = None
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not Path(name).resolve().is_relative_to(ours) and "_sitebuiltins" not in name:   # exit()
+            where = (name, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    call = f"sys.exit({e.code!r})" if e.code is not None else "sys.exit()"
+    if where is None:
+        return f"the code tndebug ran called {call}; nothing was diagnosed"
+    path, lineno, func = where
+    try:
+        path = os.path.relpath(path)
+    except ValueError:
+        pass
+    inside = "at import" if func == "<module>" else f"in {func}()"
+    return (f"{path} called {call} (line {lineno}, {inside}); tndebug runs that code to diagnose "
+            f"it: remove the exit, or put it under `if __name__ == \"__main__\":`")
 
 
 if __name__ == "__main__":
