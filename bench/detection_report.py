@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import Provenance, provenance_line  # noqa: E402
+from _tables import md_table  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 ALARM = ("warning", "error")
@@ -440,6 +441,7 @@ def _q(q: dict | None) -> str:
 
 
 def markdown(d: dict) -> str:
+    import pandas as pd
     from tndebug.probes import PROBE_NAMES
     s, t = d["setting"], d["targets"]
     m = d["machine"]
@@ -473,21 +475,19 @@ def markdown(d: dict) -> str:
          f"{'yes' if t['zero_alarms_benign'] else 'NO'} ({_pct(d['false_positives']['benign']['any'])}).", "",
          "## Per fault", "",
          "Recall and localisation: k/n (rate, Wilson 95%). Steps: median [Q1, Q3] from activation. "
-         "EM: held-out exact match, faulty vs reference mean; p: one-sided stratified permutation test.", "",
-         "| fault | norms | probe | recall | first-alarm severity | steps to detection | localised (first) | "
-         "localised (any) | silent runs | EM faulty / ref | EM worse (p) | tok-acc faulty / ref | tok-acc worse (p) |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, o in d["faults"].items():
-        probe = o["probe"] or "(claim)"
-        if o["latent_only"]:
-            probe += " (latent, fp32)"
-        sev = ", ".join(f"{k} {v}" for k, v in sorted(o["first_alarm_severity"].items())) or "–"
-        L.append(f"| {name} | {'/'.join(o['norms'])} | {probe} | {_pct(o['recall'])} | {sev} | "
-                 f"{_q(o['steps_to_detection'])} | {_pct(o['localisation_first'])} | {_pct(o['localisation_any'])} | "
-                 f"{_pct(o['silent_runs'])} | {o['exact_match_faulty_mean']} / {o['exact_match_reference_mean']} | "
-                 f"{'yes' if o['worse_than_healthy'] else 'no'} ({o['worse_than_healthy_p']}) | "
-                 f"{o['token_accuracy_faulty_mean']} / {o['token_accuracy_reference_mean']} | "
-                 f"{'yes' if o['token_accuracy_worse'] else 'no'} ({o['token_accuracy_worse_p']}) |")
+         "EM: held-out exact match, faulty vs reference mean; p: one-sided stratified permutation test.", ""]
+    L += md_table(pd.DataFrame.from_dict({name: {
+        "norms": "/".join(o["norms"]),
+        "probe": (o["probe"] or "(claim)") + (" (latent, fp32)" if o["latent_only"] else ""),
+        "recall": _pct(o["recall"]),
+        "first-alarm severity": ", ".join(f"{k} {v}" for k, v in sorted(o["first_alarm_severity"].items())) or "–",
+        "steps to detection": _q(o["steps_to_detection"]), "localised (first)": _pct(o["localisation_first"]),
+        "localised (any)": _pct(o["localisation_any"]), "silent runs": _pct(o["silent_runs"]),
+        "EM faulty / ref": f"{o['exact_match_faulty_mean']} / {o['exact_match_reference_mean']}",
+        "EM worse (p)": f"{'yes' if o['worse_than_healthy'] else 'no'} ({o['worse_than_healthy_p']})",
+        "tok-acc faulty / ref": f"{o['token_accuracy_faulty_mean']} / {o['token_accuracy_reference_mean']}",
+        "tok-acc worse (p)": f"{'yes' if o['token_accuracy_worse'] else 'no'} ({o['token_accuracy_worse_p']})"}
+        for name, o in d["faults"].items()}, orient="index").rename_axis("fault"))
     nd = d["faults"].get("no_dropout")
     if nd:
         L += ["", f"**no_dropout (claim):** head-collapse raised an alarm in {_pct(nd['head_collapse_alarm_runs'])} "
@@ -498,9 +498,8 @@ def markdown(d: dict) -> str:
     cols += [(f"healthy: {k}", t) for k, t in fp["healthy_by_task"].items()]
     L += ["", "## False positives per probe", "",
           "Share of runs in which the probe raised any warning or error.", "",
-          "| probe | " + " | ".join(c for c, _ in cols) + " |", "|---|" + "---|" * len(cols)]
-    for p in list(PROBE_NAMES) + ["any"]:
-        L.append(f"| {p} | " + " | ".join(_pct(t[p]) for _, t in cols) + " |")
+          *md_table(pd.DataFrame({c: {p: _pct(t[p]) for p in [*PROBE_NAMES, "any"]} for c, t in cols})
+                    .rename_axis("probe"))]
     if d["false_alarms"]:
         L += ["", "False alarms (evaluation):", ""]
         for f in d["false_alarms"][:40]:
@@ -520,8 +519,8 @@ def markdown(d: dict) -> str:
               + "".join(f"; {v} {_pct(t['any'])}" for v, t in lt["benign_by_variant"].items()) + ".", ""]
         probes_alarmed = [p for p in PROBE_NAMES if lt["fp_healthy"][p]["k"] or lt["fp_benign"][p]["k"]]
         if probes_alarmed:
-            L += ["| probe | healthy | benign |", "|---|---|---|"]
-            L += [f"| {p} | {_pct(lt['fp_healthy'][p])} | {_pct(lt['fp_benign'][p])} |" for p in probes_alarmed]
+            L += md_table(pd.DataFrame({c: {p: _pct(lt[f"fp_{c}"][p]) for p in probes_alarmed}
+                                        for c in ("healthy", "benign")}).rename_axis("probe"))
         for f in lt["false_alarms"][:20]:
             L.append(f"* `{f['key']}` {f['probe']} {f['severity']} at step {f['step']} `{f['where']}`: "
                      f"{f['message'][:200]}")
@@ -530,27 +529,22 @@ def markdown(d: dict) -> str:
           "Share of a fault's evaluation runs in which each probe raised an alarm; the expected probe's "
           "cell is in bold. Latent fp16 faults run fp32 on CPU, where their probe's finding is an fp16 "
           "advisory (info, docs/severity.md): it counts for recall above, not as an alarm here.", ""]
-    short = {p: p.replace("-", "‑") for p in PROBE_NAMES}
-    L.append("| fault | " + " | ".join(short[p] for p in PROBE_NAMES) + " |")
-    L.append("|---|" + "---|" * len(PROBE_NAMES))
-    for name, o in d["faults"].items():
-        cells = []
-        for p in PROBE_NAMES:
-            r = o["confusion"][p]
-            v = f"{100 * r['rate']:.0f}" if r["n"] else "–"
-            cells.append(f"**{v}**" if p == o["probe"] else (v if r["k"] else "·"))
-        L.append(f"| {name} | " + " | ".join(cells) + " |")
+    def cell(o, p, r):
+        v = f"{100 * r['rate']:.0f}" if r["n"] else "–"
+        return f"**{v}**" if p == o["probe"] else (v if r["k"] else "·")
+    L += md_table(pd.DataFrame.from_dict({name: {p.replace("-", "‑"): cell(o, p, o["confusion"][p])
+                                                 for p in PROBE_NAMES} for name, o in d["faults"].items()},
+                                         orient="index").rename_axis("fault"))
     L += ["", "## Localisation rules (expected `Finding.where`)", "",
-          "| fault | regular expression | first-alarm `where` seen |", "|---|---|---|"]
-    for name, o in d["faults"].items():
-        if o["probe"]:
-            seen = ", ".join(f"`{w or '(run)'}` ×{k}" for w, k in o["first_alarm_where"].items()) or "–"
-            rule = (o["where_rule"] or "").replace("|", "\\|")
-            L.append(f"| {name} | `{rule}` | {seen} |")
+          *md_table(pd.DataFrame.from_dict({name: {
+              "regular expression": "`" + (o["where_rule"] or "").replace("|", "\\|") + "`",
+              "first-alarm `where` seen": ", ".join(f"`{w or '(run)'}` ×{k}"
+                                                    for w, k in o["first_alarm_where"].items()) or "–"}
+              for name, o in d["faults"].items() if o["probe"]}, orient="index").rename_axis("fault"))]
     L += ["", "## Held-out exact match of the references", "",
-          "| task/norm/variant | mean | min | max | n |", "|---|---|---|---|---|"]
-    for k, v in d["healthy_exact_match"].items():
-        L.append(f"| {k} | {v['mean']} | {v['min']} | {v['max']} | {v['n']} |")
+          *md_table(pd.DataFrame.from_dict({k: {c: str(v[c]) for c in ("mean", "min", "max", "n")}
+                                            for k, v in d["healthy_exact_match"].items()},
+                                           orient="index").rename_axis("task/norm/variant"))]
     if d["failed_runs"]:
         L += ["", "## Runs that failed", ""] + [f"* `{f['key']}`: {f['error']}" for f in d["failed_runs"]]
     return "\n".join(L) + "\n"
