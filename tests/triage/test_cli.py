@@ -182,3 +182,29 @@ def test_default_out_is_named_after_the_checkpoint_and_numbered(capsys, tmp_path
     assert (tmp_path / "triage-a-checkpoint" / "report.json").is_file()
     assert (tmp_path / "triage-a-checkpoint-2" / "report.json").is_file()
 
+
+
+def test_json_stdout_is_the_report_when_the_users_code_prints(capsys, tmp_path, annotated_ckpt):
+    """Issue 44: nanoGPT's and minGPT's constructors print "number of parameters: ...": with
+    --format json what the user's code prints (import, factory, forward) goes to stderr."""
+    path, _ = annotated_ckpt()
+    (tmp_path / "chatty.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('zoo_annotated', {str(ZOO / 'annotated.py')!r})\n"
+        "zoo = importlib.util.module_from_spec(spec); spec.loader.exec_module(zoo)\n"
+        "print('importing chatty')\n"
+        "def make_model(*args, **kw):\n"
+        "    model = zoo.make_model(*args, **kw)\n"
+        "    print('number of parameters: %.2fM' % (sum(p.numel() for p in model.parameters()) / 1e6))\n"
+        "    forward = model.forward\n"
+        "    def chatty_forward(*a, **k):\n"
+        "        print('forward called')\n"
+        "        return forward(*a, **k)\n"
+        "    model.forward = chatty_forward\n"
+        "    return model\n")
+    code, out, err = run([path, "--model", f"{tmp_path / 'chatty.py'}:make_model", "--out",
+                          tmp_path / "o", "--probe", "missing-scale", "--format", "json",
+                          "--fail-on", "never"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["run"]["mode"] == "triage"
+    assert "number of parameters" in err and "importing chatty" in err

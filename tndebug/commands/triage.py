@@ -7,6 +7,7 @@ the output directory is checked and locked before (tndebug/outputs.py has the ru
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from tndebug import driver
@@ -109,7 +110,8 @@ def add_parser(sub) -> None:
                         "never removed)")
     p.add_argument("--format", choices=("text", "json", "md"), default="text",
                    help="what goes to stdout at the end: the findings table, the JSON report, or "
-                        "the Markdown report (default text)")
+                        "the Markdown report (default text); with json or md, what your code "
+                        "prints goes to stderr, so stdout is the report alone")
     p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
                    help="exit 1 when a finding is at least this severe (default error)")
     add_code_options(p)
@@ -157,8 +159,12 @@ def _triage(opts, out, args, previous: str | None = None) -> int:
     # figures and tb/ from the probed pass itself; deferred: nothing is written before it succeeded
     session = ReportSession(out, fmt=args.format, tensorboard=tensorboard_place(out, previous),
                             figures=not args.no_figures, defer=True)
+    # stdout is the report's: with --format json or md, what the user's code prints (its import,
+    # factory, forward; nanoGPT's "number of parameters: ...") goes to stderr
+    theirs = contextlib.redirect_stdout(sys.stderr) if args.format != "text" else contextlib.nullcontext()
     try:
-        report = driver.select_codes(triage(opts, sinks=session.sinks), args.select, args.ignore)
+        with theirs:
+            report = driver.select_codes(triage(opts, sinks=session.sinks), args.select, args.ignore)
     except UnsafeCheckpoint as e:
         print(f"tndebug: error: {e}", file=sys.stderr)
         finding = Finding("checkpoint", "error", f"unsafe pickle: {len(e.globals)} globals outside "
