@@ -45,8 +45,8 @@ from tndebug.findings import Finding
 from tndebug.library import args as A
 from tndebug.library.live import declared_schedule, live_subject, set_max_len, unwrap
 from tndebug.library.watch_hooks import _WatchHooks
-from tndebug.library.watch_parts import (_BACKWARD, _Hook, _Shielded, _StepCapture, _dist_from_env,
-                                         _inner_optimizer, _quiet, run_record)
+from tndebug.library.watch_parts import (_BACKWARD, _Hook, _Shielded, _StepCapture, _brief,
+                                         _dist_from_env, _inner_optimizer, _quiet, run_record)
 from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext
 from tndebug.probes.budget import DEFAULT_FRACTION, Budget
@@ -74,7 +74,8 @@ class Watch(_WatchHooks):
                  src_vocab: int | None = None, tgt_vocab: int | None = None,
                  hook_optimizer: bool = True, dist: Any = None, overwrite: bool = False,
                  max_len: int | None = None, select=None, ignore=None,
-                 budget: float | None = DEFAULT_FRACTION, arch: str | None = None) -> None:
+                 budget: float | None = DEFAULT_FRACTION, arch: str | None = None,
+                 print_report: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(_inner_optimizer(optimizer), torch.optim.Optimizer):
@@ -105,6 +106,7 @@ class Watch(_WatchHooks):
         self.start_step, self._lr_before = int(start_step), lr_before
         self._total_steps, self._batch_fn = total_steps, batch
         self.fail_on, self._tensorboard, self._quiet = fail_on, tensorboard, quiet
+        self._print_report = bool(print_report)
         self._vocab = (src_vocab, tgt_vocab)
         self._max_len = max_len
         self._codes = (driver.codes_option(select, "watch: select="),
@@ -160,7 +162,9 @@ class Watch(_WatchHooks):
         main = self._dist is None or self._dist.is_main
         if self.out is not None and main:
             from tndebug.reporters.session import ReportSession
-            cls = _quiet(ReportSession) if self._quiet else ReportSession
+            # the script's stdout is its own: the full summary there only when asked
+            cls = (_quiet(ReportSession) if self._quiet else ReportSession if self._print_report
+                   else _brief(ReportSession))
             self.out = A.claim_output(self._claim, self.out, overwrite=self._overwrite,
                                       start_step=self.start_step)
             self._session = cls(self.out, tensorboard=self._tensorboard,
@@ -356,6 +360,9 @@ class Watch(_WatchHooks):
             self.exit_code = self._session.finish(self.report, self.fail_on)
         else:
             self.exit_code = self.report.exit_code(self.fail_on)
+            if self._print_report and not self._quiet and (self._dist is None or self._dist.is_main):
+                from tndebug.reporters import console
+                console.print_summary(self.report, console.make_console())
         if self._dist is not None:
             self._dist.settle()                # the ranks leave the block once rank 0's report is written
 
@@ -402,6 +409,10 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kw
             default (HF keywords, else the first two 2-D integer tensors) does not fit.
         fail_on: "error" | "warning" | "info" | "never": what makes `exit_code` 1.
         tensorboard, quiet: write out/tb; print no summary at the end.
+        print_report: print the whole summary (findings table, probes, files) to stdout at the
+            end, as `tndebug run` does; by default a watch with `out=` writes a few lines to
+            stderr (verdict, counts, the findings' codes, the files) and leaves stdout to your
+            script, and one without `out=` prints nothing.
         select, ignore: finding codes or probe names to keep only / to drop (`tndebug probes
             --codes`), as ruff's --select / --ignore.
         max_len: the longest sequence your model takes (default: its config's

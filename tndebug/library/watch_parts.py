@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -181,6 +182,16 @@ def _quiet(session_cls):
         def _print(self, report, md, paths):
             return None
     return QuietSession
+
+
+def _brief(session_cls):
+    class BriefSession(session_cls):
+        """The files, and a few lines on stderr (verdict, counts, the findings' codes, paths):
+        the training script's stdout stays its own."""
+        def _print(self, report, md, paths):
+            from tndebug.reporters.common import brief_text
+            print(brief_text(report, paths), file=sys.stderr, flush=True)
+    return BriefSession
 
 
 def run_record(w, engine, status: str, error: str | None) -> dict:

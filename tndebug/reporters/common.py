@@ -207,3 +207,25 @@ def unchecked_text(report: Report) -> str | None:
         return (f"{len(starved)} probe{'s' * (len(starved) != 1)} that need training "
                 f"observed no step: {', '.join(starved)}")
     return "nothing was checked: no probe reached a verdict"
+
+
+def brief_text(report: Report, paths: dict[str, str] | None = None, limit: int = 5) -> str:
+    """A few plain lines for a log (what `tndebug.watch` writes to stderr): the verdict and
+    counts, the findings at warning or above by code (their steps), what could not be checked,
+    and where the full report is."""
+    status, step = run_status(report)
+    lines = [f"tndebug: verdict {VERDICT_WORD[report.verdict]} ({counts_text(report)})"
+             + (f"; run {status} at step {step}" if status != "completed" and step is not None
+                else "")]
+    shown = [f for f in sorted_findings(report) if f.severity in ("error", "warning")]
+    for f in shown[:limit]:
+        at = f" at step {f.step}" if f.step is not None else ""
+        lines.append(f"  {SEVERITY_WORD[f.severity]} {f.code or f.probe}{at}: "
+                     f"{f.message.splitlines()[0][:100]}")
+    if len(shown) > limit:
+        lines.append(f"  (+{len(shown) - limit} more)")
+    for what, text in (("UNCHECKED", unchecked_text(report)), ("NOT CHECKED", incomplete_text(report))):
+        if text:
+            lines.append(f"  {what}: {text}")
+    lines += [f"  {label}: {path}" for label, path in (paths or {}).items()]
+    return "\n".join(lines)
