@@ -88,3 +88,12 @@ def test_a_hugging_face_causal_lm_is_checked_without_a_forward(arch):
     report = tndebug.check(model)
     assert serious(report) == [], report.findings
     assert report.probes["mask-broadcast"]["status"] == "pass"
+
+
+def test_targets_equal_to_inputs_are_label_shifts_alone():
+    """Issue 44: past loss-health's plateau horizon (200 steps) the CE against the next token
+    is far above ln V while the loop's own loss is near 0: label-shift names the bug, and
+    loss-health gives no "stuck at the uniform level" error."""
+    report = watched(shift=0, steps=220, probes="loss-health,label-shift")
+    assert serious(report) == [("label-shift/unshifted", "error")], report.findings
+    assert report.probes["loss-health"]["status"] == "pass"

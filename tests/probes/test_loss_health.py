@@ -201,3 +201,34 @@ def test_a_spike_that_recovers_is_a_warning():
         probe._explosion(step, ce, math.log(V))
     (f,) = probe.findings
     assert f.severity == "warning" and f.step == 2 and "loss spiked" in f.message
+
+
+# -- issue 44: the loop's targets are not the ones the CE scores -----------------------------------
+def feed(ces, losses, every_n=10):
+    """The probe's update at steps 0, 10, ...: the CE it scores and the loop's own loss."""
+    probe = LossHealthProbe(every(every_n))
+    probe.setup(type("Run", (), {"lr_schedule": None, "total_steps": None})())
+    for i, (ce, loss) in enumerate(zip(ces, losses)):
+        probe.update({"ce": torch.tensor(ce), "loss": torch.tensor(loss), "vocab": V},
+                     type("Info", (), {"step": i * every_n, "lr": None})())
+    probe.finish(None)
+    return probe
+
+
+def test_a_loop_that_learns_other_targets_is_not_stuck_at_uniform():
+    """targets = inputs in a user's loop: its loss 2.4 -> 0.007 while the CE against the next
+    token climbs to 6.9 (> 0.95 ln V, and 2.9x its start): label-shift's to name, no
+    collateral plateau or explosion."""
+    n = 22
+    ces = [2.4 + 4.5 * i / (n - 1) for i in range(n)]
+    losses = [2.4 * 0.7 ** i + 0.007 for i in range(n)]
+    probe = feed(ces, losses)
+    assert probe.findings == [] and probe._plateau_judged and probe.status() == "pass"
+
+
+def test_a_stuck_loop_whose_loss_is_scaled_is_still_stuck():
+    """Gradient accumulation's loss / 4: a constant factor, the loss does not fall: error."""
+    n = 22
+    probe = feed([2.4] * n, [2.4 / 4] * n)
+    (f,) = probe.findings
+    assert f.code == "loss-health/stuck-uniform" and f.step == 210

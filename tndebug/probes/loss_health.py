@@ -45,6 +45,15 @@ NEGATIVE_LOSS = -1e-3
 # 1e6x. One probed step above, then back below, is a spike: a warning.
 EXPLODE_X = 5.0
 EXPLODE_K = 2
+# The loop's own loss beside the CE this probe scores (the logits against the targets it takes
+# to be the loop's: a user loop's are inferred). Scoring the same targets, a CE still above
+# PLATEAU_SHARE ln V is at least ~0.5x its start (a start is at most ln V + max(0.2 ln V, 2
+# nats); label smoothing only adds to the loss), and a CE above EXPLODE_X x its start is not
+# under its start. A loop loss under LOOP_APART x its own start at such a step: the loop trains
+# on other targets and learns (targets = inputs: 0.007 against a CE of 6.9; label-shift names
+# that), so neither a plateau nor an explosion. A constant factor on the loss (gradient
+# accumulation's loss / k) cancels in the ratio.
+LOOP_APART = 0.25
 # An lr above this is named as a likely cause: an order of magnitude above the paper's peak
 # (7e-4: d_model 512, warmup 4000) and above every preset's default Noam peak (tiny: 5.6e-3).
 HIGH_LR = 1e-2
@@ -97,6 +106,7 @@ class LossHealthProbe(Probe):
         self._exploded = False
         self._spiked = False
         self._losses_seen = 0                     # probed steps with a training loss
+        self._loop: dict[int, float] = {}         # probed step -> the loop's own loss (finite)
 
     def setup(self, run: RunContext) -> None:
         self._schedule, self._total_steps = run.lr_schedule, run.total_steps
@@ -127,6 +137,8 @@ class LossHealthProbe(Probe):
             self.cover("", "checked")          # the CE levels (a loss alone: finite, >= 0 only)
         if loss is not None:
             self._losses_seen += 1
+            if math.isfinite(loss):
+                self._loop[step] = loss
         for value, what in ((loss, "training loss"), (ce, "cross-entropy")):
             if value is not None and not math.isfinite(value) and self._bad_step is None:
                 self._bad_step = step
@@ -187,7 +199,7 @@ class LossHealthProbe(Probe):
         if self._exploded:
             return
         limit = self._explosion_limit(ln_v)
-        if ce > limit:
+        if ce > limit and self._loop_left([step]) is None:
             self._above.append((step, ce))
             if len(self._above) >= EXPLODE_K:
                 self._report_explosion()
@@ -258,12 +270,27 @@ class LossHealthProbe(Probe):
         mean = sum(last) / len(last)
         limit = PLATEAU_SHARE * self._ln_v
         self.metric(step, "loss/plateau_ce", mean)
-        if mean > limit:
+        loop = self._loop_left([s for s, _ in self._ce[-PLATEAU_LAST:]])
+        if loop is not None:
+            self.metric(step, "loss/plateau_loop_loss", loop)
+        if mean > limit and loop is None:
             self.report("error", f"loss still at the uniform level after {step} steps: "
                         f"cross-entropy {mean:.3f} > {PLATEAU_SHARE} ln V = {limit:.3f}",
                         step=step, evidence={"ce": mean, "ln_V": self._ln_v, "threshold": limit,
                                              "steps": step,
                                              "last_steps": [s for s, _ in self._ce[-PLATEAU_LAST:]]}, code="stuck-uniform")
+
+    def _loop_left(self, steps: list[int]) -> float | None:
+        """The loop's mean loss at `steps` when it is under LOOP_APART x its first (the loop
+        learns what this probe's CE does not score), else None."""
+        if not self._loop:
+            return None
+        first = self._loop[min(self._loop)]
+        seen = [self._loop[s] for s in steps if s in self._loop]
+        if not seen or first <= 0:
+            return None
+        mean = sum(seen) / len(seen)
+        return mean if mean < LOOP_APART * first else None
 
     def finish(self, run: RunContext) -> None:
         if not self._ce and self._bad_step is None:
