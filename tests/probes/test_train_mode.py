@@ -101,3 +101,54 @@ def test_the_trainer_loop_is_clean():
     probe = TrainModeProbe()
     _, findings, _ = train_with_probes(ModelConfig.tiny(), [probe], steps=3)
     assert findings == [] and probe.status() == "pass" and probe.steps == 3
+
+
+def test_steps_in_eval_mode_are_steps_for_every_probe():
+    """Issue 44: with model.train() forgotten, train-mode names it, and the probes that need
+    training steps count the steps taken in eval mode (all but the first one in eval mode);
+    before, each said "never observed a training step"."""
+    torch.manual_seed(0)
+    model = make_model(ModelConfig.tiny())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    probes = "train-mode,gradient-flow,loss-health,lr-schedule"
+    with tndebug.watch(model, opt, quiet=True, probes=probes, total_steps=12,
+                       lr_schedule=lambda step: 1e-3) as dbg:
+        model.eval()
+        for _ in range(12):
+            src, tgt_in, tgt_out = copy_batch(g, 8, 8, V)
+            loss = F.cross_entropy(model(src, tgt_in).reshape(-1, V), tgt_out.reshape(-1),
+                                   ignore_index=0)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    report = dbg.report
+    assert [(f.code, f.step) for f in report.findings if f.severity != "info"] == \
+        [("train-mode/eval-mode-steps", 0)], report.findings
+    for name in ("gradient-flow", "loss-health", "lr-schedule"):
+        assert report.probes[name]["steps_observed"] > 0, (name, report.probes[name])
+        assert report.probes[name]["status"] == "pass", (name, report.probes[name])
+    assert report.probes["lr-schedule"]["steps_observed"] == 11
+
+
+def test_an_evaluation_with_gradients_on_is_not_a_step():
+    """A forward in eval mode with gradients on (no torch.no_grad()) in a loop that trains in
+    train mode: still not the step's batch."""
+    torch.manual_seed(0)
+    model = make_model(ModelConfig.tiny())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    with tndebug.watch(model, opt, quiet=True, probes="train-mode,lr-schedule", total_steps=6) as dbg:
+        for _ in range(6):
+            model.eval()
+            model(*copy_batch(g, 8, 8, V)[:2])          # an evaluation, gradients on
+            model.train()
+            src, tgt_in, tgt_out = copy_batch(g, 8, 8, V)
+            loss = F.cross_entropy(model(src, tgt_in).reshape(-1, V), tgt_out.reshape(-1),
+                                   ignore_index=0)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert dbg._trains_in_eval is False
+    assert dbg.report.probes["lr-schedule"]["steps_observed"] == 6
+    assert mine(dbg.report) == []

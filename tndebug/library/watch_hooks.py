@@ -23,8 +23,11 @@ class _WatchHooks:
 
     # -- hooks (through weak references) ----------------------------------------------------------
     def _on_forward(self, module, args, kwargs):
-        if self._busy or self._stopped() or not module.training or not torch.is_grad_enabled():
+        if self._busy or self._stopped() or not torch.is_grad_enabled():
             return None
+        if not module.training and not self._trains_in_eval:
+            self._eval_forward = self._step   # an evaluation with gradients on, or a step taken
+            return None                       # in eval mode: the optimizer's step tells (_moment)
         if self._forward_seen == self._step:          # gradient accumulation: one batch a step
             return None
         self._forward_seen = self._step
@@ -119,6 +122,11 @@ class _WatchHooks:
         if self._moment_done or self._state != "open":
             return
         self._moment_done = True
+        if self._forward_seen != self._step and self._eval_forward == self._step:
+            # this step's only forward ran in eval mode: the loop trains so (`model.train()`
+            # forgotten; train-mode names it). Its later forwards in eval mode are its steps,
+            # for every probe to count (only this step is lost to them)
+            self._trains_in_eval = True
         _BACKWARD.unwatch(self)
         self._capture.stop()
         step, loss = self._step, self._loss
@@ -174,3 +182,5 @@ class _WatchHooks:
         self._lr: float | None = None
         if not hasattr(self, "_batch"):
             self._batch = self._prev_batch = None
+            self._trains_in_eval = False          # steps taken in eval mode (see _moment)
+            self._eval_forward: int | None = None  # the last step with a forward in eval mode
