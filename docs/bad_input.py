@@ -53,6 +53,7 @@ def _setup(d: Path) -> None:
     (d / "mymodel.py").write_text("def make_model(**kw):\n    raise RuntimeError('nope')\n")
     src, tgt = _ids()
     torch.save({"src": src, "tgt": tgt}, d / "mid_pad.pt")
+    torch.save({"ids": src}, d / "ids.pt")
 
 
 def _ids():
@@ -109,6 +110,9 @@ CASES = [
     ("triage with an empty probe selection", ["triage", "model.pt", "--probe", ""], True),
     ("--data whose pad id occurs mid-sequence (a real token)",
      ["triage", "model.pt", "--data", "mid_pad.pt", "--pad-id", "5"], True),
+    ("--data of one sequence per row ({'ids': ...}) for an encoder-decoder",
+     ["triage", "model.pt", "--data", "ids.pt"], True),
+    ("--pad-id none (no padding) for an encoder-decoder", ["triage", "model.pt", "--pad-id", "none"], True),
     ("an adapter name that is not built in", ["triage", "model.pt", "--adapter", "fairseq"], True),
     ("--arch without --model (the layout says the shape)", ["triage", "model.pt", "--arch", "encoder"], True),
     ("--model without :FACTORY", ["triage", "model.pt", "--model", "mymodel.py"], False),
@@ -136,6 +140,7 @@ LIBRARY_CASES = [
     ("a forward that contradicts tgt_vocab=", "tndebug.check(model, lambda m, s, t, p: m(s, t), tgt_vocab=12)", True),
     ("data= that are not token ids", "tndebug.check(model, data=(src.float(), tgt))", True),
     ("data= whose pad id occurs mid-sequence (a real token)", "tndebug.check(model, data=(src, tgt), pad_id=5)", True),
+    ("data= ids of one sequence per row for an encoder-decoder", "tndebug.check(model, data=src)", True),
     ("a loss that is not a scalar",
      "with tndebug.watch(model) as dbg: dbg.step(loss=torch.ones(4))", True),
     ("a batch= that returns None (at its first call)",

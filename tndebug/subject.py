@@ -18,6 +18,10 @@ from tndebug.capture.trace import StopForward, Trace
 # Below MIN_PROBE_LEN positions (3 real tokens and a pad) no exact test can run, so a shorter
 # length limit is not searched for.
 MIN_PROBE_LEN = 4
+# The pad id of data with no padding (`pad_id=None`: character-level text, where id 0 is a real
+# character): no id equals it, so every position of the user's batches is real and no loss is
+# ignored. The exact tests still pad their own copies, with `Subject.pad_id` (an internal id).
+NO_PAD = -1
 
 ForwardFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
 # A decoder-only model's call: forward(model, ids [B, T], pad_id) -> logits [B, T, V]; an
@@ -42,6 +46,8 @@ class Subject:
             the model generates: the prefix ids[:, :split] once, filling its KV cache, then one
             token at a time through that cache. Offered where the model has a cache (Hugging
             Face `past_key_values`, a user's adapter); None: no cache to test.
+        padded: False when the user's data hold no padding (`pad_id=None`): their batches are
+            read with `data_pad_id` (NO_PAD), and `pad_id` only pads the probes' own copies.
 
     A decoder-only model is driven through the same calls: `tgt` (BOS-led, right-padded) is its
     sequence, `src` is empty ([B, 0]) and ignored, so every test of the decoder (causality,
@@ -58,7 +64,7 @@ class Subject:
     def __init__(self, model: nn.Module, forward: ForwardFn | LMForwardFn, *, pad_id: int = 0,
                  bos_id: int = 1, src_vocab: int, tgt_vocab: int, encode=None, capture=None,
                  max_len: int | None = None, kind: str = "seq2seq", incremental=None,
-                 first_content: int | None = None) -> None:
+                 first_content: int | None = None, padded: bool = True) -> None:
         if kind not in KINDS:
             raise ValueError(f"Subject kind {kind!r}; expected one of {KINDS}")
         if kind in ("decoder", "encoder") and encode is not None:
@@ -70,6 +76,7 @@ class Subject:
         self._encode = encode
         self.capture = capture
         self.pad_id, self.bos_id = pad_id, bos_id
+        self.padded = padded                # False: the user's data hold no padding (pad_id=None)
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.max_len = max_len              # the longest sequence the model takes (None: unknown)
         self._first = first_content         # None: the ids after pad and BOS
@@ -81,6 +88,12 @@ class Subject:
         for p in self.model.parameters():
             return p.device
         return torch.device("cpu")
+
+    @property
+    def data_pad_id(self) -> int:
+        """The pad id of the user's own batches: `pad_id`, or NO_PAD when they hold no padding
+        (then `pad_id` is only the id the exact tests pad their own copies with)."""
+        return self.pad_id if self.padded else NO_PAD
 
     @property
     def first_content(self) -> int:

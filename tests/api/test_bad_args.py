@@ -138,7 +138,8 @@ def test_check_data_with_the_pad_id_mid_sequence(model):
     assert line.startswith("check: data= pad id 5 occurs mid-sequence (a real token on both "
                            "sides) in 7 of 16 rows of src (row 0 position 1")
     assert line.endswith("so 5 is likely a real token and the pad id given is wrong; pass the "
-                         "model's pad id (pad_id=)")
+                         "id your rows are padded with (pad_id=), or pad_id=None if your data "
+                         "have no padding")
     assert tndebug.check(model, M.fused_forward, data=(src, tgt), pad_id=0).verdict != "errors"
 
 
@@ -158,7 +159,8 @@ def test_watch_reports_the_pad_id_once_as_a_finding(model):
     (f,) = dbg._data_findings
     assert (f.probe, f.severity, f.where, f.step) == ("pad-id", "warning", "", 0)
     assert f.evidence["src_rows"] == "7 of 16" and f.evidence["src_positions"][0] == (0, 1)
-    assert "pad id" in f.fix and "5 is not it" in f.fix
+    assert "pad_id=ID" in f.fix and "pad_id=None" in f.fix and "batch=" in f.fix
+    assert f.evidence["pads_at_row_ends_if_sequence_first"] is False
     model2 = M.FusedSDPA()
     opt2 = torch.optim.Adam(model2.parameters(), lr=1e-3)
     with watch(model2, opt2, probes="loss-health") as good:

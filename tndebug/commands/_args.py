@@ -33,6 +33,17 @@ def nonneg_int(text: str) -> int:
     return value
 
 
+def pad_id_or_none(text: str) -> int | None:
+    """--pad-id: a token id >= 0, or `none` (the data hold no padding: character-level text)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return nonneg_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text}: must be an integer >= 0, or none (no "
+                                         f"padding in the data)") from None
+
+
 def positive_float(text: str) -> float:
     """A finite number > 0 (--lr-factor)."""
     value = _number(float, text)

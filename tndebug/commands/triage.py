@@ -11,7 +11,7 @@ import contextlib
 import sys
 
 from tndebug import driver
-from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, out_path, \
+from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, out_path, pad_id_or_none, \
     positive_int
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
@@ -72,7 +72,9 @@ def add_parser(sub) -> None:
                         "temperature sweep, layout settling, the probes' batch): a torch.save "
                         "file {'src': LongTensor[N,S], 'tgt': LongTensor[N,T]} with tgt BOS-led "
                         "and right-padded with --pad-id, or a function returning that dict; "
-                        "triage feeds tgt[:, :-1] and scores tgt[:, 1:] (default: --task)")
+                        "triage feeds tgt[:, :-1] and scores tgt[:, 1:]. A decoder- or "
+                        "encoder-only model: {'ids': LongTensor[N,T]} (optionally with "
+                        "'attention_mask'), one sequence per row (default: --task)")
     p.add_argument("--task", default="copy", choices=("copy", "reverse", "sort", "translate"),
                    help="built-in held-out data when --data is not given (default: copy; its "
                         "token scheme is in docs/triage.md)")
@@ -90,9 +92,10 @@ def add_parser(sub) -> None:
                    help="the longest sequence your model takes (its position table); the probes' "
                         "batches fit it (default: the checkpoint's config, else found by calling "
                         "the model)")
-    p.add_argument("--pad-id", type=nonneg_int, default=0,
+    p.add_argument("--pad-id", type=pad_id_or_none, default=0,
                    help="the padding token id of your vocabulary: masked in the held-out batches "
-                        "and ignored by the loss (default 0)")
+                        "and ignored by the loss (default 0); `none`: your data have no padding "
+                        "(character-level text; a decoder- or encoder-only model's own code)")
     p.add_argument("--bos-id", type=nonneg_int, default=1,
                    help="the id that starts every decoder input (default 1)")
     p.add_argument("--heads", type=positive_int,

@@ -159,8 +159,8 @@ def user_data(tensors: dict[str, Any], pad_id: int, src_vocab: int, tgt_vocab: i
                          f"{tuple(tgt_out.shape)}; they must be the same [N, T]")
     found = mid_sequence_pads(tensors, pad_id)
     if found:
-        raise UsageError(f"check: data= {pad_text(found, pad_id)}; pass the model's pad id "
-                         f"(pad_id=)")
+        raise UsageError(f"check: data= {pad_text(found, pad_id)}; pass the id your rows are "
+                         f"padded with (pad_id=), or pad_id=None if your data have no padding")
 
 
 def is_main_process(dist: Any = None) -> bool:

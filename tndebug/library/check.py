@@ -44,8 +44,12 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         forward: `forward(model, src [B, S], tgt [B, T], pad_id) -> logits [B, T, V]`; not needed
             for a Hugging Face encoder-decoder, tndebug's model or The Annotated Transformer's.
         data: (src [B, S], tgt_in [B, T], tgt_out [B, T]) or (src, tgt) with tgt BOS-led
-            (split into tgt[:, :-1] and tgt[:, 1:]); None: random ids, a third of the rows padded.
-        pad_id, bos_id: padding and decoder-start ids (HF models: from the config).
+            (split into tgt[:, :-1] and tgt[:, 1:]); a decoder- or encoder-only model: ids
+            [N, T] or {'ids': ids} (optionally with 'attention_mask'), one sequence per row;
+            None: random ids, a third of the rows padded.
+        pad_id, bos_id: padding and decoder-start ids (HF models: from the config); pad_id=None:
+            the data hold no padding (character-level text): no pad warnings, and the tests
+            that need padding pad their own copies.
         probes: names ("a,b" or a list); default: every probe that needs no training run.
         select, ignore: finding codes or probe names to keep only / to drop, as ruff's
             --select / --ignore (`tndebug probes --codes` lists them).
@@ -111,7 +115,8 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
     statuses.update(driver.checks_statuses(findings, statuses))
     run = {"mode": "check", "model": type(model).__name__, "adapter": info["adapter"],
            "arch": subject.kind, **({"arch_from": info["arch_from"]} if info.get("arch_from") else {}),
-           "pad_id": subject.pad_id, "bos_id": subject.bos_id, "src_vocab": subject.src_vocab,
+           "pad_id": subject.pad_id if subject.padded else None,     # None: no padding in the data
+           "bos_id": subject.bos_id, "src_vocab": subject.src_vocab,
            "tgt_vocab": subject.tgt_vocab, "data": "data=" if data is not None else
            "random ids from the model's vocabulary", "held_out_sequences": int(batch[0].shape[0]),
            "compute_dtype": str(dtype).removeprefix("torch."),
@@ -179,6 +184,9 @@ def _batch(subject, data):
         if not subject.has_target:     # encoder-only: its ids are the targets (every real position)
             return src, src, src
         return src, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous()
+    if isinstance(data, torch.Tensor) or isinstance(data, dict) and "ids" in data \
+            and not {"src", "tgt", "tgt_in"} & set(data):
+        return _one_stack(subject, data)
     if isinstance(data, dict):
         data = tuple(data[k] for k in ("src", "tgt_in", "tgt_out") if k in data) or \
             tuple(data[k] for k in ("src", "tgt") if k in data)
@@ -186,13 +194,27 @@ def _batch(subject, data):
         got = f"{len(data)} items" if isinstance(data, (tuple, list)) else f"a {type(data).__name__}"
         raise UsageError(f"check: data= expected (src, tgt) or (src, tgt_in, tgt_out), got {got}")
     names = ("src", "tgt") if len(data) == 2 else ("src", "tgt_in", "tgt_out")
-    A.user_data(dict(zip(names, data)), subject.pad_id, subject.src_vocab, subject.tgt_vocab)
+    A.user_data(dict(zip(names, data)), subject.data_pad_id, subject.src_vocab, subject.tgt_vocab)
     if len(data) == 2:
         src, tgt = data
         if not subject.has_target:     # encoder-only: (ids, labels), labels unshifted
             return src.to(dev), src.to(dev), tgt.to(dev)
         return src.to(dev), tgt[:, :-1].to(dev), tgt[:, 1:].to(dev)
     return tuple(t.to(dev) for t in data)
+
+
+def _one_stack(subject, data) -> tuple:
+    """data= ids [N, T] or {'ids': [N, T]} (optionally 'attention_mask'): one sequence per row,
+    a decoder- or encoder-only model's batch (as triage --data reads it: hf_data.one_stack_batch)."""
+    from tndebug.triage.hf_data import one_stack_batch
+    raw = {"ids": data} if isinstance(data, torch.Tensor) else data
+    if subject.kind == "seq2seq":
+        raise UsageError("check: data= holds one sequence per row (ids), but the model is an "
+                         "encoder-decoder: pass data=(src [N, S], tgt [N, T]) with tgt BOS-led")
+    A.user_data({"ids": raw["ids"]}, subject.data_pad_id, subject.src_vocab, subject.tgt_vocab)
+    batch = one_stack_batch(raw, subject.data_pad_id, subject.kind, "check: data",
+                            pad_name="pad_id= (pad_id=None: no padding)")
+    return tuple(t.to(subject.device) for t in batch)
 
 
 # -- for tests: the pytest plugin's value ----------------------------------------------------------

@@ -82,6 +82,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         raise UsageError(f"arch={arch!r}; expected one of {', '.join(ARCHS)} (or None: told from "
                          f"the model)")
     model = unwrap(model)
+    padded = pad_id is not None          # None: the data hold no padding (character-level text)
     info: dict = {"hf": False}
     first_content = None
     kind, incremental, lm_forward = "seq2seq", None, None
@@ -215,11 +216,12 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     subject = make_subject(
         model, adapter.forward, incremental if kind == "decoder" else adapter.encode, kind=kind,
         capture=capture, pad_id=pad_id, bos_id=bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
-        first_content=first_content,
+        first_content=first_content, padded=padded,
         max_len=getattr(getattr(model, "config", None), "max_position_embeddings", None)
         or getattr(getattr(model, "cfg", None), "max_len", None))
     info.update(adapter=adapter.name, attention_modules=sorted(capture.attention),
-                logits_module=logits_module.get("path"), pad_id=pad_id, bos_id=bos_id,
+                logits_module=logits_module.get("path"), pad_id=pad_id if padded else None,
+                bos_id=bos_id,
                 src_vocab=src_v, tgt_vocab=tgt_v)
     if adapter.note:
         info["adapter_note"] = adapter.note
@@ -395,19 +397,46 @@ def declared_schedule(spec):
 # -- the pad id in the user's own batches -----------------------------------------------------
 def pad_id_findings(batch, pad_id: int, step: int) -> list[Finding]:
     """A warning when the pad id occurs mid-sequence in `batch` (src, tgt_in, ...) of the user's
-    loop: then it is a real token, and every mask verdict judged the wrong positions. [] if not."""
+    loop: then it is a real token, and every mask verdict judged the wrong positions. [] if not
+    (and always with pad_id=None, NO_PAD: no id equals it).
+
+    The fix names the argument to change: the pad id (`pad_id=`), `pad_id=None` for data with
+    no padding, or `batch=` when the pads fill only row ends once the tensors are read
+    sequence-first ([T, B]: a model called as `model(src.T, tgt.T)`)."""
     from tndebug.padding import mid_sequence_pads, pad_text
     if batch is None:
         return []
-    found = mid_sequence_pads({"src": batch[0], "tgt_in": batch[1]}, pad_id)
+    tensors = {k: t for k, t in (("src", batch[0]), ("tgt_in", batch[1]))
+               if isinstance(t, torch.Tensor) and t.dim() == 2 and t.numel()}
+    found = mid_sequence_pads(tensors, pad_id)
     if not found:
         return []
+    # read the other way round, do the pads only fill row ends? then the call is sequence-first
+    seq_first = (all(t.shape[0] >= 3 for t in tensors.values())     # a [T, B] row needs 3 ids
+                 and not mid_sequence_pads({k: t.T for k, t in tensors.items()}, pad_id))
     evidence = {"pad_id": pad_id, **{f"{k}_rows": f"{v['rows']} of {v['of']}" for k, v in found.items()},
-                **{f"{k}_positions": v["at"] for k, v in found.items()}}
-    return [Finding("pad-id", "warning", pad_text(found, pad_id), where="", step=step,
-                    evidence=evidence,
-                    fix=f"pass the model's pad id: tndebug.watch(..., pad_id=ID), the id your "
-                        f"tokenizer pads with (tokenizer.pad_token_id); {pad_id} is not it", code="pad-id/mid-sequence")]
+                **{f"{k}_positions": v["at"] for k, v in found.items()},
+                "read_as": "batch-first [B, T]",
+                "pads_at_row_ends_if_sequence_first": seq_first}
+    example = "batch=lambda args, kwargs: " + (
+        "(args[0].T[:, :0], args[0].T)" if "src" not in tensors          # one stack: [T, B] ids
+        else "(args[0].T, args[0].T)" if batch[0] is batch[1] else "(args[0].T, args[1].T)")
+    layout = (f"if your model is called sequence-first (model(src.T, tgt.T), [T, B] tensors), tell "
+              f"watch how to read its call: tndebug.watch(..., {example})")
+    if seq_first:
+        message = (pad_text(found, pad_id) + "; read as [T, B] (sequence-first) the pads only fill "
+                   "the ends of each sequence: the call is likely sequence-first, not the pad id wrong")
+        fix = (f"{layout[0].upper()}{layout[1:]}; the tensors were read batch-first ([B, T]). If "
+               f"they are batch-first, pass the id your rows are padded with (pad_id=ID, e.g. "
+               f"tokenizer.pad_token_id), or pad_id=None if your data has no padding")
+    else:
+        message = pad_text(found, pad_id)
+        fix = (f"pass the id your rows are padded with: tndebug.watch(..., pad_id=ID) (e.g. "
+               f"tokenizer.pad_token_id; {pad_id} is a real token of your data, see the positions "
+               f"in the evidence); if your data has no padding (character-level text, fixed-length "
+               f"windows), pass pad_id=None; {layout}")
+    return [Finding("pad-id", "warning", message, where="", step=step, evidence=evidence,
+                    fix=fix, code="pad-id/mid-sequence")]
 
 
 def set_max_len(subject, max_len, who: str) -> None:

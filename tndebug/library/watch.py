@@ -154,7 +154,7 @@ class Watch(_WatchHooks):
             src_vocab=self._vocab[0], tgt_vocab=self._vocab[1], need_attention=needs_attention,
             arch=self._arch)
         set_max_len(self._subject, self._max_len, "watch")
-        self._pad_id = self._subject.pad_id
+        self._pad_id = self._subject.data_pad_id    # NO_PAD (-1) when pad_id=None: no padding
         self._start_id = (self._info.get("hf_ids") or {}).get("start", self._subject.bos_id)
         self._capture = _StepCapture(self._subject.capture)
         self._subject.capture = self._capture

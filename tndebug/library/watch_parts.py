@@ -203,7 +203,7 @@ def run_record(w, engine, status: str, error: str | None) -> dict:
     run = {"mode": "watch", "model": type(w._subject.model).__name__,
            "adapter": w._info.get("adapter"), "arch": w._subject.kind,
            **({"arch_from": w._info["arch_from"]} if w._info.get("arch_from") else {}),
-           "pad_id": w._pad_id,
+           "pad_id": w._pad_id if w._subject.padded else None,     # None: no padding in the data
            "bos_id": w._subject.bos_id, "src_vocab": w._subject.src_vocab,
            "tgt_vocab": w._subject.tgt_vocab,
            "attention_modules": w._info.get("attention_modules"),

@@ -135,7 +135,7 @@ class ProbeEngine:
         if not self._due and not final:
             return None
         reads = frozenset(r for p in self._due for r in p.reads) | (SNAPSHOT_READS if final else frozenset())
-        trace = Trace(step=step, src=src, tgt=tgt, pad_id=self.run.subject.pad_id)
+        trace = Trace(step=step, src=src, tgt=tgt, pad_id=self.run.subject.data_pad_id)
         if reads and self.run.subject.capture is not None:
             self._stack.enter_context(self.run.subject.capture.recording(reads, trace))
         self._trace = trace

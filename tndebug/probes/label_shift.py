@@ -70,7 +70,7 @@ class LabelShiftProbe(Probe):
         self._mlm: dict[str, int] | None = None  # encoder-only: the label counts so far
 
     def setup(self, run: RunContext) -> None:
-        self._pad = run.subject.pad_id
+        self._pad = run.subject.data_pad_id      # NO_PAD (-1) for data with no padding
         if run.subject.kind == "encoder" and run.mode == "train":
             self._mlm = {"real": 0, "labelled": 0, "unchanged": 0, "steps": 0}
             return

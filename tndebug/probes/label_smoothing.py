@@ -74,10 +74,14 @@ class LabelSmoothingProbe(Probe):
         self._mass: list[tuple[int, float, float]] = []   # (step, p(<pad>), p(other wrong)) at real targets
 
     def setup(self, run: RunContext) -> None:
+        subject = run.subject
+        if not subject.padded:                 # pad_id=None: nothing to smooth onto or ignore
+            self.cover("", "not applicable", "no padding in this data (pad_id=None): no pad "
+                       "class to keep smoothing mass off, no pad targets to ignore")
+            return
         if run.criterion is None:
             self.cover("criterion", "not applicable", "no training criterion to test")
             return
-        subject = run.subject
         V, pad = subject.tgt_vocab, subject.pad_id
         if V < 4:
             self.skip(f"vocabulary of {V} is too small to tell pad from other classes",
@@ -145,7 +149,7 @@ class LabelSmoothingProbe(Probe):
     # -- runtime: what the model learned to give <pad> ----------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
         logits = info.logits if info.logits is not None else trace.logits
-        if logits is None or info.tgt_out is None:
+        if logits is None or info.tgt_out is None or trace.pad_id < 0:    # < 0: no padding
             return {}
         real = info.tgt_out != trace.pad_id                                   # [B, T]
         p = logits.detach().float().softmax(-1)[real]                         # [N, V]

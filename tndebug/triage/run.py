@@ -42,7 +42,7 @@ from tndebug.probes._kv_order import kv_order
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.target import Target, check_task_vocab
 from tndebug.triage.user_code import user_target
-from tndebug.triage.userdata import load_data
+from tndebug.triage.userdata import for_kind, load_data, pad_ids
 
 HELD_OUT = 16           # held-out sequences for the loss comparisons (heads, norm, sweep)
 
@@ -54,7 +54,7 @@ class TriageOptions:
     config: str | None = None           # JSON or a .json file
     adapter: str | None = None          # annotated | tndebug | FILE.py:FUNCTION
     task: str = "copy"
-    pad_id: int = 0
+    pad_id: int | None = 0              # None (--pad-id none): the data hold no padding
     max_len: int | None = None          # the longest sequence the model takes (--max-len)
     bos_id: int = 1
     heads: int | None = None
@@ -88,13 +88,20 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     ckpt = load_checkpoint(opts.checkpoint, trust=opts.trust)
     findings = hygiene.non_finite(ckpt.state_dict) + hygiene.resume_state(ckpt)
     # every comparison (layout settling, the probes' batch, the sweep) runs on these sequences
-    batch = (load_data(opts.data, opts.pad_id, opts.bos_id) if opts.data
+    _, data_pad = pad_ids(opts.pad_id)       # NO_PAD with --pad-id none
+    batch = (load_data(opts.data, data_pad, opts.bos_id) if opts.data
              else eval_set(task, n=HELD_OUT, seed=0))
     lap("load")
     own = not opts.model and own_decoder.is_own_decoder(ckpt.config, ckpt.state_dict)
     if own:                                  # `tndebug run --arch decoder`: no encoder layout fits
         opts = dataclasses.replace(opts, model=own_decoder.SPEC, arch="decoder",
                                    adapter=opts.adapter or own_decoder.ADAPTER)
+    if not opts.model:                       # tndebug's encoder-decoder layouts: src and tgt
+        if opts.pad_id is None:
+            raise UsageError("--pad-id none (data with no padding) applies to a decoder- or "
+                             "encoder-only model's own code (--model); an encoder-decoder's "
+                             "batches are padded: pass its pad id")
+        batch = for_kind(batch, data_pad, "seq2seq")
     target = (user_target(ckpt, opts, batch, task) if opts.model
               else _layout_target(ckpt, opts, batch, task, probe_names))
     if own:
@@ -120,11 +127,11 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     lap("probes")
     findings += duplicate_heads(target.attention_weights)
     sweep, sweep_evidence = hygiene.temperature_sweep(
-        lambda s, t: subject.logits(s, t), target.scaled, batch, opts.pad_id, subject.tgt_vocab,
+        lambda s, t: subject.logits(s, t), target.scaled, batch, data_pad, subject.tgt_vocab,
         own_code=bool(opts.model), data="--data" if opts.data else "--task")
     findings += sweep
     kv, kv_evidence = kv_order(lambda s, t: subject.logits(s, t), subject.capture, batch,
-                               opts.pad_id, subject.tgt_vocab,
+                               data_pad, subject.tgt_vocab,
                                data="--data" if opts.data else "--task")
     findings += kv
     lap("hygiene")

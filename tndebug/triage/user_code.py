@@ -22,7 +22,7 @@ from tndebug.triage.fresh import SEED, seeded
 from tndebug.triage.hf_encoder import MLM_LOSS
 from tndebug.triage.loading import Checkpoint
 from tndebug.triage.target import Target, check_task_vocab
-from tndebug.triage.userdata import check_vocab as check_data_vocab
+from tndebug.triage.userdata import OneStack, for_kind, pad_ids, check_vocab as check_data_vocab
 
 if TYPE_CHECKING:
     from tndebug.triage.run import TriageOptions
@@ -36,19 +36,27 @@ def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
     model.eval()
     adapter = resolve_adapter(opts.adapter, model, opts.arch)
     decoder, encoder = adapter.kind == "decoder", adapter.kind == "encoder"
-    if decoder:
+    pad, data_pad = pad_ids(opts.pad_id)             # --pad-id none: (0, NO_PAD)
+    if opts.pad_id is None and adapter.kind == "seq2seq":
+        raise UsageError("--pad-id none (data with no padding) applies to a decoder- or "
+                         "encoder-only model; an encoder-decoder's batches are padded: pass its "
+                         "pad id")
+    one_row = isinstance(batch, OneStack)            # --data {'ids': ...}: one sequence per row
+    batch = for_kind(batch, data_pad, adapter.kind)
+    if decoder and not one_row:
         batch = lm_batch(batch, opts.data)
-    elif encoder:
+    elif encoder and not one_row:
         batch = mlm_batch(batch, opts.data)
     capture = GenericCapture(model, kind=adapter.kind)
     if opts.data:                            # ids beyond every embedding table: before any forward
         sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
         check_data_vocab(batch, max(sizes, default=None), max(sizes, default=None), opts.data)
-    src_v, tgt_v = _user_vocab(model, adapter, batch, opts.pad_id)
-    capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], opts.pad_id))
+    src_v, tgt_v = _user_vocab(model, adapter, batch, pad)
+    capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], pad))
     check_task_vocab(src_v, tgt_v, task, batch, opts.data)
-    subject = _user_subject(model, adapter, capture, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
-                                                          src_vocab=src_v, tgt_vocab=tgt_v))
+    subject_kw = dict(pad_id=pad, bos_id=opts.bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
+                      padded=opts.pad_id is not None)
+    subject = _user_subject(model, adapter, capture, subject_kw)
     run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
            "model_kwargs": {k: v for k, v in used.items() if isinstance(v, (int, float, str, bool))},
            "config_source": "--config" if given is not None else (ckpt.config_key or None),
@@ -78,21 +86,20 @@ def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
         run["adapter_note"] = adapter.note
     run["fresh_init"] = f"{opts.model} called again with the same kwargs, seed {SEED}, no weights loaded"
     return Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model),
-                   _fresh_prober(opts, kwargs, batch, dict(pad_id=opts.pad_id, bos_id=opts.bos_id,
-                                                            src_vocab=src_v, tgt_vocab=tgt_v)),
+                   _fresh_prober(opts, kwargs, batch, subject_kw),
                    batch if decoder or encoder else None)
 
 
 def lm_batch(batch, data: str | None) -> Batch:
     """The held-out batch for a decoder-only model: the task's pairs as one sequence per row
-    (`as_lm`); --data must already be one (an empty src, tgt_in the sequence, tgt_out the
-    next token with PAD where no loss falls)."""
+    (`as_lm`); --data {'src', 'tgt'} with a source is refused (its one-row forms are read by
+    userdata.for_kind)."""
     if not data:
         return Batch(*(t.contiguous() for t in as_lm(Batch(*batch))))
     if batch[0].shape[1]:
-        raise UsageError(f"--data {data}: the model is decoder-only, so src must be empty "
-                         f"([B, 0]) with tgt_in the sequence and tgt_out its next tokens; got src "
-                         f"{tuple(batch[0].shape)}")
+        raise UsageError(f"--data {data}: the model is decoder-only, so it reads one sequence per "
+                         f"row: {{'ids': LongTensor[N, T]}} (or {{'src': LongTensor[N, 0], 'tgt': "
+                         f"ids}}); got a source {tuple(batch[0].shape)}")
     return batch
 
 
@@ -102,8 +109,8 @@ def mlm_batch(batch, data: str | None) -> Batch:
     loss of hf_encoder.MLM_LOSS). --data: its src is the ids (tgt is not used)."""
     src = batch[0]
     if not src.shape[1]:
-        raise UsageError(f"--data {data}: the model is encoder-only, so src must hold the ids "
-                         f"([N, T], right-padded); got src {tuple(src.shape)}")
+        raise UsageError(f"--data {data}: the model is encoder-only: pass {{'ids': LongTensor[N, "
+                         f"T]}} (right-padded); got src {tuple(src.shape)}")
     src = src.contiguous()
     return Batch(src, src.clone(), src.clone())
 
@@ -131,7 +138,8 @@ def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
         model = seeded(lambda: build_user_model(opts.model, kwargs)[0]).eval()
         adapter = resolve_adapter(opts.adapter, model, opts.arch)
         capture = GenericCapture(model, kind=adapter.kind)
-        capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], opts.pad_id))
+        capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2],
+                                       subject_kw["pad_id"]))
         subject = _user_subject(model, adapter, capture, subject_kw)
         return driver.probe_once(subject, names, batch)       # fresh weights: float32
     return probe_fresh

@@ -3,6 +3,15 @@
     --data held_out.pt                 torch.save({"src": LongTensor[N, S], "tgt": LongTensor[N, T]})
     --data make_data.py:held_out       a function of no arguments returning that dict
 
+A decoder-only or encoder-only model (`--model` code whose adapter is one stack, or tndebug's
+decoder-only checkpoints) reads one sequence per row, as Hugging Face directories do
+(triage/hf_data.one_stack_batch):
+
+    --data held_out.pt                 torch.save({"ids": LongTensor[N, T]}) (or the bare tensor),
+                                       optionally with "attention_mask" [N, T] (1 real, 0 padding)
+    --data held_out.pt                 {"src": LongTensor[N, 0], "tgt": LongTensor[N, T]}: the
+                                       same, decoder-only (the empty source, tgt the sequence)
+
 `src` is the source, `tgt` the target *with* its BOS in column 0 (BOS target EOS, then pads),
 both right-padded with --pad-id. Triage feeds the decoder `tgt_in = tgt[:, :-1]` and scores
 `tgt_out = tgt[:, 1:]`, and sets `tgt_in` to pad wherever `tgt_out` is pad (the EOS of a short row
@@ -13,6 +22,7 @@ the same batch. The .pt file is read with torch.load(weights_only=True); nothing
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,14 +34,54 @@ from tndebug.padding import mid_sequence_pads, pad_text
 MAX_SEQS = 64           # held-out sequences used (the first ones): 13 sweep forwards stay cheap
 
 
-def load_data(spec: str, pad_id: int, bos_id: int) -> Batch:
-    """`spec` (FILE.pt, or FILE.py:FUNCTION) -> a Batch of at most MAX_SEQS sequences."""
+@dataclass(frozen=True)
+class OneStack:
+    """--data of one sequence per row ({'ids': ...}, or an empty src): read by `for_kind` once
+    the model's kind is known."""
+    raw: dict
+    spec: str
+    form: str                                   # "ids" | "empty src"
+
+
+def load_data(spec: str, pad_id: int, bos_id: int) -> Batch | OneStack:
+    """`spec` (FILE.pt, or FILE.py:FUNCTION) -> a Batch of at most MAX_SEQS sequences, or, for
+    one sequence per row, a OneStack (`for_kind` makes its Batch)."""
     path_s, sep, name = spec.rpartition(":")
     if sep and path_s.endswith(".py") and name:
         data = _call(spec)
     else:
         data = _read(Path(spec))
+    if isinstance(data, torch.Tensor):
+        data = {"ids": data}
+    if isinstance(data, dict) and "ids" in data and "src" not in data and "tgt" not in data:
+        return OneStack(data, spec, "ids")
+    if isinstance(data, dict) and isinstance(data.get("src"), torch.Tensor) and data["src"].dim() == 2 \
+            and data["src"].shape[1] == 0 and isinstance(data.get("tgt"), torch.Tensor):
+        return OneStack({"ids": data["tgt"]}, spec, "empty src")
     return to_batch(data, pad_id, bos_id, spec)
+
+
+def pad_ids(pad_id: int | None) -> tuple[int, int]:
+    """--pad-id -> (the id the exact tests pad their own copies with, the id of the data's
+    padding); `--pad-id none` (None: the data hold no padding) -> (0, NO_PAD): no id of the
+    data is masked or ignored."""
+    from tndebug.subject import NO_PAD
+    return (0, NO_PAD) if pad_id is None else (pad_id, pad_id)
+
+
+def for_kind(data: Batch | OneStack, pad_id: int, kind: str) -> Batch:
+    """The held-out Batch for a model of `kind`: one sequence per row for a decoder- or
+    encoder-only model (hf_data.one_stack_batch); an encoder-decoder needs src and tgt."""
+    if not isinstance(data, OneStack):
+        return data
+    if kind == "seq2seq":
+        got = ("{'ids': ...}, one sequence per row" if data.form == "ids" else
+               f"an empty src {tuple(data.raw['ids'].shape[:1]) + (0,)}")
+        raise UsageError(f"--data {data.spec}: holds {got}, but the model is an encoder-decoder: "
+                         f"it needs {{'src': LongTensor[N, S], 'tgt': LongTensor[N, T]}} (tgt "
+                         f"BOS-led; docs/triage.md)")
+    from tndebug.triage.hf_data import one_stack_batch
+    return one_stack_batch(data.raw, pad_id, kind, f"--data {data.spec}", pad_name="--pad-id")
 
 
 def _read(path: Path):
@@ -66,10 +116,14 @@ def to_batch(data, pad_id: int, bos_id: int, spec: str) -> Batch:
     if not isinstance(data, dict):
         raise UsageError(f"--data {spec}: expected {want}, got {type(data).__name__}")
     missing = [k for k in ("src", "tgt") if k not in data]
+    if missing and "ids" in data:                 # the one-stack form, given to an encoder-decoder
+        raise UsageError(f"--data {spec}: holds {{'ids': ...}}, one sequence per row, but the "
+                         f"model is an encoder-decoder: it needs {want}")
     if missing:
         keys = ", ".join(map(str, list(data)[:8])) or "none"
         raise UsageError(f"--data {spec}: no {' and no '.join(repr(k) for k in missing)} key "
-                         f"(keys: {keys}); expected {want}")
+                         f"(keys: {keys}); expected {want}, or {{'ids': LongTensor[N, T]}} for "
+                         f"a decoder- or encoder-only model")
     src, tgt = data["src"], data["tgt"]
     for key, t in (("src", src), ("tgt", tgt)):
         if not isinstance(t, torch.Tensor):
@@ -108,7 +162,7 @@ def to_batch(data, pad_id: int, bos_id: int, spec: str) -> Batch:
 def check_vocab(batch: Batch, src_vocab: int | None, tgt_vocab: int | None, spec: str) -> None:
     """Ids must index the model's embeddings / logits."""
     for name, t, v in (("src", batch.src, src_vocab), ("tgt", torch.cat([batch.tgt_in, batch.tgt_out], 1), tgt_vocab)):
-        if v is not None and int(t.max()) >= v:
+        if v is not None and t.numel() and int(t.max()) >= v:      # a decoder-only src is [N, 0]
             raise UsageError(f"--data {spec}: {name} holds token id {int(t.max())}, outside the "
                              f"model's {name} vocabulary of {v} (ids 0..{v - 1})")
 
