@@ -281,6 +281,7 @@ def test_threads_apply_to_the_run_and_are_restored(tmp_path, capsys, monkeypatch
         return real(*args, **kw)
 
     monkeypatch.setattr(tndebug.train, "run_training", spy)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)       # 3 threads are taken on any machine
     before = torch.get_num_threads()
     assert main(TINY + ["--steps", "1", "--threads", "3", "--out", str(tmp_path / "r")]) == 0
     assert seen == [3] and torch.get_num_threads() == before

@@ -10,8 +10,8 @@ import signal
 import sys
 
 from tndebug import driver
-from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, out_path, \
-    positive_float, positive_int
+from tndebug.commands._args import BATCH, NPROC, SEED, STEPS, THREADS as THREADS_ARG, WARMUP, \
+    HelpFormatter, add_code_options, lr_factor, nonneg_int, out_path
 from tndebug.config import ARCHS, NORM_KINDS, NORMS, POSITIONS, PRESETS, ModelConfig
 from tndebug.data import TASKS
 from tndebug.errors import SigTerm, UsageError
@@ -75,17 +75,17 @@ def add_parser(sub) -> None:
                    help="switch on a fault (repeatable, or comma-separated); `tndebug faults` lists them")
     p.add_argument("--probe", default="all", metavar="all|none|a,b",
                    help="probes to attach; `tndebug probes` lists them (default all)")
-    p.add_argument("--seed", type=nonneg_int, default=None,
+    p.add_argument("--seed", type=SEED, default=None,
                    help="seed for the model, dropout and data (default 0)")
-    p.add_argument("--steps", type=nonneg_int, default=None,
+    p.add_argument("--steps", type=STEPS, default=None,
                    help=f"optimizer steps; with --resume, steps *more* (default {_D.steps}; "
                         f"--arch decoder {DECODER_RUN['steps']})")
-    p.add_argument("--batch-size", type=positive_int, default=None,
+    p.add_argument("--batch-size", type=BATCH, default=None,
                    help=f"sequences per step (default {_D.batch_size})")
-    p.add_argument("--warmup", type=positive_int, default=None,
+    p.add_argument("--warmup", type=WARMUP, default=None,
                    help=f"Noam warmup steps, >= 1 (default {_D.warmup}; --arch decoder "
                         f"{DECODER_RUN['warmup']})")
-    p.add_argument("--lr-factor", type=positive_float, default=None,
+    p.add_argument("--lr-factor", type=lr_factor, default=None,
                    help=f"Noam factor, a finite number > 0: lr = factor * d_model^-0.5 * "
                         f"min(s^-0.5, s*warmup^-1.5); with --fault no_warmup_high_lr it scales "
                         f"that fault's constant lr the same way (default {_D.lr_factor}; "
@@ -96,7 +96,7 @@ def add_parser(sub) -> None:
                         f"costs ~0.008 s against ~0.035 s a step on one CPU thread, so "
                         f"{_D.save_every} keeps saving under 1%% of training time "
                         f"(default {_D.save_every})")
-    p.add_argument("--threads", type=positive_int, default=THREADS, metavar="N",
+    p.add_argument("--threads", type=THREADS_ARG, default=THREADS, metavar="N",
                    help="torch intra-op threads for this run (restored after it). One is the "
                         "default: on an idle 2-core machine a second thread ran the small preset "
                         "only 1.2x faster (34 vs 28 step/s) for 1.6x the CPU, and beside one busy "
@@ -106,7 +106,7 @@ def add_parser(sub) -> None:
                    help="auto: CUDA when available, else CPU (default auto)")
     p.add_argument("--amp", choices=AMPS, default="none",
                    help="autocast dtype: bf16, or fp16 with a GradScaler (CUDA only) (default none)")
-    p.add_argument("--nproc", type=positive_int, default=1, metavar="N",
+    p.add_argument("--nproc", type=NPROC, default=1, metavar="N",
                    help="train in N processes with DistributedDataParallel: relaunches this command "
                         "under torchrun (gloo on CPU, NCCL with one GPU each); the global batch is "
                         "split over them; same as `torchrun --standalone --nproc-per-node=N -m "

@@ -40,7 +40,7 @@ from tndebug.capture.user_model import parse_config
 from tndebug.triage.fresh import apart_from_weights
 from tndebug.probes._kv_order import kv_order
 from tndebug.triage.loading import Checkpoint, load_checkpoint
-from tndebug.triage.target import Target, check_task_vocab
+from tndebug.triage.target import Target, check_ids, check_task_vocab
 from tndebug.triage.user_code import user_target
 from tndebug.triage.userdata import for_kind, load_data, pad_ids
 
@@ -112,6 +112,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
                                      "checkpoint's model_config, no weights loaded")
     findings += target.findings
     subject = target.subject
+    check_ids(subject, opts.pad_id, opts.bos_id)     # before any probe feeds them
     batch = target.batch if target.batch is not None else batch
     if opts.max_len:
         subject.max_len = opts.max_len

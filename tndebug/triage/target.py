@@ -23,6 +23,21 @@ class Target:
     batch: object = None     # the held-out batch as this model takes it (decoder-only: as_lm)
 
 
+def check_ids(subject, pad_id: int | None, bos_id: int) -> None:
+    """--pad-id and --bos-id are ids of the model's vocabulary (a pad id of 999999 was fed to
+    the probes, which crashed on it); --pad-id none (None) is not checked, an encoder-only
+    model has no start id."""
+    pad_v = subject.src_vocab if subject.kind == "encoder" else min(subject.src_vocab,
+                                                                    subject.tgt_vocab)
+    checks = [("--pad-id", pad_id, pad_v)]
+    if subject.kind != "encoder":
+        checks.append(("--bos-id", bos_id, subject.tgt_vocab))
+    for flag, value, vocab in checks:
+        if value is not None and not 0 <= value < vocab:
+            raise UsageError(f"{flag} {value} is outside the model's vocabulary (ids 0..{vocab - 1}); "
+                             f"pass the id your data use")
+
+
 def check_task_vocab(src_vocab: int, tgt_vocab: int, task, batch=None, data: str | None = None) -> None:
     """The held-out ids fit the model's vocabularies: --data's own, else --task's."""
     if data:                                 # --data: its ids must fit; the task is not used
