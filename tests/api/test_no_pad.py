@@ -151,3 +151,22 @@ def test_check_of_an_encoder_decoder_given_ids_is_one_line():
         tndebug.check(model, M.torch_forward, data=torch.randint(2, M.V, (4, 6)))
     assert str(e.value).startswith("check: data= holds one sequence per row (ids), but the model "
                                    "is an encoder-decoder")
+
+
+# -- a model with no padding mask, on data with no padding -------------------------------------------
+def test_no_pad_mask_is_no_alarm_when_the_data_have_no_padding():
+    """An encoder-only model that builds no padding mask (minibert's pad_leak) is a pad-leak only
+    where pads exist: with pad_id=None the pad tests say "no padding in this data", and the
+    tests that need no padding still run (a causal mask in the encoder is still named)."""
+    from pathlib import Path
+    from tndebug.capture.adapters import import_file
+    mb = import_file(Path(__file__).resolve().parents[1] / "foreign" / "minibert.py")
+    torch.manual_seed(0)
+    leaky = mb.build(variant="manual", bug="pad_leak").eval()
+    assert tndebug.check(leaky, pad_id=0, arch="encoder").verdict == "errors"     # pads exist
+    report = tndebug.check(leaky, pad_id=None, arch="encoder")
+    assert report.verdict == "clean", [(f.code, f.message) for f in report.findings]
+    cov = report.probes["mask-broadcast"]["coverage"]["padding"]
+    assert cov["status"] == "not applicable" and "no padding in this data" in cov["reason"]
+    causal = tndebug.check(mb.build(variant="manual", bug="causal").eval(), pad_id=None, arch="encoder")
+    assert "mask-broadcast/encoder-causal" in {f.code for f in causal.findings}

@@ -25,6 +25,10 @@ OUTSIDE_FIX = ("The masks are right; something else moves information between po
                "position, or a norm or pooling over the time axis.")
 
 
+# the behaviour tests of padding (pad_id=None: the data hold none, so they are not run)
+NO_PAD_TESTS = ("tgt_pad_length", "tgt_pad_content", "enc_pad_length", "src_pad_length")
+
+
 class MaskBroadcast(Probe):
     """Masks on the wrong axis, inverted, missing or applied at the wrong time.
 
@@ -77,11 +81,18 @@ class MaskBroadcast(Probe):
 
     def setup(self, run: RunContext) -> None:
         s = run.subject
+        if not s.padded:
+            self.cover("padding", "not applicable", "no padding in this data (pad_id=None): "
+                       "the pad tests do not apply; causality, batch independence and the "
+                       "attention rows are checked")
         with s.evaluating():
             try:
                 if not self._deterministic(s):
                     return
                 checks = behaviour(s)
+                if not s.padded:            # pad_id=None: what pads do cannot bite this data
+                    for k in NO_PAD_TESTS:
+                        checks.pop(k, None)
                 modules = self._modules(s) if s.capture is not None else []
                 if not s.has_target:        # encoder-only: attention must see both sides
                     from tndebug.probes import _bidirectional
@@ -146,7 +157,8 @@ class MaskBroadcast(Probe):
         for rec in trace.records():
             m = Module(rec.site, rec.kind)
             why = ("attention probabilities not captured (the model-level behaviour tests "
-                   "still cover it)") if rec.probs is None else probs_check(m, rec.probs, src, tgt, s.pad_id)
+                   "still cover it)") if rec.probs is None else probs_check(m, rec.probs, src, tgt,
+                                                                           s.data_pad_id)
             self.cover(rec.site, "no verdict" if why else "checked", why)
             out.append(m)
         return out
