@@ -75,7 +75,7 @@ def _main(argv: list[str] | None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)
         if args.command is None:
-            parser.print_help(sys.stderr)
+            print(short_usage(parser), file=sys.stderr)
             return EXIT_USAGE
         if getattr(args, "probe", None) is not None:
             probe_selection(args.probe, args.command)
@@ -100,6 +100,14 @@ def _main(argv: list[str] | None) -> int:
         print(f"tndebug: internal error: {type(e).__name__}: {e} "
               f"(set TNDEBUG_DEBUG=1 for the traceback; please report it)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def short_usage(parser: argparse.ArgumentParser) -> str:
+    """`tndebug` alone: the commands in a few lines, not the whole help."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    rows = [f"  {a.dest:<8}{a.help}" for a in sub._choices_actions]
+    return "\n".join(["usage: tndebug COMMAND ...  (`tndebug COMMAND --help`, `tndebug --help`)",
+                      *rows])
 
 
 def user_exit(e: SystemExit) -> str:

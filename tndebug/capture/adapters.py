@@ -405,12 +405,20 @@ def load_callable(spec: str, flag: str):
         raise UsageError(f"{flag}: no such file {path_s}")
     module = import_file(path, flag)
     fn = getattr(module, name, None)
-    if fn is None or not callable(fn):
+    if fn is not None and not callable(fn):
+        raise UsageError(f"{flag}: {path_s} defines {name} = {_shown(fn)} (type "
+                         f"{type(fn).__name__}), not a function; pass FILE.py:NAME of a function")
+    if fn is None:
         have = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                 and getattr(v, "__module__", None) == module.__name__]
         raise UsageError(f"{flag}: {path_s} defines no function {name!r} "
                          f"(it has: {', '.join(have[:8]) or 'none'})")
     return fn, module
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 _imported: dict[str, object] = {}

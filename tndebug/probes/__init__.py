@@ -49,6 +49,9 @@ def parse_probe_spec(spec: str | None) -> list[str]:
         return list(PROBE_NAMES)
     names = [s.strip() for s in spec.split(",") if s.strip()]
     for n in names:
+        if n in ("all", "none"):          # only alone: 'all,none' or 'all,nan-scores' says nothing clear
+            raise ProbeError(f"{spec.strip()!r}: {n!r} is a selection by itself, not a probe name; "
+                             f"pass {n} alone, or a list of probe names without it")
         if n not in _MODULES:
             raise ProbeError(f"unknown probe {n!r}; valid: {', '.join(PROBE_NAMES)}, all, none")
     return names

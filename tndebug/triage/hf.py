@@ -80,6 +80,10 @@ def load_config(folder: Path):
     """(transformers, the config, "seq2seq" | "decoder" | "encoder")."""
     tf = _transformers()
     cfg_path = folder / "config.json"
+    if cfg_path.exists() and not cfg_path.is_file():
+        raise UsageError(f"{cfg_path} is a {'directory' if cfg_path.is_dir() else 'special file'}, "
+                         f"not a file; a save_pretrained directory holds its configuration in "
+                         f"the JSON file config.json")
     if not cfg_path.is_file():
         weights = next((folder / n for n in WEIGHTS if (folder / n).is_file()), None)
         raise UsageError(f"{folder} has no config.json; pass a directory written by "

@@ -50,12 +50,27 @@ def read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
             else:
                 part = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - a truncated or foreign file
-            raise UsageError(f"{p} is corrupt or truncated ({_line(e)[:120]}); copy or save it "
-                             f"again") from None
+            raise UsageError(_refused(p, e)) from None
         if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
             raise UsageError(f"{p} does not hold a state_dict of tensors")
         sd.update(part)
     return sd
+
+
+def _refused(p: Path, e: Exception) -> str:
+    """One line for a weight file torch.load refused: pickled code is named, never loaded (the
+    plain-file path's words, tndebug/safeload.py), and torch's advice on unpickling it anyway
+    (and its ANSI colours) never shown."""
+    from tndebug.safeload import unsafe_globals
+    unsafe = unsafe_globals(p) if p.suffix != ".safetensors" else []
+    if unsafe:
+        shown = ", ".join(unsafe[:6]) + (f" (+{len(unsafe) - 6} more)" if len(unsafe) > 6 else "")
+        return (f"{p} holds pickled code ({shown}); it was not loaded. Re-save the model with "
+                f"model.save_pretrained(DIR) (model.safetensors holds tensors only)")
+    return f"{p} is corrupt or truncated ({ANSI.sub('', _line(e))[:120]}); copy or save it again"
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")     # terminal colours inside torch's messages
 
 
 def load_tied(model: nn.Module, sd: dict[str, torch.Tensor], folder: Path) -> tuple[list[str], list[str]]:
