@@ -67,10 +67,13 @@ def resolve(path: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load safely (weights_only=True); a foreign or unsafe file is a one-line UsageError."""
-    from tndebug.safeload import describe_load_error, unsafe_globals
+    from tndebug.safeload import damaged, describe_load_error, unsafe_globals
     p = resolve(path)
     if p.stat().st_size == 0:
         raise UsageError(f"{p} is empty (0 bytes); the save was probably interrupted")
+    broken = damaged(p)                      # torch.load checks no CRC: bit flips would load
+    if broken:
+        raise UsageError(broken)
     try:
         state = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - unpickling errors come in many types

@@ -48,7 +48,12 @@ def read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
                 from safetensors.torch import load_file
                 part = load_file(str(p))
             else:
+                from tndebug.safeload import damaged
+                if damaged(p):                   # torch.load checks no CRC: bit flips would load
+                    raise UsageError(damaged(p))
                 part = torch.load(p, map_location="cpu", weights_only=True)
+        except UsageError:
+            raise
         except Exception as e:  # noqa: BLE001 - a truncated or foreign file
             raise UsageError(_refused(p, e)) from None
         if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):

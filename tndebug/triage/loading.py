@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tndebug.errors import UsageError
-from tndebug.safeload import describe_load_error, first_line, unsafe_globals
+from tndebug.safeload import damaged, describe_load_error, first_line, unsafe_globals
 
 # Where people keep things in a checkpoint dict, most specific first.
 STATE_KEYS = ("model_state_dict", "state_dict", "model", "module", "net", "network", "weights",
@@ -85,6 +85,9 @@ def load_checkpoint(path: str | Path, *, trust: bool = False) -> Checkpoint:
         raise UsageError(f"{p} is empty (0 bytes); the save was probably interrupted")
     if p.suffix == ".safetensors":
         return _load_safetensors(p)
+    broken = damaged(p)                      # integrity before diagnosis
+    if broken:
+        raise UsageError(broken)
     obj = _torch_load(p, trust)
     ckpt = _unwrap(p, obj)
     ckpt.trusted = trust
