@@ -54,6 +54,29 @@ def _setup(d: Path) -> None:
     src, tgt = _ids()
     torch.save({"src": src, "tgt": tgt}, d / "mid_pad.pt")
     torch.save({"ids": src}, d / "ids.pt")
+    (d / "mine" / "figures").mkdir(parents=True)           # a folder of the user's own files
+    for name, text in (("report.md", "# my notes\n"), ("data.csv", "a,b\n"), ("figures/mine.png", "png")):
+        (d / "mine" / name).write_text(text)
+    (d / "exits.py").write_text("import sys\ndef make_model(**kw):\n    sys.exit(0)\n")
+    (d / "notfn.py").write_text("make_model = 3\n")
+    _flipped(d / "model.pt", d / "flipped.pt")
+    (d / "hf_code").mkdir()
+    (d / "hf_code" / "config.json").write_text('{"model_type": "bart", "vocab_size": 96}')
+    torch.save({"w": torch.ones(1), "cfg": print}, d / "hf_code" / "pytorch_model.bin")
+    (d / "hf_cfgdir" / "config.json").mkdir(parents=True)
+    torch.save({"w": torch.ones(1)}, d / "hf_cfgdir" / "pytorch_model.bin")
+
+
+def _flipped(src: Path, dst: Path) -> None:
+    """`src` with 64 bytes of its largest tensor record XOR-ed (the zip CRC then fails)."""
+    import zipfile
+    data = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + 128
+    for i in range(start, start + 64):
+        data[i] ^= 0x40
+    dst.write_bytes(bytes(data))
 
 
 def _ids():
@@ -85,6 +108,17 @@ CASES = [
     ("--out that is a file", ["run", *TINY, "--out", "afile"], True),
     ("--out under a file", ["run", *TINY, "--out", "afile/run"], True),
     ("--out that already holds a run", ["run", *TINY, "--out", "run"], True),
+    ("an empty --out (it would write into the current directory)", ["run", *TINY, "--out", ""], True),
+    ("--out holding the user's own report.md (data.csv, figures/mine.png beside it)",
+     ["run", *TINY, "--out", "mine"], True),
+    ("... and with --overwrite (only what tndebug wrote is ever removed)",
+     ["run", *TINY, "--out", "mine", "--overwrite"], True),
+    ("a batch size no memory holds", ["run", "--batch-size", "1000000000000"], True),
+    ("a seed over 64 bits", ["run", "--seed", str(2**70)], True),
+    ("an lr factor far beyond training", ["run", "--lr-factor", "1e300"], True),
+    ("a step count beyond any run", ["run", "--steps", "10000000000"], True),
+    ("more processes than one machine runs", ["run", "--nproc", "100"], True),
+    ("all or none inside a list of probes", ["run", "--probe", "all,none"], True),
     ("a missing --resume", ["run", "--resume", "nowhere"], True),
     ("--resume on a text file", ["run", "--resume", "notes.pt"], True),
     ("--resume on an unsafe pickle", ["run", "--resume", "unsafe.pt"], True),
@@ -119,6 +153,13 @@ CASES = [
     ("--model file that does not exist", ["triage", "model.pt", "--model", "missing.py:make"], False),
     ("--model factory that raises", ["triage", "model.pt", "--model", "mymodel.py:make_model"], False),
     ("--config that is not JSON", ["triage", "model.pt", "--config", "{d_model: 3"], False),
+    ("--model factory that calls sys.exit", ["triage", "model.pt", "--model", "exits.py:make_model"], False),
+    ("--model name that is not a function", ["triage", "model.pt", "--model", "notfn.py:make_model"], False),
+    ("a pad id outside the model's vocabulary", ["triage", "model.pt", "--heads", "4", "--pad-id", "999999"],
+     False),
+    ("a checkpoint whose bits changed after the save (zip CRC)", ["triage", "flipped.pt"], True),
+    ("a Hugging Face folder whose pytorch_model.bin holds pickled code", ["triage", "hf_code"], False),
+    ("a Hugging Face folder whose config.json is a directory", ["triage", "hf_cfgdir"], False),
     ("triage --out that is a file", ["triage", "model.pt", "--out", "afile"], True),
     ("triage --out into a training run", ["triage", "run/checkpoint.pt", "--out", "run"], True),
 ]
@@ -147,6 +188,7 @@ LIBRARY_CASES = [
      "with tndebug.watch(model, opt, batch=lambda args, kwargs: None): train_step(model, opt)", True),
     ("a batch= that returns one tensor",
      "with tndebug.watch(model, opt, batch=lambda args, kwargs: args[0]): train_step(model, opt)", True),
+    ("out= an empty path", 'tndebug.watch(model, opt, out="")', True),
     ("out= a file", 'tndebug.watch(model, opt, out="afile")', True),
     ("out= under a file", 'tndebug.watch(model, opt, out="afile/run")', True),
     ("out= a directory that holds a run", 'tndebug.watch(model, opt, out="run")', True),
@@ -234,7 +276,11 @@ Not shown, because it depends on the machine: `--device cuda` without CUDA (`--d
 is not available here (use --device cpu or auto)`), and an `--out` you may not write (`--out DIR:
 PARENT is not writable; pass a directory you can write`), and a directory in use by another
 tndebug (`DIR is in use by another tndebug (pid N); wait for it, or pass another --out (if
-no tndebug runs there, remove DIR/.tndebug.lock)`).
+no tndebug runs there, remove DIR/.tndebug.lock)`), and more `--threads` than the machine has
+cores (`argument --threads: 100000: must be at most N (the cores of this machine: more threads
+only slow torch down)`). `tndebug` with no command prints its five-line usage (exit 2). The user's
+code exiting (`sys.exit` in a `--model` factory, an adapter, or at the import of their file) is
+one line naming the file and the line, exit 2.
 
 Regenerated by `python docs/bad_input.py`; `tests/test_bad_input_doc.py` checks the quick cases.
 Paths are relative to the directory the command runs in.
