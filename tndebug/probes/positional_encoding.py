@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tndebug.notes import FAULT_NOTES
-from tndebug.probes import _pe_order, tags
+from tndebug.probes import _pe_causal, _pe_order, tags
 from tndebug.probes._misc_stats import first_reason, rel_diff, rms
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
@@ -63,6 +63,9 @@ UNIT = 0.05              # |s - 1| below this: the embedding row is used as it i
 ZERO_PE = 1e-6           # RMS(PE added) / RMS(token part) below this: no PE added
 DUP_TOL = 1e-5           # two positions whose rows differ by less (relative) share a PE row
 MAX_PROBE_LEN = 1024
+NOT_APPLIED_FIX = ("apply the positions: add the position table's rows to the token embeddings "
+                   "(x = tok_emb(idx) + pos_emb(torch.arange(T))), or rotate q and k with the "
+                   "rotary tables before q @ k^T; a model meant to have none (NoPE) may ignore this")
 
 
 def _fix(fault: str) -> str:
@@ -89,6 +92,9 @@ class PositionalEncodingProbe(Probe):
         "pe-rows-reused": "positions past the table reuse its rows",
         "emb-scale": "the token embedding scale off the paper's (no sqrt(d_model)): info when harmless",
         "padded-shape": "the embedding output at real positions depends on the padded length or the batch",
+        "positions-not-applied": "decoder-only: a declared position table or rotary never reaches "
+                                 "the attention (swapping earlier tokens changes nothing)",
+        "no-positions": "decoder-only: no position mechanism at all (NoPE, by design or not)",
     }
     reads = ("embed",)
     fix = _fix("no_pos_encoding")
@@ -102,15 +108,16 @@ class PositionalEncodingProbe(Probe):
         self._order: str | None = None         # "uses positions" | "ignores order" | None (untested)
         self._losses: list[tuple[int, float]] = []   # training loss at the probed steps
         self._training = run.mode == "train"
+        self.mechanism: str | None = None      # decoder-only: where positions enter (_pe_causal)
+        self._rho_last: dict[str, tuple[int, float]] = {}   # site -> (step, rho) last probed
         if subject.capture is None:
             self._skip("no embedding taps: scale and overflow tests skipped")
         else:
             self._scale_test(subject)
         if subject.has_source:
             self._permutation_test(subject)
-        else:   # a causal stack knows order from its mask even without a PE (no invariance to test)
-            self.cover("", "not applicable", "decoder-only: no source to permute; a causal stack "
-                       "tells positions apart without a PE, so order is not an invariance there")
+        else:   # decoder-only: does the first attention that mixes tokens see where they are?
+            self._causal_swap_test(subject)
         if subject.capture is not None:
             self._padded_shape_test(subject)
             self._overflow_test(subject)
@@ -184,6 +191,72 @@ class PositionalEncodingProbe(Probe):
                         evidence={"rel_diff": rel, "threshold": tol, "compared": what,
                                   "control_rel_diff": rel_ctrl, "vs_control": PERM_VS_CONTROL,
                                   "sites_without_pe": list(self._no_pe_sites)}, code="order-ignored")
+
+    # -- 1b. decoder-only: positions applied? (_pe_causal) ---------------------------------------
+    def _causal_swap_test(self, subject: Subject) -> None:
+        if subject.capture is None:
+            self.cover("", "no verdict", "the positions test reads the attention outputs, and this "
+                       "model's capture gives none")
+            return
+        g = torch.Generator().manual_seed(11)
+        try:
+            with torch.no_grad():
+                found = _pe_causal.first_mixing_swap(subject, PERM_TOL, g)
+        except Exception as e:  # noqa: BLE001 - a model that cannot run this is not our finding
+            self.cover("", "no verdict", f"positions test could not run: {first_reason(e)}")
+            return
+        if found is None:
+            self.cover("", "no verdict", "no attention output was captured that depends on earlier "
+                       "tokens (control: another token at an earlier position): positions cannot "
+                       "be tested")
+            return
+        low = next((p.dtype for p in subject.model.parameters() if p.is_floating_point()),
+                   torch.float32) != torch.float32
+        tol = PERM_TOL_LOW_PRECISION if low else PERM_TOL
+        swap, control, site = found["swap"], found["control"], found["site"]
+        self.metric(0, "pe/decoder/swap_rel_diff", swap)
+        evidence = {"swap_rel_diff": swap, "control_rel_diff": control, "threshold": tol,
+                    "vs_control": PERM_VS_CONTROL, "module": site,
+                    "swapped": f"positions {found['i']} and {found['j']}",
+                    "compared": f"positions {found['positions']}"}
+        if not (swap < tol and swap < PERM_VS_CONTROL * control):
+            self._mechanism(_pe_causal.applied_where(subject), swap)
+            return
+        rel64 = _pe_causal.swap_in_float64(subject, found)
+        if rel64 is not None and rel64 >= FP64_BLIND and rel64 >= FP64_KEEPS * swap:
+            self._mechanism(_pe_causal.applied_where(subject) + ", weak at this init", rel64)
+            return                                # a weak order signal, not rounding
+        evidence["swap_rel_diff_float64"] = rel64
+        try:
+            partial = _pe_causal.queries_positioned(subject, site, tol)
+        except Exception:  # noqa: BLE001 - only a refinement of the result above
+            partial = None
+        if partial:                               # keys blind, queries not: a partial rotation
+            self._mechanism("in attention, on the queries only (the keys carry no position: "
+                            "see lm-decoding's rotary tests)", swap)
+            return
+        tables = _pe_causal.declared(subject.model, _pe_causal.token_tables(subject))
+        evidence["declared"] = tables
+        what = (f"swapping the tokens at positions {found['i']} and {found['j']} leaves the "
+                f"first attention that mixes tokens ({site}) unchanged at the later positions "
+                f"(rel diff {swap:.1e}; another token there: {control:.1e})")
+        self._mechanism("none reaches the attention" if tables else "none (NoPE)", swap)
+        if tables:
+            self.report("error", f"positions never applied: the model declares "
+                        f"{', '.join(tables[:3])}{' (+more)' if len(tables) > 3 else ''}, but "
+                        f"{what}", where=tables[0], step=0, evidence=evidence,
+                        fix=NOT_APPLIED_FIX, code="positions-not-applied")
+        else:
+            self.report("info", f"no position mechanism (NoPE): {what}; a causal stack can learn "
+                        f"positions from its mask, a published design (Kazemnejad et al. 2023), "
+                        f"but not the usual one", where="", step=0, evidence=evidence,
+                        fix=NOT_APPLIED_FIX, code="no-positions")
+
+    def _mechanism(self, where: str, swap: float) -> None:
+        """The positions found (report.json's coverage reason): where they enter, or none."""
+        self.mechanism = where
+        self.cover("", "checked", f"decoder positions: {where} (token swap moves the first "
+                   f"mixing attention by {swap:.1e})")
 
     # -- 2. embedding / PE scale ---------------------------------------------------------------
     def _scale_test(self, subject: Subject) -> None:
@@ -339,6 +412,7 @@ class PositionalEncodingProbe(Probe):
                 self._losses.append((info.step, float(rho)))
             else:
                 self.metric(info.step, tags.PE_RHO.build(site=site), float(rho))
+                self._rho_last[site] = (info.step, float(rho))
 
     def finish(self, run: RunContext) -> None:
         """A scale off the paper's that the order test did not show harmful: judged from the
@@ -346,30 +420,57 @@ class PositionalEncodingProbe(Probe):
         if not self._scale_off:
             return
         losses = [(s, v) for s, v in self._losses if v == v]
-        if self._training and len(losses) >= 2 and not losses[-1][1] < TRAINS * losses[0][1]:
+        if not self._training or (len(losses) < 2 and not self._rho_last):
+            self._report_scale("info", losses)          # no training seen: no harm shown, none claimed
+            return
+        if len(losses) >= 2 and not losses[-1][1] < TRAINS * losses[0][1]:
             self._report_scale("warning", losses)
-        else:
-            self._report_scale("info", losses)
+            return
+        # a falling loss is no evidence: the same model with the scale may fall much further.
+        # Harmless only where the harm is seen not to last: the token part regained its share
+        # of the embedding (rho back inside [RHO_LOW, RHO_HIGH]) by the last probed step.
+        recovered, kept = [], []
+        for item in self._scale_off:
+            last = self._rho_last.get(item["site"])
+            (recovered if last is not None and RHO_LOW <= last[1] <= RHO_HIGH else kept).append(item)
+            if last is not None:
+                item["evidence"] = {**item["evidence"], "rho_last": last[1], "rho_last_step": last[0]}
+        self._scale_off = recovered
+        if recovered:
+            self._report_scale("info", losses, recovered=True)
+        self._scale_off = kept
+        if kept:
+            self._report_scale("warning", losses, still_low=True)
 
-    def _report_scale(self, severity: str, losses: list[tuple[int, float]] = ()) -> None:
+    def _report_scale(self, severity: str, losses: list[tuple[int, float]] = (), *,
+                      recovered: bool = False, still_low: bool = False) -> None:
         """Report the collected scale deviations: a warning with the harm the behaviour shows,
         info (naming the deviation) when the model uses positions and trains."""
         pending, self._scale_off = self._scale_off, []
         trend = (f"loss {losses[0][1]:.3g} at step {losses[0][0]}, {losses[-1][1]:.3g} at step "
                  f"{losses[-1][0]}" if len(losses) >= 2 else "")
-        if severity == "warning":
+        if still_low:
+            last = [i["evidence"].get("rho_last") for i in pending]
+            rho = f"rho is still {min(v for v in last if v is not None):.3g}" if any(
+                v is not None for v in last) else "rho was not observed again"
+            why = (f"{rho} at the last probed step, outside [{RHO_LOW}, {RHO_HIGH}]: the loss "
+                   f"falls ({trend}), but a falling loss does not show the deviation harmless "
+                   f"(the scaled model may train further)")
+        elif recovered:
+            why = (f"the token part regained its share by the end (rho back in [{RHO_LOW}, "
+                   f"{RHO_HIGH}]) and it trains ({trend}): a deviation from the paper whose harm "
+                   f"did not last")
+        elif severity == "warning":
             why = ("the encoder ignores token order (see the order error)"
                    if self._order == "ignores order" else f"the loss does not fall ({trend})")
         else:
             seen = {"uses positions": "the encoder uses positions (order test)",
                     None: "the order test could not decide"}[self._order]
-            why = (f"{seen}; it trains ({trend}): a deviation from the paper that this model's "
-                   f"behaviour shows harmless" if trend else
-                   f"{seen}; no training observed: a deviation from the paper, no harm shown")
+            why = f"{seen}; no training observed: a deviation from the paper, no harm shown"
         for item in pending:
             ev = {**item["evidence"], "order_test": self._order or "no verdict",
                   "loss_trend": [(s, round(v, 4)) for s, v in losses[-4:]]}
-            text = item["what"] if severity == "warning" else item["deviation"]
+            text = item["what"] if severity == "warning" and not still_low else item["deviation"]
             self.report(severity, f"{text}; {why}", where=item["site"], step=0,
                         evidence=ev, fix=_fix("no_emb_scale"), code="emb-scale")
 
