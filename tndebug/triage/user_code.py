@@ -115,6 +115,22 @@ def mlm_batch(batch, data: str | None) -> Batch:
     return Batch(src, src.clone(), src.clone())
 
 
+def _own_adapter_hint(adapter) -> str:
+    """For a built-in adapter (chosen by tndebug, or named): the line to write instead, so the
+    model is called the way its own code calls it."""
+    from tndebug.capture.adapters import BUILTIN
+    if adapter.name not in BUILTIN:
+        return ""
+    how = f" ({adapter.kind_from})" if getattr(adapter, "kind_from", "") else ""
+    if adapter.kind in ("decoder", "encoder"):
+        example = "def forward(model, ids, pad_id): return model(ids)"
+    else:
+        example = "def forward(model, src, tgt, pad_id): return model(src, tgt)"
+    return (f"; tndebug chose the built-in {adapter.name} adapter{how}: call the model as your "
+            f"code does, in a file, and pass --adapter FILE.py:forward, e.g. `{example}` "
+            f"(docs/triage.md)")
+
+
 def _call(adapter, model, src, tgt, pad_id):
     """The adapter's call: a decoder-only model is fed `tgt` alone (Subject kind "decoder"), an
     encoder-only one `src` alone (kind "encoder")."""
@@ -174,7 +190,7 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
                              f"--max-len N") from None
         raise UsageError(f"the adapter {adapter.name} raised {type(e).__name__}: "
                          f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''} "
-                         f"(it is called as {called})") from None
+                         f"(it is called as {called}){_own_adapter_hint(adapter)}") from None
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != tgt_in[:2].shape:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise UsageError(f"the adapter {adapter.name} returned {shape}; expected logits "
