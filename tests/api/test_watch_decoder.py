@@ -72,7 +72,8 @@ def test_a_decoder_that_sees_the_future_fails_check():
     torch.manual_seed(0)
     model = make_model(ModelConfig.tiny(arch="decoder", dropout=0.0).with_faults("no_causal_mask"))
     report = tndebug.check(model)
-    assert "mask-broadcast/causal-leak" in [f.code for f in report.findings]
+    assert ("mask-broadcast/causal-leak", "error") in serious(report), report.findings
+    assert report.verdict == "errors" and report.exit_code() == 1
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

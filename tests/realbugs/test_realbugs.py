@@ -73,7 +73,9 @@ def test_a_broken_softmax_is_not_also_called_a_normalised_residual(name):
 
 def test_the_normalised_residual_itself_is_still_named():
     report = tndebug.check(build(BUGS["residual_of_normed_input"], 0), forward, pad_id=0, bos_id=1)
-    assert [f for f in report.findings if f.code == "ln-placement/residual-normalised"]
+    got = {(f.code, f.severity) for f in report.findings}
+    assert ("ln-placement/residual-normalised", "error") in got, report.findings
+    assert report.verdict == "errors" and report.exit_code() == 1
 
 
 @pytest.mark.parametrize("name, side", [("split_heads_no_transpose", "split"),

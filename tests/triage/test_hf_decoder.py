@@ -191,6 +191,7 @@ def test_triage_offers_the_cache_to_the_probes(dirs):
     report = triage_hf(TriageOptions(str(dirs["llama"])), patch=spy)
     assert "past_key_values" in report.run["calls"]
     assert "adapter" in seen
+    assert seen.get("called") is True, "the probes never called the KV-cache call"
 
 
 # -- refused (--data is read for decoder-only models: tests/triage/test_hf_figures_data.py) -------
@@ -213,11 +214,7 @@ def test_cli_exit_code_without_data_is_incomplete(dirs, tmp_path, capsys):
 
 @pytest.mark.parametrize("bug", (None, "ignores_cache"))
 def test_lm_decoding_probe_on_the_cache(dirs, bug):
-    """Once the lm-decoding probe lands: silent on a healthy Llama, kv-cache on a broken cache."""
-    from tndebug.probes import PROBE_NAMES
-    if "lm-decoding" not in PROBE_NAMES:
-        pytest.skip("the lm-decoding probe is not in this tree yet")
-
+    """lm-decoding: silent on a healthy Llama, kv-cache on a broken cache."""
     def patch(model, adapter):
         if bug:
             _broken_cache(model, bug)
