@@ -2,12 +2,16 @@
 audited files is in its file's table with its current value (or excluded below as a size, seed or
 count, with the reason), and every constant the doc names exists there with that value.
 
-Read with ast, without importing the modules: a value is a literal, or an expression of
-literals, `math` and the module's earlier constants (`math.sqrt(2)`, `2.0 ** -24`, `1 << 25`);
-a dict of numbers gives one entry per key (`TOL[False]`)."""
+Read with ast where it can: a value is a literal, or an expression of literals, `math` and the
+module's earlier constants (`math.sqrt(2)`, `2.0 ** -24`, `1 << 25`); a dict of numbers gives one
+entry per key (`TOL[False]`). A constant the ast cannot evaluate (a call, an imported name:
+`torch.finfo(torch.float32).min`, `range(-6, 7)`) is not dropped: the module is imported and the
+value read; numeric ones (a range counts as its tuple) are checked like the rest, and a module
+that cannot be imported fails the test (issue 50)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import math
 import re
 import subprocess
@@ -111,6 +115,10 @@ def constants(path: str) -> tuple[dict[str, object], set[str]]:
                 continue
             names.add(name)
             v = _value(node, env)
+            if v is None and _evaluable(node, env):
+                continue        # evaluated, and not a number (a string, a set of names)
+            if v is None:
+                v = _imported(path, name)
             if v is None:
                 continue
             env[name] = v
@@ -119,6 +127,27 @@ def constants(path: str) -> tuple[dict[str, object], set[str]]:
             else:
                 out[name] = v
     return out, names
+
+
+def _evaluable(node: ast.AST, env: dict) -> bool:
+    try:
+        eval(compile(ast.Expression(node), "<const>", "eval"), {"__builtins__": {}, "math": math}, dict(env))
+    except Exception:
+        return False
+    return True
+
+
+def _imported(path: str, name: str):
+    """The value of a constant the ast could not evaluate, read from the imported module (an
+    import error fails the caller's test): a number, a tuple or range of numbers, a dict of
+    numbers; None when it is something else."""
+    module = importlib.import_module(path[:-3].replace("/", ".").removesuffix(".__init__"))
+    v = getattr(module, name)
+    if isinstance(v, range):
+        v = tuple(v)
+    if isinstance(v, dict):
+        return v if v and all(_number(x) for x in v.values()) else None
+    return v if _number(v) else None
 
 
 _SECTION = re.compile(r"^#{2,4} .*")
@@ -157,6 +186,12 @@ def doc_rows() -> list[tuple[str, str, str]]:
 
 def _equal(doc_value: str, code_value) -> bool:
     v = _value(ast.parse(doc_value, mode="eval").body, {}) if _parses(doc_value) else None
+    if v is None and _parses(doc_value) and "torch." in doc_value:     # `torch.finfo(...).min`
+        import torch
+        try:
+            v = eval(doc_value, {"__builtins__": {}, "torch": torch, "math": math})
+        except Exception:
+            v = None
     if v is None:
         return False
     if isinstance(code_value, tuple):
