@@ -31,6 +31,10 @@ class Finding:
     head: int | None = None
     rank: int | None = None          # the process that saw it, under DDP
     code: str = ""                   # the kind of finding, stable: "<probe>/<kind>" (tndebug probes --codes)
+    # the line in the user's code where the evidence was made (tndebug/capture/source.py):
+    # {file, line, function, code} (+ "package" for an installed package's code, "def" when it is
+    # only the module's forward def); None when unknown or not the user's code
+    source: dict | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in _RANK:
@@ -40,7 +44,10 @@ class Finding:
         return _RANK[self.severity] >= _RANK[severity]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["source"] is None:       # a report without source lines reads as before
+            del d["source"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finding":

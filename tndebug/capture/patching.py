@@ -144,6 +144,7 @@ def _patched(state: _State):
             elif call is not None and out.dim() >= 3:
                 if not call.softmaxed and call.raw is None and a.shape[-1] == b.shape[-1]:
                     call.q, call.k, call.raw = a, b, out            # "...qd,...kd->...qk"
+                    state.locate(call, "scores")
                 elif call.softmaxed and call.z is None:
                     call.v, call.z = b, out
             return out

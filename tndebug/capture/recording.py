@@ -42,6 +42,7 @@ class _AttnCall:
     nested: bool = False                      # an attention module inside this one was recorded
     linears: list = field(default_factory=list)     # (input, output) of every linear map run
     extra: dict = field(default_factory=dict)
+    sources: dict = field(default_factory=dict)     # op role -> the user's line (capture/source.py)
 
 
 class _Layout:
@@ -232,6 +233,7 @@ class _State(_Streams):
             return
         if not call.softmaxed and call.raw is None:
             call.q, call.k, call.raw = a, (b.transpose(-2, -1) if b_is_kT else b), out
+            self.locate(call, "scores")
         elif call.softmaxed and call.z is None:
             call.v, call.z = b, out
 
@@ -254,6 +256,7 @@ class _State(_Streams):
             call.add_pre, call.add_terms = chain.detach(), []
         call.add_terms.append(term)
         call.chain_out = out
+        self.locate(call, "add")
 
     def on_linear(self, x, out, weight=None) -> None:
         if self.trace is None or self.busy or not self.calls or not self.intercept:
@@ -269,8 +272,10 @@ class _State(_Streams):
             if call.raw is not None and call.masked_scores is None and x.is_floating_point() \
                     and x.shape == call.raw.shape:   # not the fill that builds an additive mask
                 call.scores, call.masked_scores = x, out
+                self.locate(call, "mask")
         elif call.z is None:                  # a mask applied to the probabilities
             call.probs = out
+            self.locate(call, "mask")
 
     def softmax_input(self, x):
         call = self.current()
@@ -287,6 +292,7 @@ class _State(_Streams):
             return
         call.softmaxed = True
         call.probs = out
+        self.locate(call, "softmax")
         if call.masked_scores is None and call.chain_out is not None and x is call.chain_out:
             # the mask (and any position bias) was added to the scores: the mask is the part of
             # the added terms that removes keys; the rest (a bias) stays in the scores
@@ -317,6 +323,7 @@ class _State(_Streams):
             return
         if call is None or call.raw is not None:
             return
+        self.locate(call, "sdpa")
         if q.shape[:-1].numel() * k.shape[-2] > MAX_RECOMPUTED:   # too big to materialise: q, k, v, z only
             call.q, call.k, call.v, call.z, call.softmaxed = q.detach(), k.detach(), v.detach(), out.detach(), True
             return
@@ -370,6 +377,7 @@ class _State(_Streams):
         rec.qk_source = call.extra.get("qk_source", "operands")
         rec.shared_projection = bool(call.extra.get("shared_projection", False))
         rec.qk_match = call.extra.get("qk_match", "values")
+        rec.sources = dict(call.sources) or _forward_source(module)
         out = output[0] if isinstance(output, (tuple, list)) else output
         rec.out = out.detach() if isinstance(out, torch.Tensor) and self.wants("attn.out") else None
         if rec.probs is None and isinstance(output, (tuple, list)) and len(output) > 1 \
@@ -409,6 +417,12 @@ class _State(_Streams):
                           kv_from_other_input=not _same(q_in, k_in),
                           qk_match="norms" if "norms" in (q_at[-1], k_at[-1]) else "values",
                           kv_order=k_at[-2])        # grouped-query k: "interleaved" | "tiled" | ""
+
+    def locate(self, call: _AttnCall, role: str) -> None:
+        """Remember the user's line that made `role` of `call` (the first such op)."""
+        if self.trace is not None and role not in call.sources:
+            from tndebug.capture.source import user_line
+            call.sources[role] = user_line()
 
     def wants(self, read: str) -> bool:
         return read in self.reads or "all" in self.reads
@@ -479,6 +493,13 @@ class _State(_Streams):
         if self.reads & {"embed", "stream", "grad.stream", "all"}:
             for role, stack in (("src", "encoder"), ("tgt", "decoder")):
                 self._embedding_parts(role, stack)
+
+
+def _forward_source(module) -> dict:
+    """{"forward": the module's forward def}, where no op's line was seen."""
+    from tndebug.capture.source import forward_def
+    loc = forward_def(module)
+    return {"forward": loc} if loc else {}
 
 
 def _t(x):

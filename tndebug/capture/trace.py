@@ -71,6 +71,9 @@ class AttentionRecord:
     qk_match: str = "values"                   # how q, k were traced: "values" (s * the
                                                # projection's output), "norms" (rotated per
                                                # vector after it, RoPE: s from the norms)
+    sources: dict = field(default_factory=dict)  # op role ("scores", "softmax", "mask", "add",
+                                               # "sdpa"; else "forward") -> the user's line
+                                               # that ran it (capture/source.py)
 
     @property
     def tag(self) -> str:

@@ -67,6 +67,7 @@ class Module:
     code: str = ""         # the finding's code (mask-broadcast/<code>)
     fit: float | None = None   # affine-fit residual of the head split (worse side)
     fit_sides: dict = field(default_factory=dict)   # {"split" | "merge": residual}
+    sources: dict = field(default_factory=dict)     # op role -> the user's line (AttentionRecord.sources)
 
 
 def _content(s: Subject, like: torch.Tensor, g: torch.Generator, vocab: int) -> torch.Tensor:

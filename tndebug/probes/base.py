@@ -154,7 +154,7 @@ class Probe:
     # -- helpers -------------------------------------------------------------------------
     def report(self, severity: str, message: str, *, where: str = "", step: int | None = None,
                evidence: dict | None = None, fix: str | None = None, layer: int | None = None,
-               head: int | None = None, code: str = "") -> Finding:
+               head: int | None = None, code: str = "", source: dict | None = None) -> Finding:
         """A finding of kind `code`, reported as "<probe>/<code>". A probe that declares `codes`
         (every built-in one) must name a declared kind; one that declares none (a user's own
         probe) may omit it and gets "<probe>/finding"."""
@@ -164,7 +164,7 @@ class Probe:
         code = code or "finding"
         f = Finding(self.name, severity, message, where=where, step=step,
                     evidence=dict(evidence or {}), fix=self.fix if fix is None else fix,
-                    layer=layer, head=head, code=f"{self.name}/{code}")
+                    layer=layer, head=head, code=f"{self.name}/{code}", source=source)
         self.findings.append(f)
         return f
 

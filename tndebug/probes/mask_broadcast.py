@@ -9,6 +9,7 @@ from tndebug.probes._mask_tests import (FIT_TOL, INPUTS, KINDS, MASS_TOL, NOTE, 
                                         Check, Module, _likely_cause, behaviour, compare, probs_check)
 from tndebug.probes._raised import ModelRaised, call as _call, raised_in as _raised_in
 from tndebug.probes._attn_stats import KIND_WORDS, head_split_fits, probe_batch
+from tndebug.capture.source import pick
 from tndebug.probes.base import Probe, RunContext
 from tndebug.probes.schedule import never
 from tndebug.subject import Subject
@@ -23,6 +24,20 @@ OUTSIDE_FIX = ("The masks are right; something else moves information between po
                ".transpose(1, 2), and back with z.transpose(1, 2).reshape(B, T, d_model)), a "
                "positional encoding indexed by the padded batch's shape instead of each "
                "position, or a norm or pooling over the time axis.")
+
+
+# the op whose line a finding points at: the softmax for what the softmax did; else the mask (a
+# masked_fill or an added mask), the SDPA call that takes it, or the softmax it should precede
+AT_SOFTMAX = ("softmax-axis", "row-sums")
+
+
+def mask_line(sources: dict, code: str) -> dict | None:
+    """The user's line for a mask-broadcast finding of kind `code` on a module."""
+    if code in AT_SOFTMAX:
+        return pick(sources, "softmax", "sdpa")
+    if code == "head-split":
+        return pick(sources, "scores", "sdpa")
+    return pick(sources, "mask", "add", "sdpa", "softmax")
 
 
 # the behaviour tests of padding (pad_id=None: the data hold none, so they are not run)
@@ -155,7 +170,7 @@ class MaskBroadcast(Probe):
         trace = s.trace(src, tgt, reads=self.reads)    # inputs the behaviour tests ran: a raise is ours
         out = []
         for rec in trace.records():
-            m = Module(rec.site, rec.kind)
+            m = Module(rec.site, rec.kind, sources=rec.sources)
             why = ("attention probabilities not captured (the model-level behaviour tests "
                    "still cover it)") if rec.probs is None else probs_check(m, rec.probs, src, tgt,
                                                                            s.data_pad_id)
@@ -246,7 +261,7 @@ class MaskBroadcast(Probe):
                 continue
             seen = [m for m in modules if m.kind == kind]
             masks_ok = bool(seen) and all(m.stats and not m.problem for m in seen)
-            self._report_kind(kind, mods, tests[kind], checks, masks_ok)
+            self._report_kind(kind, mods, tests[kind], checks, masks_ok, seen)
         if "batch" in failed and not any(tests.values()) and not self.findings \
                 and self._at_embedding("batch axis", ["batch"], checks):
             c = checks["batch"]
@@ -265,7 +280,7 @@ class MaskBroadcast(Probe):
                         step=0, evidence={"src_pad_length": vars(c)}, code="src-pad-leak")
 
     def _report_kind(self, kind: str, mods: list[Module], tests: list[str], checks,
-                     masks_ok: bool = False) -> None:
+                     masks_ok: bool = False, seen: list[Module] = ()) -> None:
         """One error for the attention kind: the module whose probabilities show the defect, else
         the behaviour test that failed. When every module of the kind had its probabilities
         tested and they respect the masks, the masks are right: positions mix outside the
@@ -284,7 +299,8 @@ class MaskBroadcast(Probe):
             first = mods[0]
             tail = f" (+{len(mods) - 1} more {KIND_WORDS[kind]} modules)" if len(mods) > 1 else ""
             self.report("error", f"{first.site}: {first.problem}{tail}", where=first.site, step=0,
-                        evidence=ev, fix=first.fix, code=first.code)
+                        evidence=ev, fix=first.fix, code=first.code,
+                        source=mask_line(first.sources, first.code))
             return
         t = tests[0]
         c = checks[t]
@@ -311,5 +327,8 @@ class MaskBroadcast(Probe):
                     f"the softmax")
             fix = OUTSIDE_FIX
             ev["probabilities_respect_masks"] = True
+        first = seen[0] if seen else None      # the kind's first module: its mask's line
         self.report("error", f"{KIND_WORDS[kind]}: " + text, where=KIND_WORDS[kind], step=0,
-                    evidence=ev, fix=fix, code=code)
+                    evidence=ev, fix=fix, code=code,
+                    source=None if first is None or code == "positions-mixed"
+                    else mask_line(first.sources, code))

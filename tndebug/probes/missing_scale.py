@@ -10,6 +10,7 @@ from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation_s
 from tndebug.probes import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import at, every
+from tndebug.capture.source import pick
 from tndebug.capture.trace import AttentionRecord, Trace
 
 # TOL, FIT_RESIDUAL, P_FLOOR: float precision, no run (8a62a05): the bugs miss by >= 41%.
@@ -199,7 +200,9 @@ class MissingScale(Probe):
             meta = dict(kind=rec.kind, layer=rec.layer, d_k=rec.q.shape[-1], heads=rec.q.shape[1],
                         d_model=rec.q.shape[1] * rec.q.shape[-1], source=source,
                         half=rec.q.dtype in HALF, shared=rec.shared_projection,
-                        qk_match=rec.qk_match)
+                        qk_match=rec.qk_match,
+                        # the line that computed the scores (the product, or the SDPA call)
+                        line=pick(rec.sources, "scores", "sdpa", "softmax"))
             rows.append((rec.site, meta, torch.cat([sums, sat.to(sums.dtype)])))
         return rows
 
@@ -277,7 +280,7 @@ class MissingScale(Probe):
                 severity, {"no 1/sqrt(d_k)": "absent", "1/sqrt(d_model)": "by-d-model"}.get(
                     label, "wrong-constant"))
             self.report(severity, msg, where=site, step=step, layer=meta["layer"], fix=fix,
-                        evidence=evidence, code=code)
+                        evidence=evidence, code=code, source=meta.get("line"))
 
 
 def by_design_fix(d_k: int) -> str:

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from rich.table import Table
 from rich.text import Text
 
+from tndebug.capture.source import source_text
 from tndebug.report import Report
 from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
     break_at_dots, evidence_text, first_sign_text, fmt_value, group_where_text, \
@@ -193,6 +194,8 @@ def findings_table(report: Report, width: int = PLAIN_WIDTH) -> Table:
         if many and not narrow:
             message.append("\nin ", style="bold").append(places)
         if wide:
+            if f.source:
+                message.append("\nsource: ", style="bold").append(source_text(f.source))
             cells += [message, evidence, f.fix]
         else:
             body = Text()
@@ -200,6 +203,8 @@ def findings_table(report: Report, width: int = PLAIN_WIDTH) -> Table:
                 body.append("where: ", style="bold").append(places if many else where_text(f))
                 body.append("\n")
             body.append(message)
+            if f.source:
+                body.append("\nsource: ", style="bold").append(source_text(f.source))
             if evidence:
                 body.append("\nevidence: ", style="bold").append(evidence)
             if f.fix:

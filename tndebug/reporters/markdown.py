@@ -121,6 +121,18 @@ def evidence_lines(evidence: dict) -> list[str]:
     return lines
 
 
+def source_lines(f: Finding) -> list[str]:
+    """`- **Source:** model.py:24 (Class.method)` and the line with two either side."""
+    if not f.source:
+        return []
+    from tndebug.capture.source import context_lines, source_text
+    src = f.source
+    lines = [f"- **Source:** `{source_text({**src, 'code': ''})}`", "", "  ```python"]
+    for n, text in context_lines(src):
+        lines.append(f"  {'>' if n == src['line'] else ' '}{n:5d}  {text}")
+    return lines + ["  ```", ""]
+
+
 def _finding(i: int, f: Finding) -> list[str]:
     at = f" at step {f.step}" if f.step is not None else ""
     lines = [f"### {i}. {SEVERITY_WORD[f.severity]} `{f.probe}`{at}", "",
@@ -137,7 +149,7 @@ def _finding(i: int, f: Finding) -> list[str]:
                                   f"head {f.head}" if f.head is not None else "",
                                   f"rank {f.rank}" if f.rank is not None else "") if x)
     lines.append(f"- **Where:** {where}" + (f" ({extra})" if extra else ""))
-    return lines + [""]
+    return lines + source_lines(f) + [""]
 
 
 def _group(i: int, fs: list[Finding]) -> list[str]:
@@ -163,7 +175,7 @@ def _group(i: int, fs: list[Finding]) -> list[str]:
         where = f"`{x.where}`" if x.where else "the run as a whole"
         extra = f" head {x.head}" if x.head is not None else ""
         lines.append(f"  - {where}{extra} ({step})" + ("" if same else _differs(x, f)))
-    return lines + [""]
+    return lines + source_lines(f) + [""]
 
 
 def _differs(x: Finding, first: Finding) -> str:

@@ -1,0 +1,79 @@
+"""Findings on a user's model point at the line in the user's file where the evidence was made
+(issue 48): the score product for missing-scale, the mask or the softmax for mask-broadcast,
+the SDPA call for both; report.json carries it, the console and report.md show it."""
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+import tndebug
+from tndebug.findings import Finding
+from tndebug.report import Report
+
+from nanogpt_text import load, model_file
+
+
+def check(tmp_path, attention, probes):
+    path, lines = model_file(tmp_path, attention)
+    report = tndebug.check(load(path).build(), arch="decoder", pad_id=None, probes=probes)
+    return report, path, lines
+
+
+def errors(report, code):
+    return [f for f in report.findings if f.code == code]
+
+
+def test_missing_scale_points_at_the_score_line(tmp_path):
+    report, path, lines = check(tmp_path, "no_scale", "missing-scale")
+    (f,) = errors(report, "missing-scale/absent")
+    assert f.source["file"] == str(path)
+    assert f.source["line"] == lines["scores"]
+    assert f.source["function"] == "CausalSelfAttention.forward"
+    assert f.source["code"].startswith("att = (q @ k.transpose(-2, -1))")
+    assert "d_k = 64 / 4 heads = 16, so divide by 4" in f.fix      # the user's numbers
+
+
+def test_sdpa_call_is_the_line(tmp_path):
+    report, path, lines = check(tmp_path, "sdpa_no_scale", "missing-scale")
+    (f,) = errors(report, "missing-scale/absent")
+    assert (f.source["file"], f.source["line"]) == (str(path), lines["sdpa"])
+
+
+@pytest.mark.parametrize("attention, code, marker", [
+    ("no_mask", "mask-broadcast/causal-leak", "softmax"),        # where the mask should go
+    ("mask_transposed", "mask-broadcast/causal-transposed", "mask"),
+])
+def test_mask_findings_point_at_the_mask_or_softmax(tmp_path, attention, code, marker):
+    report, path, lines = check(tmp_path, attention, "mask-broadcast")
+    found = [f for f in report.findings if f.severity == "error"]
+    assert [f.code for f in found] == [code]
+    assert (found[0].source["file"], found[0].source["line"]) == (str(path), lines[marker])
+
+
+def test_healthy_model_has_no_error_and_old_findings_load(tmp_path):
+    report, _, _ = check(tmp_path, "healthy", "missing-scale,mask-broadcast")
+    assert not [f for f in report.findings if f.severity == "error"]
+    old = Finding("missing-scale", "error", "m", code="missing-scale/absent").to_dict()
+    assert "source" not in old and Finding.from_dict(old).source is None
+
+
+def test_source_in_json_console_and_markdown(tmp_path):
+    report, path, lines = check(tmp_path, "no_scale", "missing-scale")
+    back = Report.from_dict(report.to_dict()) if hasattr(Report, "from_dict") else None
+    (d,) = [f for f in report.to_dict()["findings"] if f["code"] == "missing-scale/absent"]
+    assert {k: d["source"][k] for k in ("file", "line", "function")} == \
+        {"file": str(path), "line": lines["scores"], "function": "CausalSelfAttention.forward"}
+    if back is not None:
+        assert errors(back, "missing-scale/absent")[0].source == d["source"]
+    from tndebug.reporters.console import summary
+    out = io.StringIO()
+    Console(file=out, width=120, no_color=True).print(summary(report, width=120))
+    text = "".join(out.getvalue().replace("│", "").split())      # folded cells joined
+    assert "".join((f"source: {path}:{lines['scores']} (CausalSelfAttention.forward): "
+                    f"att = (q @ k.transpose(-2, -1))").split()) in text
+    from tndebug.reporters.markdown import render
+    md = render(report)
+    assert f"**Source:** `{path}:{lines['scores']} (CausalSelfAttention.forward)`" in md
+    assert f">{lines['scores']:5d}          att = (q @ k.transpose(-2, -1))" in md

@@ -1,0 +1,119 @@
+"""Where in the user's code a piece of evidence was made: the Python line that called the op.
+
+The recording wrappers (`patching._patched`) see every attention op a probe reads while it
+runs; at the op that makes a tensor a probe judges (the score product, the softmax, the mask,
+the SDPA call) they ask `user_line()` for the innermost frame of the caller's own code: not
+torch, not tndebug, not the standard library nor an installed package, except transformers,
+whose lines are marked `"package": "transformers"` (the model's code is the package's). Only
+the probed passes pay for it: the wrappers run only while a probe reads those ops.
+
+A location is a plain dict {file, line, function, code} ("function" is Class.method), so it
+travels into a Finding, report.json and back unchanged.
+"""
+from __future__ import annotations
+
+import inspect
+import linecache
+import os
+import sys
+import sysconfig
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+_TNDEBUG = str(Path(__file__).resolve().parents[1]) + os.sep
+_TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
+_STDLIB = tuple({str(Path(sysconfig.get_paths()[k]).resolve()) + os.sep
+                 for k in ("stdlib", "platstdlib")})
+PACKAGES = ("transformers",)          # installed packages whose lines are the model's code
+
+
+@lru_cache(maxsize=512)
+def _kind(filename: str) -> str | None:
+    """"user", a package's name from PACKAGES, or None (a frame to skip)."""
+    if not filename or filename.startswith("<"):
+        return None
+    path = os.path.realpath(filename)
+    if path.startswith((_TNDEBUG, _TORCH)):
+        return None
+    parts = Path(path).parts
+    if "site-packages" in parts or "dist-packages" in parts:
+        i = max(i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages"))
+        top = parts[i + 1] if i + 1 < len(parts) else ""
+        return top if top in PACKAGES else None
+    if path.startswith(_STDLIB):
+        return None
+    return "user"
+
+
+def user_line(skip: int = 1) -> dict | None:
+    """The innermost frame of user (or transformers) code on the stack, as a location; None
+    when there is none (a call made from C++ or from torch alone)."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        code = frame.f_code
+        kind = _kind(code.co_filename)
+        if kind is not None:
+            return location(code.co_filename, frame.f_lineno,
+                            getattr(code, "co_qualname", code.co_name), kind)
+        frame = frame.f_back
+    return None
+
+
+def location(file: str, line: int, function: str, kind: str = "user") -> dict:
+    loc = {"file": file, "line": int(line), "function": function,
+           "code": linecache.getline(file, line).strip()}
+    if kind != "user":
+        loc["package"] = kind
+    return loc
+
+
+def forward_def(module) -> dict | None:
+    """Where no op's line is known: the module's `forward` def (its file and line)."""
+    fn = getattr(type(module), "forward", None)
+    try:
+        file = inspect.getsourcefile(fn)
+        _, line = inspect.getsourcelines(fn)
+    except (TypeError, OSError):
+        return None
+    if file is None:
+        return None
+    kind = _kind(file) or "package"
+    loc = location(file, line, getattr(fn, "__qualname__", "forward"), kind)
+    loc["def"] = True                    # the forward's def line, not the op's
+    return loc
+
+
+def pick(sources: dict, *roles: str) -> dict | None:
+    """The first of `roles` that `sources` holds, else its module's forward def."""
+    for r in roles:
+        if sources.get(r):
+            return sources[r]
+    return sources.get("forward")
+
+
+def shown_path(file: str) -> str:
+    """`file` relative to the working directory when it lies under it."""
+    try:
+        rel = os.path.relpath(file)
+    except ValueError:
+        return file
+    return file if rel.startswith("..") else rel
+
+
+def source_text(src: dict) -> str:
+    """`model.py:52 (CausalSelfAttention.forward): att = q @ k.transpose(-2, -1)`."""
+    where = f"{shown_path(src['file'])}:{src['line']} ({src['function']})"
+    if src.get("package"):
+        where += f" [{src['package']}'s code]"
+    if src.get("def"):
+        where += " (its forward; no line of the op was found)"
+    return f"{where}: {src['code']}" if src.get("code") else where
+
+
+def context_lines(src: dict, around: int = 2) -> list[tuple[int, str]]:
+    """(line number, text) of the source line and `around` lines either side."""
+    lo = max(1, src["line"] - around)
+    rows = [(n, linecache.getline(src["file"], n).rstrip("\n")) for n in range(lo, src["line"] + around + 1)]
+    return [(n, t) for n, t in rows if t or n <= src["line"]]
