@@ -145,8 +145,14 @@ def _patched(state: _State):
                 if not call.softmaxed and call.raw is None and a.shape[-1] == b.shape[-1]:
                     call.q, call.k, call.raw = a, b, out            # "...qd,...kd->...qk"
                     state.locate(call, "scores")
+                    layout = einsum_scores_layout(eq, a, b, out)
+                    if layout:
+                        call.extra["layout"] = layout
                 elif call.softmaxed and call.z is None:
                     call.v, call.z = b, out
+                    layout = einsum_values_layout(eq, call.extra.get("layout"), a, b, out)
+                    if layout:
+                        call.extra["layout"] = {**call.extra["layout"], **layout}
             return out
         return wrapper
 
@@ -267,3 +273,62 @@ def _rebound(state: "_State", wrapped: dict):
         cap.bound_elsewhere = True
     elif state.calls_seen:
         cap.bound_elsewhere = False
+
+
+def _subscripts(eq: str, *tensors) -> tuple[list[str], str] | None:
+    """(input subscripts, output subscripts) of an explicit two-operand equation whose letters
+    match the operands' dims; None for an ellipsis, an implicit output or a mismatch."""
+    eq = eq.replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        return None
+    ins, out = eq.split("->")
+    ins = ins.split(",")
+    if len(ins) != 2 or any(len(set(s)) != len(s) for s in (*ins, out)):
+        return None
+    if any(len(s) != t.dim() for s, t in zip((*ins, out), tensors)):
+        return None
+    return ins, out
+
+
+def einsum_scores_layout(eq: str, q, k, scores) -> dict[str, list[int]] | None:
+    """The permutations that put an einsum's score product in the probes' layout, whatever the
+    equation's axis order: q -> [B, h, T, d], k -> [B, h, S, d], scores (and what follows them:
+    the masked scores, the probabilities) -> [B, h, T, S]. The roles are read off the equation:
+    d is summed, T is q's alone, S is k's alone, B and h are in all three (in q's order).
+    "ibhd,jbhd->ijbh" (sequence first) and "bqhd,bkhd->bhqk" both map; identity ones and
+    equations of other shapes (no head axis, an ellipsis) give None."""
+    parsed = _subscripts(eq, q, k, scores)
+    if parsed is None:
+        return None
+    (A, B), O = parsed
+    summed = [c for c in A if c in B and c not in O]
+    batch = [c for c in A if c in B and c in O]
+    qi = [c for c in A if c not in B and c in O]
+    kj = [c for c in B if c not in A and c in O]
+    if len(summed) != 1 or len(batch) != 2 or len(qi) != 1 or len(kj) != 1:
+        return None
+    perm = {"q": [A.index(c) for c in (*batch, *qi, *summed)],
+            "k": [B.index(c) for c in (*batch, *kj, *summed)],
+            "scores": [O.index(c) for c in (*batch, *qi, *kj)]}
+    if all(p == sorted(p) for p in perm.values()):
+        return None                                          # already [B, h, T, *]
+    perm["masked_scores"] = perm["probs"] = perm["scores"]
+    return perm
+
+
+def einsum_values_layout(eq: str, layout: dict | None, probs, v, z) -> dict[str, list[int]] | None:
+    """After `einsum_scores_layout`: v -> [B, h, S, d] and z -> [B, h, T, d] for the product of
+    the probabilities (in the scores' layout) with the values."""
+    if not layout or "scores" not in layout:
+        return None
+    parsed = _subscripts(eq, probs, v, z)
+    if parsed is None:
+        return None
+    (A, B), O = parsed
+    canon = [A[i] for i in layout["scores"]]                 # B, h, T, S in this equation's letters
+    d = [c for c in B if c not in A]
+    if len(d) != 1 or any(c not in B for c in (canon[0], canon[1], canon[3])) \
+            or any(c not in O for c in (canon[0], canon[1], canon[2])):
+        return None
+    return {"v": [B.index(c) for c in (canon[0], canon[1], canon[3], d[0])],
+            "z": [O.index(c) for c in (canon[0], canon[1], canon[2], d[0])]}

@@ -370,10 +370,13 @@ class _State(_Streams):
         if n:
             site = f"{site}#{n}"
         rec = AttentionRecord(site, kind, layer)
+        layout = call.extra.get("layout") or {}          # an einsum in another axis order
         for f in ("q", "k", "v", "scores", "masked_scores", "probs", "z"):
             val = getattr(call, f)
             if isinstance(val, torch.Tensor) and self.wants(f"attn.{f}"):   # as the taps do
-                setattr(rec, f, val.detach())
+                perm = layout.get(f)
+                setattr(rec, f, val.detach().permute(perm) if perm and len(perm) == val.dim()
+                        else val.detach())
         rec.qk_source = call.extra.get("qk_source", "operands")
         rec.shared_projection = bool(call.extra.get("shared_projection", False))
         rec.qk_match = call.extra.get("qk_match", "values")
@@ -444,8 +447,10 @@ class _State(_Streams):
         if stack == "encoder":
             return "enc_self", layer
         t = self.trace
+        perm = (call.extra.get("layout") or {}).get("q")         # an einsum's axis order
+        q_len = None if call.q is None else call.q.shape[perm[2] if perm else -2]
         if call.q is not None and t.tgt is not None and t.src is not None \
-                and t.tgt.shape[1] != t.src.shape[1] and call.q.shape[-2] == t.tgt.shape[1]:
+                and t.tgt.shape[1] != t.src.shape[1] and q_len == t.tgt.shape[1]:
             return "dec_self", layer
         return "enc_self", layer
 
