@@ -128,6 +128,7 @@ class Probe:
         self.checked = False                              # something was actually examined
         self.internal_error: str | None = None            # the probe's own code raised (a tndebug bug)
         self.interrupted = False                          # a moment raised: what it checked is unfinished
+        self.not_run: dict[str, str] = {}                 # part -> why: applies, did not run (INCOMPLETE)
         self.coverage: dict[str, dict[str, str]] = {}     # where -> {"status", "reason"?}
         self.observed_steps = 0                           # training steps observed (the engine counts)
         self.mode: str | None = None                      # run.mode, set by the engine
@@ -274,4 +275,11 @@ class Probe:
             out["steps_observed"] = self.observed_steps
         if self.coverage:
             out["coverage"] = {w: dict(c) for w, c in self.coverage.items()}
+        if self.not_run:
+            out["not_run"] = dict(self.not_run)
         return out
+
+    def part_not_run(self, part: str, why: str) -> None:
+        """A part of this probe's test that applies to the model and could not run (`why` says
+        what it needs): the verdict cannot be clean (Report.incomplete, the NOT CHECKED line)."""
+        self.not_run[part] = why

@@ -23,6 +23,9 @@ a cached step still sees (by resampling them).
 """
 from __future__ import annotations
 
+import inspect
+import re
+
 import torch
 
 from tndebug.notes import FAULT_NOTES
@@ -43,6 +46,31 @@ REL_TOL = 1e-5
 MASS_TOL = 1e-6          # attention a real query may put on pad keys (exactly 0 when masked)
 LEFT_PADS = 3            # pads put before every row (uniform test); ragged rows get 0..LEFT_PADS
 THRESHOLD = f"max|change| > {REL_TOL:g}*(1+max|logit|)"
+# a forward argument or a submodule/buffer so named declares a KV cache (a hint that the cache
+# test applies; whether the cache is right is decided by decoding through it)
+CACHE_NAMES = re.compile(r"^(past_key_values?|past|layer_past|kv_cache|cache|caches|use_cache|"
+                         r"incremental_state|cache_k|cache_v|k_cache|v_cache|key_cache|value_cache)$")
+
+
+def declared_cache(model) -> str:
+    """What in `model` declares a KV cache: a forward argument (past_key_values, use_cache,
+    kv_cache, ...) or a submodule, parameter or buffer so named; "" when nothing does."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name in params:
+        if CACHE_NAMES.match(name):
+            return f"forward takes {name}="
+    for path, _ in list(model.named_modules()) + list(model.named_buffers()):
+        leaf = path.rsplit(".", 1)[-1]
+        if leaf and CACHE_NAMES.match(leaf):
+            return f"{path}"
+    for path, mod in model.named_modules():
+        for attr in ("kv_cache", "cache_k", "cache_v", "k_cache", "v_cache"):
+            if isinstance(getattr(mod, attr, None), (torch.Tensor, list, dict)):
+                return f"{path + '.' if path else ''}{attr}"
+    return ""
 CACHE = "kv cache"       # coverage place of the cache test (the model's generation path)
 
 NOTE = {k: FAULT_NOTES[k][2] for k in ("positions_ignore_left_pad", "kv_cache_causal_top_left",
@@ -340,9 +368,20 @@ class LMDecoding(Probe):
     # -- the KV cache --------------------------------------------------------------------
     def _kv_cache(self, s: Subject) -> None:
         if not s.has_cache:
+            declared = declared_cache(s.model)
+            if declared:            # a cache the adapter does not reach: untested, not absent
+                self.cover(CACHE, "no verdict", f"the model has a KV cache ({declared}) that the "
+                           f"adapter does not call, so cached decoding was not tested: pass "
+                           f"--adapter FILE.py:forward whose module also defines "
+                           f"incremental(model, ids, pad_id, split) -> logits of positions "
+                           f"split.. decoded through the cache (docs/decoder.md)")
+                self.part_not_run("KV cache", f"the model has a KV cache ({declared}) that the "
+                                  f"adapter does not call: pass an adapter module that defines "
+                                  f"incremental(model, ids, pad_id, split)")
+                return
             self.cover(CACHE, "not applicable", "the model offers no KV cache (no incremental "
-                       "call): generation reruns the whole prefix, which the causality and "
-                       "padding tests cover")
+                       "call, no cache argument or module): generation reruns the whole prefix, "
+                       "which the causality and padding tests cover")
             return
         T = s.fit(10)
         if T < 4:
