@@ -22,7 +22,7 @@ def test_tndebug_alone_prints_a_short_usage(capsys):
     assert main([]) == 2
     err = _first(capsys)
     assert err[0].startswith("usage: tndebug COMMAND") and len(err) <= 6, err
-    assert [line.split()[0] for line in err[1:]] == ["run", "triage", "probes", "faults"]
+    assert [line.split()[0] for line in err[1:]] == ["run", "triage", "check", "probes", "faults"]
 
 
 @pytest.mark.parametrize("spec,word", [("all,none", "all"), ("nan-scores,none", "none"),

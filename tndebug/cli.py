@@ -14,7 +14,7 @@ import warnings
 from tndebug import __version__
 from tndebug.errors import UsageError
 
-COMMANDS = ("run", "triage", "probes", "faults")
+COMMANDS = ("run", "triage", "check", "probes", "faults")
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -31,8 +31,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from tndebug.commands._args import HelpFormatter
     parser = _Parser(prog="tndebug", formatter_class=HelpFormatter, description=(
-        "Debug an encoder-decoder Transformer: train with probes attached (run), diagnose a "
-        "checkpoint and its model code (triage), list what is checked (probes, faults)."),
+        "Debug a Transformer (encoder-decoder, decoder-only or encoder-only): train with probes "
+        "attached (run), diagnose a checkpoint and its model code (triage), check model code "
+        "with no checkpoint, as a linter in CI (check), list what is checked (probes, faults)."),
         epilog="Exit codes: 0 clean; 1 findings at or above --fail-on (or a diverged run); 4 no "
                "such finding, but something that applies could not be checked (INCOMPLETE, "
                "UNCHECKED); 2 bad "
