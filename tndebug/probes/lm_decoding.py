@@ -23,7 +23,9 @@ a cached step still sees (by resampling them).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import math
 import re
 
 import torch
@@ -33,8 +35,8 @@ from tndebug.probes import _rotary
 from tndebug.probes._raised import ModelRaised, call as _call
 from tndebug.probes.base import Probe, RunContext, not_decoder_only
 from tndebug.probes._mask_tests import Check, compare
-from tndebug.probes.schedule import never
-from tndebug.subject import Subject
+from tndebug.probes.schedule import every
+from tndebug.subject import NO_PAD, Subject
 
 # Both tests compare the same model on the same real tokens: healthy, only float rounding of
 # other shapes (another kernel, another reduction order) separates them, ~1e-7 of the logit scale
@@ -173,10 +175,53 @@ class LMDecoding(Probe):
     }
     reads = ("attn.probs", "embed")
     fix = NOTE["positions_ignore_left_pad"]
-    default_schedule = staticmethod(never)
+    # the tests run at setup; the steps only look for left-padded rows in the user's own batches
+    default_schedule = staticmethod(lambda: every(50))
+
+    def __init__(self, schedule=None) -> None:
+        super().__init__(schedule)
+        self._left_finding = None        # the left-pad error, kept an error only where left pads are used
+        self._left_rows = 0              # rows of the user's batches that begin with a pad
+        self._data_pad = NO_PAD
+
+    def observe(self, trace, info) -> dict:
+        ids = info.tgt_in
+        if self._left_finding is None or self._data_pad == NO_PAD or ids is None or ids.dim() != 2 \
+                or ids.shape[1] < 2:
+            return {}
+        real = ids != self._data_pad                                           # [B, T]
+        return {"left_rows": (~real[:, 0] & real[:, 1:].any(1)).sum()}
+
+    def update(self, stats, info) -> None:
+        if stats:
+            self._left_rows += int(stats["left_rows"])
+
+    def finish(self, run: RunContext) -> None:
+        """The left-pad error stays an error where this run's data, generation or config left-pad;
+        elsewhere a warning that says when it would bite (docs/severity.md)."""
+        f = self._left_finding
+        if f is None or f not in self.findings:
+            return
+        side = _padding_side(run)
+        if self._left_rows or side == "left":
+            use = (f"{self._left_rows} row(s) of your batches begin with pads" if self._left_rows
+                   else "the model's config says padding_side='left'")
+            new = dataclasses.replace(f, message=f.message + f" ({use}: this run left-pads)",
+                                      evidence={**f.evidence, "left_padding_used": use})
+        else:
+            new = dataclasses.replace(
+                f, severity="warning",
+                message=f.message + " (no left-padded row in this run's batches and no "
+                                    "padding_side='left' in its config: it bites when prompts are "
+                                    "left-padded for batched generation, or a tokenizer pads left)",
+                evidence={**f.evidence, "left_padding_used": False,
+                          "left_padded_rows_seen": self._left_rows})
+        self.findings[self.findings.index(f)] = new
+        self._left_finding = new
 
     def setup(self, run: RunContext) -> None:
         s = run.subject
+        self._data_pad = s.data_pad_id
         if s.kind != "decoder":
             # its decoder is driven with the whole target, never left-padded or cached by
             # tndebug; its masks are mask-broadcast's (an encoder-only model has no decoder)
@@ -294,8 +339,8 @@ class LMDecoding(Probe):
         if not left.failed:
             return
         where, cause, fix, unmasked = self._left_pad_cause(s)
-        evidence = {"left_pad": vars(left), "right_pad": vars(right), "pads_before": LEFT_PADS,
-                    "threshold": THRESHOLD}
+        evidence = {"left_pad": _sig3(vars(left)), "right_pad": _sig3(vars(right)),
+                    "pads_before": LEFT_PADS, "threshold": THRESHOLD}
         if unmasked:
             # No pad key is masked and no real one hidden: the model has no padding mask at all
             # (nanoGPT-style code, trained on unpadded text). Left padding is then unsupported,
@@ -312,6 +357,7 @@ class LMDecoding(Probe):
                     f"real tokens by {left.delta:.3g} (tolerance {left.tol:.2g}), while pads "
                     f"appended after it change nothing: {cause}", where=where, step=0,
                     evidence=evidence, fix=fix, code="left-pad")
+        self._left_finding = self.findings[-1]
 
     def _left_pad_cause(self, s: Subject) -> tuple[str, str, str, bool]:
         """(where, cause, fix, unmasked) from one trace of the rows with and without left pads:
@@ -480,3 +526,19 @@ class LMDecoding(Probe):
         return ("each cached step sees every earlier token, yet its logits differ: the new token's "
                 "position (one off?) or the cached keys and values differ from the full forward's",
                 NOTE["kv_cache_position_off_by_one"], seen)
+
+
+def _sig3(d: dict) -> dict:
+    """Floats to 3 significant digits (evidence is read by people: 1.95, not 1.9534118175506592)."""
+    return {k: (float(f"{v:.3g}") if isinstance(v, float) and math.isfinite(v) else v)
+            for k, v in d.items()}
+
+
+def _padding_side(run: RunContext) -> str | None:
+    """'left'/'right' where the model's config, generation config or the run says how it pads
+    (run.extras['padding_side']: a saved tokenizer's), else None."""
+    side = run.extras.get("padding_side")
+    m = run.subject.model
+    for cfg in (getattr(m, "config", None), getattr(m, "generation_config", None)):
+        side = side or getattr(cfg, "padding_side", None)
+    return side if isinstance(side, str) else None
