@@ -68,6 +68,9 @@ def add_parser(sub) -> None:
     p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
                    help="exit 1 when a finding is at least this severe (default error)")
     add_code_options(p)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="text: list the info findings of a CLEAN check too (else one line says "
+                        "how many)")
     p.add_argument("--out", type=out_path, default=None, metavar="DIR",
                    help="also write report.json, report.md, figures/ and tb/ there (default: "
                         "nothing is written)")
@@ -113,7 +116,7 @@ def main(args) -> int:
         from pathlib import Path
         paths = {"report": str(Path(args.out) / "report.json"),
                  "markdown": str(Path(args.out) / "report.md")} if args.out else None
-        print_summary(report, make_console(), paths)
+        print_summary(report, make_console(), paths, verbose=args.verbose)
     return report.exit_code(args.fail_on)
 
 

@@ -145,7 +145,7 @@ def first_sign_text(report: Report) -> str | None:
     if f is None:
         return None
     at = f" at step {f.step}" if f.step is not None else ""
-    where = f" in {f.where}" if f.where else ""
+    where = f" in {f.where}" if f.where and not f.message.startswith(f.where) else ""   # once
     return f"{f.probe}{at}{where}: {f.message}"
 
 

@@ -22,8 +22,8 @@ from rich.text import Text
 
 from tndebug.capture.source import source_text
 from tndebug.report import Report
-from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
-    break_at_dots, evidence_text, first_sign_text, fmt_value, group_where_text, \
+from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, coverage_counts, \
+    break_at_dots, first_sign_text, fmt_value, group_where_text, \
     no_verdict_places, places_text, probe_groups, reasons_text, sorted_groups, status_text, \
     incomplete_text, unchecked_text, where_text
 
@@ -161,7 +161,55 @@ WHERE_WIDTH = 30             # the where column; paths break only at dots
 PLACES_SHOWN = 6             # places of a group listed in the terminal; all are in report.md
 
 
-def findings_table(report: Report, width: int = PLAIN_WIDTH) -> Table:
+def fmt_number(v) -> str:
+    """A number to 3 significant digits (an int as it is)."""
+    if isinstance(v, int):
+        return str(v)
+    return f"{v:.3g}"
+
+
+def console_evidence(f, sep: str = ", ", limit: int = EVIDENCE_ITEMS) -> str:
+    """At most `limit` named numbers at 3 significant digits, then the rule they were judged
+    by (`threshold`), and how many items more report.md holds; never a nested dict."""
+    items = list(f.evidence.items())
+    numbers = [(k, v) for k, v in items if _number(v) and not k.startswith("threshold")]
+    parts = [f"{k}={fmt_number(v)}" for k, v in numbers[:limit]]
+    rule = f.evidence.get("threshold")
+    rule = (fmt_number(rule) if _number(rule) else rule if isinstance(rule, str) and len(rule) <= 60
+            else None)
+    if rule is not None:
+        parts.append(f"threshold: {rule}")
+    rest = [k for k, _ in items if k not in dict(numbers[:limit]) and not (rule and k == "threshold")]
+    if rest and not parts:
+        parts.append(f"{', '.join(rest[:4])}{', ...' if len(rest) > 4 else ''} (in report.md)")
+    elif rest:
+        parts.append(f"(+{len(rest)} more)")
+    return sep.join(parts)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def shown_groups(report: Report, verbose: bool = False):
+    """The table's rows: every group of findings, except that with a CLEAN verdict the info
+    ones are left to report.md (one line says how many) unless `verbose`."""
+    rows = sorted_groups(report)
+    if report.verdict == "clean" and not verbose:
+        rows = [(g, fs) for g, fs in rows if g.severity != "info"]
+    return rows
+
+
+def rows_counts_text(report: Report) -> str:
+    """`1 error, 0 warnings, 2 info`, counting the table's rows (one per group of findings)."""
+    c = {"error": 0, "warning": 0, "info": 0}
+    for g, _ in sorted_groups(report):
+        c[g.severity] += 1
+    return (f"{c['error']} error{'s' * (c['error'] != 1)}, "
+            f"{c['warning']} warning{'s' * (c['warning'] != 1)}, {c['info']} info")
+
+
+def findings_table(report: Report, width: int = PLAIN_WIDTH, verbose: bool = True) -> Table:
     """One row per group of findings (one defect in several modules is one row, its places
     listed): severity, probe, where, step, message, evidence, fix on a wide console; on a
     narrower one message, evidence and fix stack in one column, and below NARROW columns the
@@ -179,14 +227,14 @@ def findings_table(report: Report, width: int = PLAIN_WIDTH) -> Table:
         t.add_column("fix", overflow="fold", ratio=3)
     else:
         t.add_column(("where / " if narrow else "") + "message / evidence / fix", overflow="fold")
-    for group, fs in sorted_groups(report):
+    for group, fs in shown_groups(report, verbose):
         f = fs[0]
         many = len({where_text(x) for x in fs}) > 1
         cells = [Text(SEVERITY_WORD[f.severity], style=SEVERITY_STYLE[f.severity]), f.probe]
         if not narrow:
             cells.append(break_at_dots(group_where_text(fs), WHERE_WIDTH))
         cells.append("" if group.step is None else str(group.step))
-        evidence = evidence_text(f, "\n" if wide else ", ", limit=EVIDENCE_ITEMS)
+        evidence = console_evidence(f, "\n" if wide else ", ")
         if many:
             evidence = f"({where_text(f)}) {evidence}" if evidence else ""
         places = f"{group_where_text(fs)}: {places_text(fs, PLACES_SHOWN)}" if many else ""
@@ -199,7 +247,8 @@ def findings_table(report: Report, width: int = PLAIN_WIDTH) -> Table:
             cells += [message, evidence, f.fix]
         else:
             body = Text()
-            if narrow:
+            said = not many and f.where and f.message.startswith(f.where + ":")   # once
+            if narrow and not said:
                 body.append("where: ", style="bold").append(places if many else where_text(f))
                 body.append("\n")
             body.append(message)
@@ -214,13 +263,16 @@ def findings_table(report: Report, width: int = PLAIN_WIDTH) -> Table:
     return t
 
 
-def summary(report: Report, paths: dict[str, str] | None = None, width: int = PLAIN_WIDTH) -> Group:
-    """The end-of-run summary: verdict, status, first sign, findings, probes, files."""
+def summary(report: Report, paths: dict[str, str] | None = None, width: int = PLAIN_WIDTH,
+            verbose: bool = False) -> Group:
+    """The end-of-run summary: verdict, status, first sign, findings, probes, files. With a
+    CLEAN verdict the info findings are one line unless `verbose`; the headline counts the
+    table's rows (one per group of findings)."""
     parts = []
     head = Text()
     head.append("verdict: ", style="bold")
     head.append(VERDICT_WORD[report.verdict], style=VERDICT_STYLE[report.verdict])
-    head.append(f"  ({counts_text(report)})")
+    head.append(f"  ({rows_counts_text(report)})")
     parts.append(head)
     achieved = result_text(report)
     if achieved:
@@ -249,9 +301,14 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
             body.append("first sign: ", style="bold")
             body.append(sign)
         parts.append(Panel(body, box=box.HEAVY, border_style="red", expand=False))
-    if report.findings:
-        parts.append(findings_table(report, width))
-    else:
+    shown = shown_groups(report, verbose)
+    if shown:
+        parts.append(findings_table(report, width, verbose))
+    notes = len(sorted_groups(report)) - len(shown)
+    if notes:
+        where = "see report.md" if paths else "-v shows them"
+        parts.append(Text(f"{notes} note{'s' * (notes != 1)}: {where}"))
+    elif not report.findings:
         parts.append(Text("no findings"))
     groups = probe_groups(report)
     for status, label, style in (("fail", "failed", "red"), ("warn", "warned", "yellow"),
@@ -353,8 +410,9 @@ def _partly_checked(report: Report) -> list[tuple[str, str]]:
     return out
 
 
-def print_summary(report: Report, console: Console, paths: dict[str, str] | None = None) -> None:
-    console.print(summary(report, paths, console.width))
+def print_summary(report: Report, console: Console, paths: dict[str, str] | None = None,
+                  verbose: bool = False) -> None:
+    console.print(summary(report, paths, console.width, verbose))
 
 
 def print_plain(text: str, file: TextIO | None = None) -> None:
