@@ -131,6 +131,7 @@ class Probe:
         self.not_run: dict[str, str] = {}                 # part -> why: applies, did not run (INCOMPLETE)
         self.coverage: dict[str, dict[str, str]] = {}     # where -> {"status", "reason"?}
         self.observed_steps = 0                           # training steps observed (the engine counts)
+        self.steps_run: int | None = None                 # the run's steps, set by the engine at finish
         self.mode: str | None = None                      # run.mode, set by the engine
 
     # -- the four moments (override what you need) ---------------------------------------
@@ -243,6 +244,25 @@ class Probe:
             return "no verdict"             # it ran, and said nothing about what it examined
         return "skipped"
 
+    def steps_needed(self, probed: int) -> int | None:
+        """How many steps a run needs for `probed` steps of this probe's schedule (None past
+        a million)."""
+        seen = 0
+        for step in range(1_000_000):
+            if self.schedule(step):
+                seen += 1
+                if seen >= probed:
+                    return step + 1
+        return None
+
+    def needs_more(self, probed: int) -> str:
+        """"needs N steps; this run had M" where the run was too short for `probed` steps of
+        the schedule, else ""."""
+        need = self.steps_needed(probed)
+        if need is None or self.steps_run is None or self.steps_run >= need:
+            return ""
+        return f"needs {need} steps; this run had {self.steps_run}"
+
     def _starved(self) -> bool:
         return self.needs_steps and self.mode == "train" and self.observed_steps == 0
 
@@ -252,7 +272,8 @@ class Probe:
         if self.internal_error:
             return self.internal_error
         if self._starved():
-            return NO_STEP
+            more = self.needs_more(1)
+            return f"{NO_STEP} ({self.schedule.__doc__}: {more})" if more else NO_STEP
         if self.skipped:
             return self.skipped
         if self.checked:

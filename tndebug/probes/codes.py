@@ -10,6 +10,7 @@ from tndebug.probes import PROBE_NAMES, probe_class
 OTHER_CODES = {
     "checkpoint/nonfinite-weights": "non-finite values in the saved weights",
     "checkpoint/config-mismatch": "the saved config disagrees with the weights' shapes",
+    "checkpoint/rebuilt-code": "triage rebuilt tndebug's code without the faults the checkpoint was trained with",
     "checkpoint/inferred-config": "what the weights could not say, settled from held-out loss",
     "checkpoint/unsafe-pickle": "a checkpoint holding pickled code (its globals listed, not run)",
     "checkpoint/tied-head-differs": "HF: the saved head differs from the embedding it is tied to",

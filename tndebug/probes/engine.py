@@ -51,6 +51,7 @@ class ProbeEngine:
         self._due: list[Probe] = []
         self.first_sign: Finding | None = None   # the earliest warning/error, for diverged runs
         self.probe_seconds = 0.0
+        self.steps_run = 0              # 1 + the highest step begun (a run's steps, global)
         self.host_only = False          # the step begun needs no batch (its probes are host_only)
         self.seconds_by_probe: dict[str, float] = {p.name: 0.0 for p in self.probes}
         for p in self.probes:
@@ -126,6 +127,7 @@ class ProbeEngine:
 
     def begin_step(self, step: int, src: torch.Tensor | None = None,
                    tgt: torch.Tensor | None = None) -> Trace | None:
+        self.steps_run = max(self.steps_run, step + 1)   # the run's steps so far (global)
         due = [p for p in self.probes if p.schedule(step)]
         final = self._final_snapshot(step)
         if self.budget is not None:
@@ -186,6 +188,8 @@ class ProbeEngine:
 
     def finish(self) -> list[Finding]:
         for p in self.probes:
+            if self.steps_run:
+                p.steps_run = self.steps_run          # what a schedule that needs more can say
             self._guard(p, "finish", p.finish, self.run)
         self._note_findings()
         self._drain_metrics()

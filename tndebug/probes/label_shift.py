@@ -153,8 +153,10 @@ class LabelShiftProbe(Probe):
             return
         rows = [r for r in self._rows if math.isfinite(r["loss"])]
         if len(rows) < 2:
+            more = self.needs_more(2)
             self.skip(f"{len(rows)} probed step(s) with a finite loss; the rates are judged once "
-                      f"the model has learnt (2 or more probed steps)")
+                      f"the model has learnt (2 or more probed steps, {self.schedule.__doc__}"
+                      + (f": {more})" if more else ")"))
             return
         first, last = rows[0], rows[-1]
         if not last["loss"] <= LEARNT * first["loss"]:

@@ -309,4 +309,6 @@ class LossHealthProbe(Probe):
         if last >= needed:
             self._plateau(last)
         else:
-            self.skip(f"plateau check needs {needed} steps; the last probed step was {last}")
+            had = (f"this run had {self.steps_run}" if self.steps_run is not None
+                   else f"the last probed step was {last}")
+            self.skip(f"plateau check needs {needed} steps; {had}")

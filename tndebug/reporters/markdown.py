@@ -14,7 +14,7 @@ RUN_KEYS_FIRST = ("status", "task", "preset", "arch", "norm", "faults", "probes"
                   "device", "final_loss", "exact_match", "token_accuracy", "wall_s")
 STATUS_MARK = {"pass": "pass", "warn": "**WARN**", "fail": "**FAIL**", "no verdict": "*no verdict*",
                "internal error": "**INTERNAL ERROR** (a tndebug bug)",
-               "skipped": "skipped"}
+               "skipped": "skipped", "not run": "*not checked*"}
 
 
 def _md(text) -> str:
@@ -55,8 +55,11 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
 
     out += ["", "## Probes", "", "| probe | status | reason |", "|---|---|---|"]
     for name, st in report.probes.items():
-        status = st.get("status", "pass")
-        out.append(f"| `{name}` | {STATUS_MARK.get(status, status)} | {_md(st.get('reason', ''))} |")
+        status, reason = st.get("status", "pass"), st.get("reason", "")
+        if status == "pass" and st.get("not_run"):           # one status: NOT CHECKED's
+            status = "not run"
+            reason = "; ".join(f"{part} not run: {why}" for part, why in st["not_run"].items())
+        out.append(f"| `{name}` | {STATUS_MARK.get(status, status)} | {_md(reason)} |")
     out += _coverage(report)
 
     rest = [p for p in plots if p.name not in placed]

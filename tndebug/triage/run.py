@@ -30,6 +30,7 @@ from tndebug.errors import UsageError
 from tndebug.report import Report
 from tndebug import driver
 from tndebug.findings import Finding
+from tndebug.triage.rebuilt import rebuilt_code
 from tndebug.probes import PROBE_NAMES, TRIAGE_PROBES, parse_probe_spec
 from tndebug.probes.base import COVERAGE, ProbeError
 from tndebug.probes._head_weights import duplicate_heads
@@ -93,6 +94,8 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
              else eval_set(task, n=HELD_OUT, seed=0))
     lap("load")
     own = not opts.model and own_decoder.is_own_decoder(ckpt.config, ckpt.state_dict)
+    if not opts.model:                       # tndebug's own code, rebuilt without faults
+        findings += rebuilt_code(ckpt.config)
     if own:                                  # `tndebug run --arch decoder`: no encoder layout fits
         opts = dataclasses.replace(opts, model=own_decoder.SPEC, arch="decoder",
                                    adapter=opts.adapter or own_decoder.ADAPTER)
