@@ -1,16 +1,21 @@
-"""Every benchmark figure that README.md and docs/*.md quote is in the results file they name.
+"""Every benchmark figure that README.md and docs/*.md quote is in the results file they name,
+in a named field.
 
 The convention: right after quoted figures, on the same line, a marker names the results file and
-lists the figures taken from it, e.g.
+lists the figures taken from it, each numeric figure of a JSON results file with the key path of
+the field it is read from, e.g.
 
-    1.025× (SDPA) / 1.023× (HF BART) <!-- bench/results/watch_overhead.json: 1.025 1.023 -->
+    1.025× (SDPA) <!-- bench/results/watch_overhead.json: 1.025=models.sdpa.ratio_cpu.default -->
 
-Each listed figure must appear in the line's text before the marker and in the file: a number
-there that rounds to it (to the figure's decimals; `99.1%` also matches a fraction 0.991), or,
-for a token that is not a number (`0/90`), the token itself; `60ms` is a number of milliseconds
-that the file may hold in seconds. A figure with no results file
-behind it is worded "not reproduced at this commit" instead. The named file must be one that
-`python -m bench` regenerates (bench/_jobs.py), and once it records its provenance, a clean tree.
+Each listed figure must appear in the line's text before the marker. A `FIG=PATH` figure must be
+the value at PATH (`a.b[0].c`; `.jsonl`: `[line].a.b`) rounded to the figure's decimals (`99.1%`
+also matches a fraction 0.991; `60ms` a number of seconds); a numeric figure of a JSON file without
+a path fails. A figure of a markdown results file, or a token that is not a number (`0/90`, a
+commit), must appear in the file as a whole token. And every check must discriminate: the figure
+with its last digit moved by one (up or down) must fail it (issue 50: "fails when any quoted
+figure changes by one unit in its last digit"). A figure with no results file behind it is worded
+"not reproduced at this commit" instead. The named file must be one that `python -m bench`
+regenerates (bench/_jobs.py), and once it records its provenance, a clean tree.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import importlib.util
 import json
 import re
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -65,44 +71,83 @@ def markers() -> list[tuple[str, int, str, str, list[str]]]:
     return out
 
 
-def _numbers(value, into: list[float]) -> list[float]:
-    if isinstance(value, bool):
-        return into
-    if isinstance(value, (int, float)):
-        into.append(float(value))
-    elif isinstance(value, str):
-        into.extend(float(x.replace("−", "-")) for x in NUMBER.findall(value))
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _numbers(k, into)
-            _numbers(v, into)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _numbers(v, into)
-    return into
-
-
-def file_contents(path: Path) -> tuple[list[float], str]:
-    text = path.read_text()
-    if path.suffix == ".json":
-        return _numbers(json.loads(text), []), text
-    return _numbers(text, []), text
-
-
 def _core(figure: str) -> str:
     return figure.removesuffix("ms").rstrip("%×x").replace("−", "-")
 
 
 def present(figure: str, numbers: list[float], text: str) -> bool:
+    """A number that rounds to the figure: strictly within half a unit of its last digit, in
+    decimal (a value exactly half-way, 23.25 for `23.2`, is quoted with one more digit)."""
     core = _core(figure)
     if not NUMBER.fullmatch(core):
         return figure in text
-    value = float(core)
-    decimals = len(core.split(".")[1]) if "." in core else 0
-    tol = 0.5 * 10 ** -decimals + 1e-9
+    value = Decimal(core)
+    half = Decimal(5) * Decimal(10) ** (value.as_tuple().exponent - 1)
     # `99.1%` may be stored as 0.991, `60ms` as 0.060 (seconds)
-    scales = (1.0, 100.0) if figure.endswith("%") else (1000.0,) if figure.endswith("ms") else (1.0,)
-    return any(abs(x * s - value) <= tol for x in numbers for s in scales)
+    scales = (1, 100) if figure.endswith("%") else (1000,) if figure.endswith("ms") else (1,)
+    return any(abs(Decimal(repr(float(x))) * s - value) < half for x in numbers for s in scales)
+
+
+_STEP = re.compile(r'\["([^"\s]+)"\]|\.?([^.\[\]"]+)|\[(\d+)\]')
+
+
+def resolve(data, path: str):
+    """The value at a key path `a.b[0].c` (a key with a dot or `=` in it: `a["t/threads=1"]`; a
+    string holding JSON, as a finding's evidence, is read as that JSON). KeyError, IndexError or
+    TypeError when there is no such field."""
+    for quoted, key, index in _STEP.findall(path):
+        if isinstance(data, str):
+            data = json.loads(data)
+        data = data[int(index)] if index else data[quoted or key]
+    return data
+
+
+def load(path: Path):
+    """A JSON results file's data (a .jsonl: the list of its records), else None."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        return json.loads(text)
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return None
+
+
+def whole_token(figure: str, text: str) -> bool:
+    """The token, not inside a longer one (`0/90` is not in `10/90`); a commit (7+ hex digits)
+    may be the start of the full hash."""
+    tail = r"(?![\w/])(?!\.\d)" if not re.fullmatch(r"[0-9a-f]{7,40}", figure) else r""
+    pattern = r"(?<![\w./−-])" + re.escape(figure) + tail
+    return re.search(pattern, text) is not None
+
+
+def holds(spec: str, data, text: str) -> tuple[bool, str]:
+    """(whether the file holds the figure as the spec says, why not)."""
+    figure, _, path = spec.partition("=")
+    numeric = NUMBER.fullmatch(_core(figure)) is not None
+    if path:
+        if data is None:
+            return False, f"{figure}={path}: a key path into a file that is not JSON"
+        try:
+            value = resolve(data, path)
+        except (KeyError, IndexError, TypeError):
+            return False, f"{figure}: no field {path}"
+        if isinstance(value, str) and not numeric:
+            return value == figure or value.startswith(figure), f"{figure}: {path} is {value!r}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False, f"{figure}: {path} is {value!r}, not a number"
+        return present(figure, [float(value)], ""), f"{figure}: {path} is {value!r}"
+    if numeric and data is not None:
+        return False, f"{figure}: a number of a JSON file needs the field it is read from (FIG=PATH)"
+    return whole_token(figure, text), f"{figure} is not a whole token of the file"
+
+
+def mutants(figure: str) -> list[str]:
+    """The figure with its last digit moved by one, up and down (where that is still a digit)."""
+    i = max((k for k, c in enumerate(figure) if c.isdigit()), default=None)
+    if i is None:
+        return []
+    d = int(figure[i])
+    return [figure[:i] + str(d + s) + figure[i + 1:] for s in (-1, 1) if 0 <= d + s <= 9]
 
 
 def in_text(figure: str, text: str) -> bool:
@@ -130,10 +175,20 @@ def test_quoted_figures_are_in_the_named_results_file(doc, line, text, path, fig
     written = {w for j in jobs.JOBS for w in j.writes}
     assert path in written or any(path.startswith(w) for w in written if w.endswith("/")), \
         f"{doc}:{line}: no job of `python -m bench` writes {path}"
-    numbers, raw = file_contents(target) if target.is_file() else ([], "")
-    for fig in figures:
+    if not target.is_file():        # sample_runs/: a folder of reports
+        for spec in figures:
+            assert in_text(spec.partition("=")[0], text), (doc, line, spec)
+        return
+    raw = target.read_text()
+    data = load(target)
+    for spec in figures:
+        fig, _, keypath = spec.partition("=")
         assert in_text(fig, text), f"{doc}:{line}: the marker lists {fig}, which the text before it does not quote"
-        assert present(fig, numbers, raw), f"{doc}:{line}: {fig} is not in {path}"
+        ok, why = holds(spec, data, raw)
+        assert ok, f"{doc}:{line}: {path}: {why}"
+        for m in mutants(fig):
+            assert not holds(f"{m}={keypath}" if keypath else m, data, raw)[0], \
+                f"{doc}:{line}: {spec} does not discriminate: {m} would pass too (name the field)"
 
 
 def _table_rows(doc: Path, heading: str) -> list[tuple[int, str]]:
@@ -190,8 +245,15 @@ def test_a_quoted_results_file_records_a_clean_tree(path):
 
 def test_the_matching_rules_reject_a_figure_the_file_does_not_hold():
     assert present("1.025", [1.02487], "") and not present("1.026", [1.02487], "")
+    assert not present("23.2", [23.25], "") and not present("23.3", [23.25], "")   # half-way: one more digit
+    assert present("23.25", [23.25], "")
+    assert whole_token("0/90", "rate 0/90 (") and not whole_token("0/90", "rate 10/90 (")
+    assert whole_token("ea70d22", "`ea70d2286d46`") and not whole_token("ea70d23", "`ea70d2286d46`")
+    assert resolve({"a": [{"b": 1.5}], "t/x=1": {"c": '{"d": 2}'}}, 'a[0].b') == 1.5
+    assert resolve({"a": [{"b": 1.5}], "t/x=1": {"c": '{"d": 2}'}}, '["t/x=1"].c.d') == 2
+    assert mutants("1.043") == ["1.042", "1.044"] and mutants("0/90") == ["0/91"]
     assert present("99.1%", [0.991], "") and not present("99.4%", [0.991], "")
-    assert present("60ms", [0.0605], "") and not present("62ms", [0.0605], "")
+    assert present("60ms", [0.0604], "") and not present("61ms", [0.0604], "")
     assert present("−21%", [-0.2115], "") and not present("21%", [-0.2115], "")
     assert present("0/90", [], "rate 0/90 (") and not present("1/90", [], "rate 0/90 (")
     assert in_text("1.4", "load 1.0–1.4)") and not in_text("1.4", "load 1.0–1.45)")

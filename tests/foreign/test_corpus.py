@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from foreign_corpus import (BY_NAME, EXPECTED_PROBE, ROOT, XT_KNOWN_FAILURES, bug_cases, describe,
-                            flagged, healthy_cases, make_checkpoint, names_bug, probe_failures,
-                            run_triage)
+from foreign_corpus import (BY_NAME, DEVIATIONS, EXPECTED_PROBE, ROOT, XT_KNOWN_FAILURES, bug_cases,
+                            describe, flagged, healthy_cases, make_checkpoint, names_bug,
+                            probe_failures, run_triage)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -69,6 +69,7 @@ def test_healthy_model_triages_clean(folder, style, variant, seed):
     assert report.run["layout"] == "user code"
     broke = probe_failures(report)
     assert not broke, f"{style}/{variant} seed {seed}: clean only because probes broke: {broke}"
+    assert report.verdict == "clean" and report.exit_code() == 0, (report.verdict, report.incomplete())
 
 
 @pytest.mark.parametrize("style, variant, bug", BUGGY)
@@ -76,9 +77,18 @@ def test_bug_is_named_by_its_probe(folder, style, variant, bug):
     report = run_triage(style, checkpoint(folder, style, variant, bug, 0))
     probe = EXPECTED_PROBE[bug]
     bad = flagged(report)
-    assert names_bug(report.findings, bug), \
-        f"{style}/{variant} {bug}: {probe} reports nothing at warning or error\n{describe(report.findings)}\n  " \
-        f"probe failures: {probe_failures(report)}"
+    if bug in DEVIATIONS:
+        # triage sees no training (the checkpoint's 10 steps ran before it was saved), so the
+        # deviation is named at info (docs/severity.md: a warning needs the harm shown in a
+        # training run, or order ignored); exactly its own code, nothing above info from its probe
+        assert report.run["mode"] == "triage"
+        own = {(f.code, f.severity) for f in report.findings if f.probe == probe}
+        assert own == {("positional-encoding/emb-scale", "info")}, \
+            f"{style}/{variant} {bug}: {probe} gives {own}\n{describe(report.findings)}"
+    else:
+        assert names_bug(report.findings, bug), \
+            f"{style}/{variant} {bug}: {probe} reports nothing at warning or error\n" \
+            f"{describe(report.findings)}\n  probe failures: {probe_failures(report)}"
     others = [f for f in bad if f.severity == "error" and f.probe != probe]
     assert not others, f"{style}/{variant} {bug}: errors from other probes\n{describe(others)}"
 

@@ -154,6 +154,7 @@ def test_healthy_xtransformer_triages_clean(folder, variant, seed):
     assert not bad, f"{variant} seed {seed}: false alarms\n{describe(bad)}"
     broke = probe_failures(report)
     assert not broke, f"{variant} seed {seed}: clean only because probes broke: {broke}"
+    assert report.verdict == "clean" and report.exit_code() == 0, (report.verdict, report.incomplete())
 
 
 @pytest.mark.parametrize("variant, bug",

@@ -19,7 +19,9 @@ def test_tiny_run_writes_checkpoint_and_report(tmp_path, capsys):
     run = report["run"]
     assert run["task"] == "copy" and run["preset"] == "tiny" and run["norm"] == "pre"
     assert run["steps"] == 5 and run["stopped_at_step"] == 5 and run["status"] == "completed"
-    assert run["device"] == "cpu" or torch.cuda.is_available()
+    # --device auto: CUDA where there is one, else the CPU
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert run["device"].split(":")[0] == want, run["device"]
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     assert state["global_step"] == 5
 

@@ -152,9 +152,14 @@ BUGGY = [_param(a, i, b) for b in BUGS for a in ARCHS if a in HAS.get(b, ARCHS) 
 
 
 @pytest.mark.parametrize("arch, attn, what", HEALTHY)
-def test_healthy_model_triages_clean(dirs, arch, attn, what):
+def test_healthy_model_triages_clean_but_for_the_data(dirs, arch, attn, what):
+    """No warning or error; without --text/--data the verdict is INCOMPLETE (exit 4) for one
+    reason only: missing-scale's temperature sweep needs in-distribution data."""
     report = triage_hf(TriageOptions(str(dirs[arch]), attn=attn))
     assert not flagged(report), f"{arch}/{attn}: false alarms\n{describe(report.findings)}"
+    assert report.verdict == "incomplete" and report.exit_code() == 4, report.verdict
+    assert list(report.incomplete()) == ["missing-scale"], report.incomplete()
+    assert report.incomplete()["missing-scale"].startswith("temperature sweep not run"), report.incomplete()
     assert report.run["attn_implementation"] == attn
     assert report.run["layout"] == "huggingface" and report.run["model_type"] == arch
     assert report.run["temperature_sweep"]["verdict"] == "skipped"          # no --text / --data
