@@ -77,3 +77,25 @@ def test_source_in_json_console_and_markdown(tmp_path):
     md = render(report)
     assert f"**Source:** `{path}:{lines['scores']} (CausalSelfAttention.forward)`" in md
     assert f">{lines['scores']:5d}          att = (q @ k.transpose(-2, -1))" in md
+
+
+def test_no_op_line_names_the_forward_def_and_packages_are_marked(tmp_path):
+    from tndebug.capture.source import _kind, forward_def, pick, source_text
+    path, _ = model_file(tmp_path, "healthy")
+    module = load(path).CausalSelfAttention(64, 4, 8)
+    loc = forward_def(module)
+    def_line = path.read_text().splitlines().index("    def forward(self, x):") + 1
+    assert (loc["file"], loc["line"], loc["function"]) == (str(path), def_line,
+                                                          "CausalSelfAttention.forward")
+    assert pick({"forward": loc}, "scores", "sdpa") is loc           # the fallback
+    assert "its forward; no line of the op was found" in source_text(loc)
+    site = "/usr/lib/python3/site-packages"
+    assert _kind(f"{site}/transformers/models/gpt2/modeling_gpt2.py") == "transformers"
+    assert _kind(f"{site}/x_transformers/x_transformers.py") is None    # another package: skipped
+    assert _kind(torch_file()) is None
+    assert _kind(str(path)) == "user"
+
+
+def torch_file() -> str:
+    import torch.nn.functional as F
+    return F.__file__
