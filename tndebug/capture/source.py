@@ -71,7 +71,14 @@ def location(file: str, line: int, function: str, kind: str = "user") -> dict:
 
 def forward_def(module) -> dict | None:
     """Where no op's line is known: the module's `forward` def (its file and line)."""
-    fn = getattr(type(module), "forward", None)
+    loc = _forward_def(type(module))
+    return dict(loc) if loc else None
+
+
+@lru_cache(maxsize=256)
+def _forward_def(cls) -> dict | None:
+    """Per class, once: reading the source on every probed step would cost a file parse."""
+    fn = getattr(cls, "forward", None)
     try:
         file = inspect.getsourcefile(fn)
         _, line = inspect.getsourcelines(fn)
