@@ -258,3 +258,29 @@ def test_the_matching_rules_reject_a_figure_the_file_does_not_hold():
     assert present("0/90", [], "rate 0/90 (") and not present("1/90", [], "rate 0/90 (")
     assert in_text("1.4", "load 1.0–1.4)") and not in_text("1.4", "load 1.0–1.45)")
     assert in_text("−86", "ends near −86,") and not in_text("86", "step 860")
+
+
+# Numeric tokens of the README's Benchmarks result cells that no marker lists (configuration
+# counts, figures of earlier commits whose results files are gone, and measurements not yet
+# given their field). Issue 50's target is 0; this ceiling only falls: lower it when you mark more.
+OUTSIDE_CEILING = 151
+_FIG = re.compile(r"(?<![\w.])[-−]?\d+(?:\.\d+)?(?:/\d+)?%?(?![\w/])")
+
+
+def figures_outside_markers() -> tuple[int, int]:
+    """(numeric tokens in the Benchmarks table's measured cells, those no marker on the row lists)."""
+    total = outside = 0
+    for _, row in _table_rows(ROOT / "README.md", "## Benchmarks"):
+        measured = row.rsplit("|", 2)[-2]
+        listed = {spec.partition("=")[0] for m in MARKER.finditer(measured) for spec in m.group(2).split()}
+        for f in _FIG.findall(MARKER.sub(" ", measured)):
+            total += 1
+            outside += not ({f, f.rstrip("%"), f + "%", f.replace("-", "−")} & listed)
+    return total, outside
+
+
+def test_figures_outside_markers_do_not_grow():
+    total, outside = figures_outside_markers()
+    assert total > 200, "the counter found the Benchmarks table"
+    assert outside <= OUTSIDE_CEILING, \
+        f"{outside} of {total} figures sit outside any marker (ceiling {OUTSIDE_CEILING}): mark them"
