@@ -99,3 +99,14 @@ def test_no_op_line_names_the_forward_def_and_packages_are_marked(tmp_path):
 def torch_file() -> str:
     import torch.nn.functional as F
     return F.__file__
+
+
+def test_tndebug_own_model_gets_no_line_of_the_calling_script():
+    """The walk stops where tndebug called the model: a model in no user file (tndebug's own)
+    gets no source, never the line of this test that called check."""
+    from tndebug.config import ModelConfig
+    from tndebug.inject import make_model
+    model = make_model(ModelConfig.tiny().with_faults("no_scale"))
+    report = tndebug.check(model, probes="missing-scale")
+    found = errors(report, "missing-scale/absent")
+    assert found and all(f.source is None for f in found)

@@ -425,7 +425,9 @@ class _State(_Streams):
         """Remember the user's line that made `role` of `call` (the first such op)."""
         if self.trace is not None and role not in call.sources:
             from tndebug.capture.source import user_line
-            call.sources[role] = user_line()
+            loc = user_line()
+            if loc is not None:
+                call.sources[role] = loc
 
     def wants(self, read: str) -> bool:
         return read in self.reads or "all" in self.reads

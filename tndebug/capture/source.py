@@ -37,22 +37,39 @@ def _kind(filename: str) -> str | None:
     path = os.path.realpath(filename)
     if path.startswith((_TNDEBUG, _TORCH)):
         return None
-    parts = Path(path).parts
-    if "site-packages" in parts or "dist-packages" in parts:
-        i = max(i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages"))
-        top = parts[i + 1] if i + 1 < len(parts) else ""
+    top = _package(path)
+    if top is not None:
         return top if top in PACKAGES else None
     if path.startswith(_STDLIB):
         return None
     return "user"
 
 
+def _package(path: str) -> str | None:
+    """The installed package a file belongs to (its folder under site-packages), else None."""
+    parts = Path(path).parts
+    if "site-packages" not in parts and "dist-packages" not in parts:
+        return None
+    i = max(i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages"))
+    return parts[i + 1] if i + 1 < len(parts) else ""
+
+
+def _ours(filename: str) -> bool:
+    return os.path.realpath(filename).startswith(_TNDEBUG)
+
+
 def user_line(skip: int = 1) -> dict | None:
     """The innermost frame of user (or transformers) code on the stack, as a location; None
-    when there is none (a call made from C++ or from torch alone)."""
+    when there is none: the op was called from torch alone, from tndebug's own model, or from
+    another installed package. The walk stops where tndebug called the model (a tndebug frame
+    above the model's), so a line of the script that called tndebug is never taken."""
     frame = sys._getframe(skip)
+    while frame is not None and _ours(frame.f_code.co_filename):     # the recording wrappers
+        frame = frame.f_back
     while frame is not None:
         code = frame.f_code
+        if _ours(code.co_filename):             # back in tndebug: the model's frames are over
+            return None
         kind = _kind(code.co_filename)
         if kind is not None:
             return location(code.co_filename, frame.f_lineno,
@@ -84,9 +101,9 @@ def _forward_def(cls) -> dict | None:
         _, line = inspect.getsourcelines(fn)
     except (TypeError, OSError):
         return None
-    if file is None:
-        return None
-    kind = _kind(file) or "package"
+    if file is None or _kind(file) is None and _package(os.path.realpath(file)) is None:
+        return None                        # torch's or tndebug's own modules: not the user's
+    kind = _kind(file) or _package(os.path.realpath(file))
     loc = location(file, line, getattr(fn, "__qualname__", "forward"), kind)
     loc["def"] = True                    # the forward's def line, not the op's
     return loc
@@ -113,7 +130,7 @@ def source_text(src: dict) -> str:
     """`model.py:52 (CausalSelfAttention.forward): att = q @ k.transpose(-2, -1)`."""
     where = f"{shown_path(src['file'])}:{src['line']} ({src['function']})"
     if src.get("package"):
-        where += f" [{src['package']}'s code]"
+        where += f" [package: {src['package']}]"
     if src.get("def"):
         where += " (its forward; no line of the op was found)"
     return f"{where}: {src['code']}" if src.get("code") else where
