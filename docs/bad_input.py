@@ -65,6 +65,22 @@ def _setup(d: Path) -> None:
     torch.save({"w": torch.ones(1), "cfg": print}, d / "hf_code" / "pytorch_model.bin")
     (d / "hf_cfgdir" / "config.json").mkdir(parents=True)
     torch.save({"w": torch.ones(1)}, d / "hf_cfgdir" / "pytorch_model.bin")
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(d / "pipe.pt")
+    (d / "pairs.bin").write_bytes(bytes(range(256)) * 4)
+    zoo = Path(__file__).resolve().parents[1] / "tests" / "zoo" / "torch_seq2seq.py"
+    (d / "seq.py").write_text(zoo.read_text())
+    sys.path.insert(0, str(d))
+    import importlib
+    seq = importlib.import_module("seq")
+    torch.save({"model": seq.build().state_dict()}, d / "seq.pt")
+    sys.path.remove(str(d))
+    for name, body in (("int_logits", "y.long()"), ("fewer_ids", "y[..., :-3]")):
+        (d / f"{name}.py").write_text("from seq import forward as f\n"
+                                      "def forward(model, src, tgt, pad_id):\n"
+                                      f"    y = f(model, src, tgt, pad_id)\n    return {body}\n")
+    (d / "meta.py").write_text("import torch\nimport seq\n"
+                               "def build(**kw):\n    with torch.device('meta'):\n        return seq.build(**kw)\n")
 
 
 def _flipped(src: Path, dst: Path) -> None:
@@ -160,6 +176,17 @@ CASES = [
     ("a checkpoint whose bits changed after the save (zip CRC)", ["triage", "flipped.pt"], True),
     ("a Hugging Face folder whose pytorch_model.bin holds pickled code", ["triage", "hf_code"], False),
     ("a Hugging Face folder whose config.json is a directory", ["triage", "hf_cfgdir"], False),
+    ("a FIFO (named pipe) given as the checkpoint", ["triage", "pipe.pt"], True),
+    ("--text that is a binary file (refused before the model is built)",
+     ["triage", "hf_code", "--text", "pairs.bin"], True),
+    ("--adapter without --model on one of tndebug's layouts (it would be ignored)",
+     ["triage", "model.pt", "--adapter", "seq.py:forward"], True),
+    ("an adapter returning integer \"logits\"",
+     ["triage", "seq.pt", "--model", "seq.py:build", "--adapter", "int_logits.py:forward"], False),
+    ("an adapter returning logits over 3 ids fewer than the vocabulary",
+     ["triage", "seq.pt", "--model", "seq.py:build", "--adapter", "fewer_ids.py:forward"], False),
+    ("a --model factory that builds on the meta device (no weights)",
+     ["triage", "seq.pt", "--model", "meta.py:build", "--adapter", "seq.py:forward"], False),
     ("triage --out that is a file", ["triage", "model.pt", "--out", "afile"], True),
     ("triage --out into a training run", ["triage", "run/checkpoint.pt", "--out", "run"], True),
 ]
@@ -188,6 +215,15 @@ LIBRARY_CASES = [
      "with tndebug.watch(model, opt, batch=lambda args, kwargs: None): train_step(model, opt)", True),
     ("a batch= that returns one tensor",
      "with tndebug.watch(model, opt, batch=lambda args, kwargs: args[0]): train_step(model, opt)", True),
+    ("a model on the meta device (no weights)",
+     'tndebug.check(torch.nn.Transformer(16, 2, 1, 1, 32).to("meta"))', True),
+    ("a model without attention (embedding and linear layers only)",
+     "tndebug.check(torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11)), "
+     "lambda m, s, t, p: m(t))", True),
+    ("a forward returning integer \"logits\"",
+     "tndebug.check(model, lambda m, s, t, p: m(s, t).argmax(-1, keepdim=True).expand(-1, -1, 11))", True),
+    ("the optimizer of another model", "tndebug.watch(model, torch.optim.Adam(torch.nn.Linear(2, 2).parameters()))",
+     True),
     ("out= an empty path", 'tndebug.watch(model, opt, out="")', True),
     ("out= a file", 'tndebug.watch(model, opt, out="afile")', True),
     ("out= under a file", 'tndebug.watch(model, opt, out="afile/run")', True),

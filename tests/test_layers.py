@@ -15,7 +15,8 @@ PKG = Path(__file__).resolve().parents[1] / "tndebug"
 LAYERS = {
     # types and utilities every stage uses
     "errors": 0, "notes": 0, "faults": 0, "config": 0, "data": 0, "findings": 0, "report": 0,
-    "outputs": 0, "padding": 0, "safeload": 0, "memory": 0,
+    "outputs": 0, "padding": 0, "safeload": 0, "memory": 0, "manifest": 0,
+    "paths": 0, "task_names": 0,      # torch-free: the CLI refuses a bad path or flag before torch
     "model": 1,                       # the paper model and its tap points, healthy
     "inject": 1,                      # the notes' faults, put into that model from outside
     "capture": 2, "subject": 2,       # a Trace from any model; the model as the probes call it

@@ -32,6 +32,8 @@ from typing import Callable, Iterator, NamedTuple
 
 import torch
 
+from tndebug.task_names import SUMMARIES
+
 PAD, BOS, EOS, FIRST_CONTENT = 0, 1, 2, 3
 
 
@@ -216,12 +218,10 @@ def monotone_translation(src: torch.Tensor) -> torch.Tensor:
 
 
 TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("copy", 11, 11, 10, 1, "target = source (The Annotated Transformer's copy task)",
-         _uniform_source(11), _copy),
-    Task("reverse", 11, 11, 10, 1, "target = source reversed", _uniform_source(11), _reverse),
-    Task("sort", 11, 11, 10, 1, "target = source sorted ascending", _uniform_source(11), _sort),
-    Task("translate", TRANSLATE_VOCAB, TRANSLATE_VOCAB, 10, 2,
-         "toy translation: word bijection + adjective-noun swap (needs reordering)",
+    Task("copy", 11, 11, 10, 1, SUMMARIES["copy"], _uniform_source(11), _copy),
+    Task("reverse", 11, 11, 10, 1, SUMMARIES["reverse"], _uniform_source(11), _reverse),
+    Task("sort", 11, 11, 10, 1, SUMMARIES["sort"], _uniform_source(11), _sort),
+    Task("translate", TRANSLATE_VOCAB, TRANSLATE_VOCAB, 10, 2, SUMMARIES["translate"],
          _translate_source, _translate),
 )}
 

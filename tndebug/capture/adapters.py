@@ -207,6 +207,16 @@ def first_tensor(out) -> torch.Tensor | None:
     return logits if isinstance(logits, torch.Tensor) else None
 
 
+def floating_logits(logits: torch.Tensor, name: str) -> None:
+    """A forward must return floating logits (scores before the softmax): integer "logits"
+    (argmax ids, a count) would be probed as scores and read as anything (issue 47)."""
+    if isinstance(logits, torch.Tensor) and not (logits.is_floating_point() or logits.is_complex()):
+        raise UsageError(f"{name} returned {str(logits.dtype).replace('torch.', '')} \"logits\" "
+                         f"{tuple(logits.shape)}; a forward must return floating logits (the "
+                         f"scores before the softmax) over the model's vocabulary, [B, T, V], not "
+                         f"ids or counts")
+
+
 def as_logits(out, tgt: torch.Tensor, name: str) -> torch.Tensor:
     """A user adapter's output -> logits [B, T, V]: the first tensor of a tuple or list, `.logits`
     of an output object, [B*T, V] reshaped; otherwise a UsageError naming what came back."""

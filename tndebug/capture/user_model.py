@@ -71,3 +71,17 @@ def load_weights(model: nn.Module, state_dict: dict, spec: str) -> None:
             parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
         raise UsageError(f"the checkpoint's keys do not match the model built by {spec}: "
                          f"{'; '.join(parts)}")
+    refuse_meta(model, f"the model built by {spec}", "build it on a real device (not under "
+                "torch.device('meta') or init_empty_weights): triage loads the checkpoint into it")
+
+
+def refuse_meta(model: nn.Module, who: str = "the model", how: str = "") -> None:
+    """A model whose parameters or buffers are on the meta device holds no numbers: every
+    kernel would fail with torch's own text. One line instead (triage and the library)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    meta = sum(t.is_meta for t in tensors)
+    if meta:
+        raise UsageError(f"{who} has no weights (meta device: {meta} of {len(tensors)} parameters "
+                         f"and buffers): load or materialise them first"
+                         + (f"; {how}" if how else " (model.to_empty(device='cpu') and "
+                            "load_state_dict, or from_pretrained without device_map='meta')"))

@@ -1,8 +1,7 @@
 """`tndebug probes`: the probes, with what each checks and when it runs."""
 from __future__ import annotations
 
-from tndebug.probes import PROBE_NAMES, probe_class
-from tndebug.probes.codes import all_codes
+from tndebug.probes import PROBE_NAMES
 
 
 def add_parser(sub) -> None:
@@ -16,6 +15,8 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
+    from tndebug.probes import probe_class           # the probes import torch: not in the parser
+    from tndebug.probes.codes import all_codes
     if getattr(args, "codes", False):
         for code, meaning in all_codes():
             print(f"{code:<42}  {meaning}")

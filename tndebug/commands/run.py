@@ -9,13 +9,12 @@ import os
 import signal
 import sys
 
-from tndebug import driver
 from tndebug.commands._args import BATCH, NPROC, SEED, STEPS, THREADS as THREADS_ARG, WARMUP, \
     HelpFormatter, add_code_options, lr_factor, nonneg_int, out_path
 from tndebug.config import ARCHS, NORM_KINDS, NORMS, POSITIONS, PRESETS, ModelConfig
-from tndebug.data import TASKS
 from tndebug.errors import SigTerm, UsageError
 from tndebug.faults import FAULTS
+from tndebug.task_names import SUMMARIES as TASKS
 from tndebug.train.config import AMPS, DECODER_DROPOUT, DECODER_RUN, DEVICES, TrainConfig, model_config, \
     preset_name
 
@@ -49,7 +48,7 @@ def add_parser(sub) -> None:
                "           tndebug run --resume runs/copy-small-pre --steps 200",
         formatter_class=HelpFormatter)
     p.add_argument("--task", choices=tuple(TASKS), default=None,
-                   help="synthetic task: " + "; ".join(f"{t.name}: {t.summary}" for t in TASKS.values())
+                   help="synthetic task: " + "; ".join(f"{name}: {summary}" for name, summary in TASKS.items())
                    + " (default copy)")
     p.add_argument("--preset", choices=PRESETS, default=None,
                    help="model size: tiny (tests), small (CPU default), base (the paper's) (default small)")
@@ -247,9 +246,13 @@ class _SigTermAsInterrupt:
 
 
 def main(args) -> int:
-    from tndebug.train.loop import autocast_factory, resolve_device
-
     check_probes(args.probe)
+    parse_faults(args.fault)
+    if args.resume is None:              # a bad --out is refused before torch (claimed again below)
+        from tndebug.outputs import resolve_output
+        resolve_output(args.out, "runs/run", overwrite=args.overwrite, kind="run")
+    from tndebug.train.loop import autocast_factory, resolve_device
+    from tndebug import driver           # torch: only once the flags parsed (a bad flag is refused before it)
     args.select = driver.codes_option(args.select, "--select")     # bad codes: one line, before work
     args.ignore = driver.codes_option(args.ignore, "--ignore")
     autocast_factory(resolve_device(args.device), args.amp)   # bad --device/--amp: one line, no output yet
@@ -327,6 +330,7 @@ def _train(mcfg, tcfg, state, out, args, dist, signals=None) -> int:
             print(f"tndebug run: {dist.world} processes ({dist.backend}), global batch "
                   f"{tcfg.batch_size}", file=sys.stderr)
         result = run_training(mcfg, tcfg, probes=args.probe, session=session, resume=state, dist=dist)
+        from tndebug import driver
         report = driver.select_codes(result.report, args.select, args.ignore)
         missing = [n for n, s in report.probes.items() if s.get("reason", "").startswith("not available")]
         if missing:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from tndebug import driver
 from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, out_path, pad_id_or_none, \
     positive_int
 from tndebug.errors import UsageError
@@ -127,7 +126,12 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from tndebug.outputs import claim_output, triage_default
+    from tndebug.outputs import claim_output, resolve_output, triage_default
+    from tndebug.paths import checkpoint_file, text_file
+    checkpoint_file(args.checkpoint)         # cheap checks first, before torch: a missing, empty
+    if args.text:                            # or special checkpoint, a binary --text, a bad --out
+        text_file(args.text)
+    resolve_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite, kind="triage")
     from tndebug.capture.adapters import BUILTIN
     from tndebug.triage.run import TriageOptions
 
@@ -137,6 +141,7 @@ def main(args) -> int:
                          f"forward(model, src, tgt, pad_id) -> logits (decoder- or encoder-only: "
                          f"forward(model, ids, pad_id))")
 
+    from tndebug import driver           # torch: only once the flags parsed (a bad flag is refused before it)
     args.select = driver.codes_option(args.select, "--select")     # before any work
     args.ignore = driver.codes_option(args.ignore, "--ignore")
     opts = TriageOptions(args.checkpoint, model=args.model, config=args.config,
@@ -152,6 +157,7 @@ def main(args) -> int:
 
 
 def _triage(opts, out, args, previous: str | None = None) -> int:
+    from tndebug import driver
     from tndebug.memory import map_large_blocks
     from tndebug.reporters.oneshot import tensorboard_place
     from tndebug.reporters.session import ReportSession

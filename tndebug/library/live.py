@@ -22,7 +22,7 @@ from torch import nn
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library.args import forward_vocab, ids_in_vocabulary
-from tndebug.capture.adapters import ARCHS, Adapter, adapter_kind, as_logits, first_tensor, \
+from tndebug.capture.adapters import ARCHS, Adapter, adapter_kind, as_logits, first_tensor, floating_logits, \
     guess_adapter, resolve_adapter
 from tndebug.capture import GenericCapture
 from tndebug.capture.subjects import fed_tables, make_subject, token_tables, vocab_rule
@@ -82,6 +82,8 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         raise UsageError(f"arch={arch!r}; expected one of {', '.join(ARCHS)} (or None: told from "
                          f"the model)")
     model = unwrap(model)
+    from tndebug.capture.user_model import refuse_meta
+    refuse_meta(model)                   # before any call: torch's kernel text says nothing
     padded = pad_id is not None          # None: the data hold no padding (character-level text)
     info: dict = {"hf": False}
     first_content = None
@@ -150,6 +152,10 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         if one:
             lm_forward = _checked_lm(forward, name)
             kind = "encoder" if arch == "encoder" else "decoder"
+            # the model's KV cache, where the user offers it: forward.incremental(model, ids,
+            # pad_id, split) -> logits of positions split.. decoded through the cache
+            inc = getattr(forward, "incremental", None)
+            incremental = inc if callable(inc) and kind == "decoder" else None
             wrap = _ignoring_tgt if kind == "encoder" else _ignoring_src
             adapter = Adapter(f"forward={name}", wrap(lm_forward))
             info["arch_from"] = (f"arch={arch!r}" if arch else "forward(model, ids, pad_id): one "
@@ -195,6 +201,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         if "first_call" not in info:
             raise
     logits = logits_module.pop("logits")
+    floating_logits(logits, adapter.name)
     if forward is not None:
         forward_vocab(logits.shape[-1], given=tgt_vocab, from_module=logits_module["path"] is not None,
                       sizes=_vocab_sizes(model), tokens=_vocab_sizes(model, heads=False),
@@ -208,9 +215,9 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         raise UsageError(
             f"found no attention in {type(model).__name__}: no module named *Attention*/*Attn*, and "
             f"one forward made no softmax over a product of two activations and no "
-            f"scaled_dot_product_attention call. tndebug's probes are for encoder-decoder "
-            f"Transformers; to watch only the training pass "
-            f"probes='loss-health,lr-schedule,gradient-flow'")
+            f"scaled_dot_product_attention call. tndebug covers Transformers: encoder-decoder, "
+            f"decoder-only and encoder-only (attention between tokens); to watch only the "
+            f"training pass probes='loss-health,lr-schedule,gradient-flow'")
     if kind in ("decoder", "encoder"):           # the Subject's call: one sequence
         adapter = Adapter(adapter.name, lm_forward, None, adapter.note)
     subject = make_subject(

@@ -96,6 +96,8 @@ class Watch(_WatchHooks):
         self._model = unwrap(model)           # held until the block ends, then only weakly
         self._model_ref = weakref.ref(self._model)
         self._optimizer = _inner_optimizer(optimizer) if optimizer is not None else None
+        if self._optimizer is not None:
+            _optimizes(self._optimizer, model, self._model)
         self._forward, self._pad_id, self._bos_id = forward, pad_id, bos_id
         self._arch = arch
         self.out = A.output_dir(out, overwrite=self._overwrite, start_step=start_step,
@@ -382,6 +384,19 @@ class Watch(_WatchHooks):
         self._params = []
         self._batch = self._prev_batch = self._loss = self._logits = None
         self._optimizer = self._model = None
+
+
+def _optimizes(optimizer: torch.optim.Optimizer, *models: nn.Module) -> None:
+    """The optimizer holds at least one parameter of the model (a subset is fine-tuning);
+    none is another model's optimizer: its steps would never change this model (issue 47)."""
+    mine = {id(p) for m in models for p in m.parameters()}
+    held = [p for g in optimizer.param_groups for p in g.get("params", ())]
+    if held and not any(id(p) in mine for p in held):
+        raise UsageError(f"watch: the optimizer holds no parameter of the model ({len(held)} "
+                         f"parameters, none of {type(models[-1]).__name__}'s): it is another "
+                         f"model's, or was built before the model's parameters were replaced "
+                         f"(.to_empty, load_state_dict(assign=True)); pass the optimizer built "
+                         f"from model.parameters()")
 
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kwargs) -> Watch:

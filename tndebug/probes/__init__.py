@@ -2,8 +2,23 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext, StepInfo
+from tndebug.errors import ProbeError
+
+if TYPE_CHECKING:
+    from tndebug.probes.base import Probe
+
+# base imports torch: its names come on first use (PEP 562), so that the CLI's parser, which
+# lists PROBE_NAMES, builds without torch
+_BASE = ("Probe", "ResumeInfo", "RunContext", "StepInfo")
+
+
+def __getattr__(name):
+    if name in _BASE:
+        from tndebug.probes import base
+        return getattr(base, name)
+    raise AttributeError(f"module 'tndebug.probes' has no attribute {name!r}")
 
 # name -> module (one file per probe); the order is the report's order.
 _MODULES = {
@@ -35,6 +50,7 @@ def probe_class(name: str) -> type[Probe]:
     if name not in _MODULES:
         raise ProbeError(f"unknown probe {name!r}; valid: {', '.join(PROBE_NAMES)}, all, none")
     module = importlib.import_module(f"tndebug.probes.{_MODULES[name]}")
+    from tndebug.probes.base import Probe
     for obj in vars(module).values():
         if isinstance(obj, type) and issubclass(obj, Probe) and obj.name == name:
             return obj

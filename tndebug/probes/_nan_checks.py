@@ -17,16 +17,32 @@ def _finite(x: torch.Tensor | None) -> bool | None:
     return None if x is None else bool(x.isfinite().all())
 
 
-def loss_story(run, info, replay_logits: torch.Tensor | None) -> tuple[str, dict]:
-    """(message, evidence) for a loss that is NaN/Inf while the forward pass is finite.
+FIX_FORWARD = ("The forward returns NaN/Inf logits while every activation tndebug taps inside the "
+               "model is finite: look at what runs after them (the output head, and the code that "
+               "returns the logits: your forward/adapter, a temperature or a mask applied to the "
+               "logits); run it under torch.autograd.detect_anomaly() to see the op")
 
-    The step's own logits decide when the step handed them over; else a replay's. The
-    declared criterion (`run.criterion`) is run on those logits: NaN/Inf there is shown."""
+
+def loss_story(run, info, replay_logits: torch.Tensor | None) -> tuple[str, dict, str, str]:
+    """(message, evidence, code, fix) for a loss that is NaN/Inf while no tapped activation is.
+
+    The logits decide first: non-finite ones (the step's own, or a replay's) are the forward's
+    doing, whatever the loss then does with them ("nonfinite-forward", issue 47). Finite ones
+    hand it to the loss: the step's own logits decide when the step handed them over, else a
+    replay's, and the declared criterion (`run.criterion`) is run on them."""
     own = _finite(info.logits)
-    logits = info.logits if own else replay_logits
+    replay = _finite(replay_logits)
     ev = {"step_logits": {None: "not captured", True: "finite", False: "non-finite"}[own],
-          "replay_logits": {None: "not run", True: "finite", False: "non-finite"}[_finite(replay_logits)],
+          "replay_logits": {None: "not run", True: "finite", False: "non-finite"}[replay],
           "threshold": "finite loss"}
+    if own is False or (own is None and replay is False):
+        which = "this step's logits" if own is False else "a replay of the batch gives logits that"
+        return (f"the forward pass returns NaN/Inf logits ({which} are non-finite) while every "
+                f"activation tapped inside the model is finite: the forward produced the NaN "
+                f"(after its last tapped activation: the output head or the code returning the "
+                f"logits), not the loss computation", {**ev, "threshold": "finite logits"},
+                "nonfinite-forward", FIX_FORWARD)
+    logits = info.logits if own else replay_logits
     crit = None
     if logits is not None and run is not None and run.criterion is not None and info.tgt_out is not None:
         try:
@@ -44,7 +60,8 @@ def loss_story(run, info, replay_logits: torch.Tensor | None) -> tuple[str, dict
                 "(or an op of training mode only, such as dropout)")
     else:
         tail = "the loss computation (the criterion / your loss code) produced it"
-    return f"loss is NaN/Inf while {which}: {tail}, not the forward pass or the update", ev
+    return (f"loss is NaN/Inf while {which}: {tail}, not the forward pass or the update", ev,
+            "nonfinite-loss", FIX_LOSS)
 
 
 def constant_rows_nonfinite(module: nn.Module, dtype: torch.dtype) -> bool | None:

@@ -80,8 +80,7 @@ class ResumeInfo:
     had_optimizer_state: bool = True          # the checkpoint carried optimizer state
 
 
-class ProbeError(ValueError):
-    """A probe is misdeclared (unknown tap, bad schedule)."""
+from tndebug.errors import ProbeError  # noqa: E402,F401 - torch-free there (the CLI's parser)
 
 
 # Coverage of one place, weakest first: a later cover() for the same place only upgrades.

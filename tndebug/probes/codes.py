@@ -9,6 +9,8 @@ from tndebug.probes import PROBE_NAMES, probe_class
 # Findings that are not a probe's own: triage's checks of the file and weights, and the front-ends'.
 OTHER_CODES = {
     "checkpoint/nonfinite-weights": "non-finite values in the saved weights",
+    "checkpoint/implausible-values": "finite values no training produces (|w| > 1e30, a negative "
+                                     "second moment): a damaged file",
     "checkpoint/config-mismatch": "the saved config disagrees with the weights' shapes",
     "checkpoint/rebuilt-code": "triage rebuilt tndebug's code without the faults the checkpoint was trained with",
     "checkpoint/inferred-config": "what the weights could not say, settled from held-out loss",

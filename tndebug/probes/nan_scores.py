@@ -8,7 +8,7 @@ from torch import nn
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._attn_stats import fully_masked_rows, masked_entries, probe_batch, roles
-from tndebug.probes._nan_checks import FIX_LOSS, constant_rows_nonfinite, loss_story
+from tndebug.probes._nan_checks import constant_rows_nonfinite, loss_story
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
 from tndebug.capture.trace import Trace
@@ -332,9 +332,9 @@ class NanScores(Probe):
                 self._report_nonfinite(found, info.step, context)
             elif loss_bad:
                 self._forward_done = True
-                msg, ev = loss_story(self._run, info, self._replay_logits)
-                self.report("error", msg, where="loss", step=info.step,
-                            evidence={**ev, "activations": "finite"}, fix=FIX_LOSS, code="nonfinite-loss")
+                msg, ev, code, fix = loss_story(self._run, info, self._replay_logits)
+                self.report("error", msg, where="loss" if code == "nonfinite-loss" else "logits",
+                            step=info.step, evidence={**ev, "activations": "finite"}, fix=fix, code=code)
             return
         gbad = [n for n, b in zip(stats["gnames"], stats["gbad"].tolist()) if b > 0] if "gbad" in stats else []
         if gbad and not bad and not self._grad_done and not self._forward_done:
@@ -352,8 +352,9 @@ class NanScores(Probe):
             self._report_nonfinite(found, info.step, "the diverged step's batch, replayed with every tap")
         else:
             self._forward_done = True
-            msg, ev = loss_story(self._run, info, self._replay_logits)
-            self.report("error", msg, where="loss", step=info.step, evidence=ev, fix=FIX_LOSS, code="nonfinite-loss")
+            msg, ev, code, fix = loss_story(self._run, info, self._replay_logits)
+            self.report("error", msg, where="loss" if code == "nonfinite-loss" else "logits",
+                        step=info.step, evidence=ev, fix=fix, code=code)
 
     def _replay(self, info: StepInfo) -> dict | None:
         """Re-run the step's batch with every tap (eval, no grad) to name the op."""

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from tndebug.config import PRESETS, ModelConfig
-from tndebug.data import get_task
+from tndebug.task_names import TASK_NAMES
 
 DEVICES = ("auto", "cpu", "cuda")
 AMPS = ("none", "bf16", "fp16")
@@ -50,7 +50,8 @@ class TrainConfig:
                                   # thread): 100 keeps saving < 1% of training time
 
     def __post_init__(self) -> None:
-        get_task(self.task)
+        if self.task not in TASK_NAMES:      # tndebug.data (torch) is not imported: the CLI's parser reads _D
+            raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASK_NAMES)}")
         if self.steps < 0 or self.batch_size < 1 or self.warmup < 1 or self.save_every < 0:
             raise ValueError(f"steps={self.steps}, batch_size={self.batch_size}, warmup={self.warmup}, "
                              f"save_every={self.save_every}: need steps >= 0, batch_size >= 1, "
@@ -77,6 +78,7 @@ class TrainConfig:
 def model_config(task: str = "copy", preset: str = "small", norm: str = "pre",
                  faults: tuple[str, ...] | list[str] = (), **kw) -> ModelConfig:
     """The preset sized for `task` (its vocabularies), with faults; `no_dropout` sets dropout 0."""
+    from tndebug.data import get_task
     t = get_task(task)
     cfg = ModelConfig.preset(preset, norm=norm, src_vocab=t.src_vocab, tgt_vocab=t.tgt_vocab, **kw)
     cfg = cfg.with_faults(*faults)

@@ -331,7 +331,7 @@ def triage_hf(opts, patch=None, sinks=()):
     dtype = R.weights_dtype(sd)           # the saved dtype: decides fp16 hazards (compute: fp32)
     lap("model")
 
-    findings = hygiene.non_finite(sd) + checks + data_checks + resume_state(folder)
+    findings = hygiene.non_finite(sd) + hygiene.implausible(sd) + checks + data_checks + resume_state(folder)
     with sliced_output(model, keep, lambda: call(forward, model, batch.src[:1, :3],
                                                   batch.tgt_in[:1, :3])) as keep:
         probed = driver.probe_once(subject, probe_names, batch, compute_dtype=dtype, sinks=sinks,

@@ -25,6 +25,7 @@ import torch
 
 from tndebug.data import Batch
 from tndebug.errors import UsageError
+from tndebug.paths import text_file
 from tndebug.findings import Finding
 from tndebug.triage.hf import _line, _transformers
 
@@ -35,12 +36,11 @@ def load_text(spec: str, folder: Path, ids: dict, kind: str = "seq2seq") -> dict
     """--text FILE: `source<TAB>target` per line -> {'src', 'tgt'} (tgt led by decoder start);
     a decoder- or encoder-only `kind`: one sequence per line -> {'ids'}."""
     path = Path(spec)
-    if not path.is_file():
-        raise UsageError(f"--text: no such file {spec}")
+    text = text_file(spec)                   # missing, binary: one line (the CLI checks it first)
     if kind != "seq2seq":
         return {"ids": _lines(path, spec, folder, ids, kind)}
     pairs = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if "\t" not in line:
@@ -66,7 +66,7 @@ def load_text(spec: str, folder: Path, ids: dict, kind: str = "seq2seq") -> dict
 def _lines(path: Path, spec: str, folder: Path, ids: dict, kind: str) -> torch.Tensor:
     """One sequence per non-blank line -> [N, T] right-padded with the pad id; a decoder-only
     row led by BOS (ids['start']) where the tokenizer put none there."""
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    lines = [ln for ln in text_file(spec).splitlines() if ln.strip()]
     if len(lines) < 2:
         raise UsageError(f"--text {spec}: need at least 2 lines (one sequence each), found {len(lines)}")
     encode = _tokenizer(folder, spec)

@@ -84,6 +84,58 @@ def non_finite(sd: dict[str, torch.Tensor]) -> list[Finding]:
                code="checkpoint/nonfinite-weights")]
 
 
+# Finite values no training produces: a float32 weight or Adam's first moment beyond 1e30 (the
+# largest weights of trained models are ~1e2-1e4; an exponent bit flipped gives ~1e37), or a
+# negative second moment (exp_avg_sq is a running mean of squares). They are a damaged file,
+# named before the probes read the weights as a model bug (QK^T overflowing to inf).
+IMPLAUSIBLE = 1e30
+SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum")
+
+
+def _finite_abs_max(t: torch.Tensor) -> float:
+    """max |t| over its finite entries (non_finite names the others), a block at a time."""
+    flat, top = t.reshape(-1), 0.0
+    for i in range(0, flat.numel(), FINITE_BLOCK):
+        m = flat[i:i + FINITE_BLOCK].abs().amax()
+        if not bool(torch.isfinite(m)):
+            m = torch.nan_to_num(flat[i:i + FINITE_BLOCK].abs(), nan=0.0, posinf=0.0).amax()
+        top = max(top, float(m))
+    return top
+
+
+def implausible(sd: dict[str, torch.Tensor], optimizer: dict | None = None) -> list[Finding]:
+    """One error naming the first tensor whose finite values no training produces (see
+    IMPLAUSIBLE), the others counted: weights, and the optimizer's moments when saved."""
+    bad: list[tuple[str, str]] = []                       # (tensor, what is wrong)
+    for key, t in sd.items():
+        if t.is_floating_point() and t.numel():
+            top = _finite_abs_max(t)
+            if top > IMPLAUSIBLE:
+                bad.append((key, f"|value| up to {top:.3g}"))
+    state = (optimizer or {}).get("state") or {}
+    for idx, moments in state.items() if isinstance(state, dict) else ():
+        for name, t in (moments.items() if isinstance(moments, dict) else ()):
+            if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
+                continue
+            key = f"optimizer state[{idx}].{name}"
+            if name in SECOND_MOMENTS and bool((t < 0).any()):
+                bad.append((key, f"{int((t < 0).sum())} negative values (min {float(t.min()):.3g}) "
+                                 f"in a second moment, a mean of squares"))
+            elif _finite_abs_max(t) > IMPLAUSIBLE:
+                bad.append((key, f"|value| up to {_finite_abs_max(t):.3g}"))
+    if not bad:
+        return []
+    key, what = bad[0]
+    more = f" (+{len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+    return [_f("checkpoint", "error",
+               f"{key} holds values no training produces: {what}{more}; the file is damaged "
+               f"(bits changed after the save), so what the probes find in it may follow from that",
+               where=key, evidence={"tensors": dict(bad), "bound": IMPLAUSIBLE},
+               fix="use another copy of the file or an earlier checkpoint (a disk, copy or "
+                   "transfer changed it); then triage again",
+               code="checkpoint/implausible-values")]
+
+
 def resume_state(ckpt: Checkpoint) -> list[Finding]:
     missing = []
     if not ckpt.has_optimizer_state:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from tndebug.errors import UsageError
+from tndebug.paths import checkpoint_file
 from tndebug.safeload import damaged, describe_load_error, first_line, unsafe_globals
 
 # Where people keep things in a checkpoint dict, most specific first.
@@ -69,20 +70,10 @@ class Checkpoint:
 
 def load_checkpoint(path: str | Path, *, trust: bool = False) -> Checkpoint:
     """Read `path` without running code in it; every failure is a one-line UsageError."""
-    p = Path(path)
-    if p.is_dir():
-        for name in ("checkpoint.pt", "model.safetensors", "model.pt", "pytorch_model.bin"):
-            if (p / name).is_file():
-                p = p / name
-                break
-        else:
-            raise UsageError(f"{path} is a directory with no checkpoint.pt, model.pt or "
-                             f"model.safetensors in it; pass the checkpoint file itself")
-    if not p.exists():
-        raise UsageError(f"no such file: {path}; pass the path of a checkpoint written by "
-                         f"torch.save or safetensors")
-    if p.stat().st_size == 0:
-        raise UsageError(f"{p} is empty (0 bytes); the save was probably interrupted")
+    p = checkpoint_file(path)                # missing, empty, a FIFO or device: one line
+    if p is None:
+        raise UsageError(f"{path} is a directory with no checkpoint.pt, model.pt or "
+                         f"model.safetensors in it; pass the checkpoint file itself")
     if p.suffix == ".safetensors":
         return _load_safetensors(p)
     broken = damaged(p)                      # integrity before diagnosis

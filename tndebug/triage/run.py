@@ -27,6 +27,7 @@ import torch
 from tndebug.config import ModelConfig
 from tndebug.data import get_task, eval_set
 from tndebug.errors import UsageError
+from tndebug.paths import text_file
 from tndebug.report import Report
 from tndebug import driver
 from tndebug.findings import Finding
@@ -78,6 +79,8 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
 
     from tndebug.triage import hf       # a save_pretrained directory: no user code (issue 11)
     if hf.is_hf_dir(opts.checkpoint):
+        if opts.text:
+            text_file(opts.text)             # a binary --text: one line before the model is built
         return hf.triage_hf(opts, sinks=sinks)
     if opts.attn or opts.text:
         raise UsageError("--attn and --text apply to a Hugging Face directory (config.json + weights)")
@@ -87,7 +90,8 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     probe_names = _probe_names(opts.probes, OWN_CODE_PROBES)
     task = _task(opts.task)
     ckpt = load_checkpoint(opts.checkpoint, trust=opts.trust)
-    findings = hygiene.non_finite(ckpt.state_dict) + hygiene.resume_state(ckpt)
+    findings = (hygiene.non_finite(ckpt.state_dict) + hygiene.implausible(ckpt.state_dict, ckpt.optimizer)
+                + hygiene.resume_state(ckpt))
     # every comparison (layout settling, the probes' batch, the sweep) runs on these sequences
     _, data_pad = pad_ids(opts.pad_id)       # NO_PAD with --pad-id none
     batch = (load_data(opts.data, data_pad, opts.bos_id) if opts.data
@@ -96,6 +100,11 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     own = not opts.model and own_decoder.is_own_decoder(ckpt.config, ckpt.state_dict)
     if not opts.model:                       # tndebug's own code, rebuilt without faults
         findings += rebuilt_code(ckpt.config)
+    if opts.adapter and not opts.model and not own:      # a layout tndebug calls itself
+        raise UsageError(f"--adapter {opts.adapter} applies with --model (your own code); "
+                         f"{opts.checkpoint} is read as one of tndebug's layouts, which tndebug "
+                         f"calls itself, so it would be ignored: drop --adapter, or pass --model "
+                         f"FILE.py:FACTORY to build the model from your code")
     if own:                                  # `tndebug run --arch decoder`: no encoder layout fits
         opts = dataclasses.replace(opts, model=own_decoder.SPEC, arch="decoder",
                                    adapter=opts.adapter or own_decoder.ADAPTER)

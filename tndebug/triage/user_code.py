@@ -11,7 +11,7 @@ from torch import nn
 
 from tndebug import driver
 from tndebug.capture import GenericCapture, projection_weights
-from tndebug.capture.adapters import resolve_adapter
+from tndebug.capture.adapters import floating_logits, resolve_adapter
 from tndebug.capture.user_model import build_user_model, load_weights, parse_config
 from tndebug.capture.subjects import fed_tables, make_subject, vocab_rule
 from tndebug.data import Batch, as_lm
@@ -195,7 +195,16 @@ def _user_vocab(model: nn.Module, adapter, batch, pad_id: int) -> tuple[int, int
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise UsageError(f"the adapter {adapter.name} returned {shape}; expected logits "
                          f"[B, T, V] = [2, {tgt_in.shape[1]}, V] (batch first)")
-    return vocab_rule(model, logits.shape[-1], fed, adapter.kind)
+    floating_logits(logits, f"the adapter {adapter.name}")
+    width, side = logits.shape[-1], "src" if adapter.kind == "encoder" else "tgt"
+    sizes = {m.out_features for m in model.modules() if isinstance(m, nn.Linear)} | \
+            {m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)}
+    if width < fed.get(side, width) and width not in sizes:     # the check's rule (library/args.py)
+        raise UsageError(f"the adapter {adapter.name} returns logits over {width} ids, but the "
+                         f"model's token embedding has {fed[side]} rows (and no layer of the "
+                         f"model has {width} outputs); a forward must return the model's full "
+                         f"logits [B, T, {fed[side]}]")
+    return vocab_rule(model, width, fed, adapter.kind)
 
 
 # -- findings -------------------------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""Cheap checks before torch (issue 47): the CLI's parser builds without importing torch, so a bad
+flag, a bad --out or a missing, empty or special checkpoint path is refused in a fraction of a
+second; a FIFO is called a FIFO, a binary --text is refused before the model is built."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def refuse_without_torch(tmp_path, argv: list[str]) -> str:
+    """Run tndebug.cli.main(argv) in a fresh interpreter; assert exit 2 and torch never imported;
+    return stderr."""
+    code = ("import sys\nfrom tndebug.cli import main\n"
+            f"rc = main({argv!r})\n"
+            "assert rc == 2, rc\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "NO-TORCH", (argv, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tndebug: error: "), out.stderr
+    return lines[0]
+
+
+def test_a_bad_flag_is_refused_before_torch_is_imported(tmp_path):
+    code = ("import sys\nfrom tndebug.cli import main\n"
+            "try:\n    main(['run', '--steps', '-1'])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert out.stdout.strip() == "NO-TORCH", out.stderr
+    assert "--steps: -1: must be an integer >= 0" in out.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--steps", "-1"], ["run", "--batch-size", "0"], ["run", "--lr-factor", "nan"],
+    ["run", "--prob", "all"], ["run", "--probe", "bogus"], ["run", "--probe", "all,none"],
+    ["run", "--fault", "nope"], ["run", "--out", ""], ["run", "--out", "afile"],
+    ["triage", "nope.pt"], ["triage", "empty.pt"], ["triage", "model.pt", "--heads", "0"],
+    ["triage", "model.pt", "--out", "afile"], ["nosuchcommand"], ["--no-such-flag"],
+])
+def test_cheap_refusals_do_not_import_torch(tmp_path, argv):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "model.pt").write_bytes(b"PK not really")
+    refuse_without_torch(tmp_path, argv)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_is_not_called_empty(tmp_path):
+    os.mkfifo(tmp_path / "pipe.pt")
+    line = refuse_without_torch(tmp_path, ["triage", "pipe.pt"])
+    assert "pipe.pt is a FIFO (named pipe), not a regular file" in line and "empty" not in line
+    from tndebug.errors import UsageError
+    from tndebug.triage.loading import load_checkpoint
+    with pytest.raises(UsageError, match="FIFO"):           # the library's loader says the same
+        load_checkpoint(tmp_path / "pipe.pt")
+
+
+def test_a_binary_text_file_is_refused_before_the_model_is_built(tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "bart"}')
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"x" * 16)
+    (tmp_path / "pairs.tsv").write_bytes(bytes(range(256)) * 8)
+    line = refuse_without_torch(tmp_path, ["triage", "hf", "--text", "pairs.tsv"])
+    assert line.startswith("tndebug: error: --text pairs.tsv: not UTF-8 text (byte 128: 0x80)")
+    from tndebug.errors import UsageError
+    from tndebug.triage.hf_data import load_text
+    with pytest.raises(UsageError, match="not UTF-8 text"):  # the loader itself refuses it too
+        load_text(str(tmp_path / "pairs.tsv"), tmp_path / "hf", {})

@@ -1,0 +1,65 @@
+"""Cheap checks of the user's paths, torch-free, so that a bad path is refused (one line, exit 2)
+before torch is imported or a model is built: a checkpoint that is missing, empty or no regular
+file (a FIFO would block the read, a device never ends), and a --text file that is not UTF-8.
+triage's loaders call the same checks, so the library and the CLI say the same line."""
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from tndebug.errors import UsageError
+
+CHECKPOINT_NAMES = ("checkpoint.pt", "model.safetensors", "model.pt", "pytorch_model.bin")
+
+
+def _kind(mode: int) -> str:
+    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+
+
+def regular_file(p: Path, what: str) -> None:
+    """`p` exists (checked by the caller) and is a regular file with bytes in it."""
+    mode = p.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{p} is {_kind(mode)}, not a regular file; pass {what}")
+    if p.stat().st_size == 0:
+        raise UsageError(f"{p} is empty (0 bytes); the save was probably interrupted")
+
+
+def checkpoint_file(path: str | Path) -> Path | None:
+    """The checkpoint file `path` names (a directory's checkpoint.pt, model.pt, ...), checked to
+    exist, be a regular file and hold bytes; None for a directory holding none of those (a
+    Hugging Face folder, or one that triage's loader refuses with its own line)."""
+    p = Path(path)
+    if p.is_dir():
+        for name in CHECKPOINT_NAMES:
+            if (p / name).is_file():
+                p = p / name
+                break
+        else:
+            return None
+    if not p.exists():
+        raise UsageError(f"no such file: {path}; pass the path of a checkpoint written by "
+                         f"torch.save or safetensors")
+    regular_file(p, "the checkpoint file written by torch.save or safetensors")
+    return p
+
+
+def text_file(spec: str, flag: str = "--text") -> str:
+    """The UTF-8 text of `spec`; a missing, special or binary file is one line."""
+    p = Path(spec)
+    if not p.exists():
+        raise UsageError(f"{flag}: no such file {spec}")
+    mode = p.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{flag} {spec}: is {_kind(mode)}, not a regular file; pass a UTF-8 text file")
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{flag} {spec}: not UTF-8 text (byte {e.start}: {data[e.start]:#04x}); "
+                         f"pass a text file, one sequence (or source<TAB>target) per line") from None
+    if "\x00" in text:
+        raise UsageError(f"{flag} {spec}: a binary file (it holds NUL bytes); pass a text file, "
+                         f"one sequence (or source<TAB>target) per line")
+    return text
