@@ -70,3 +70,12 @@ def test_bad_input_exits_2(in_tmp, capsys, argv):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("tndebug: error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_a_finding_with_no_source_line_points_at_its_modules_forward(in_tmp, capsys):
+    path, _ = model_file(in_tmp, "healthy")
+    main(["check", "model.py:build", "--format", "concise", "--probe", "lm-decoding"])
+    out = capsys.readouterr().out.splitlines()[:-1]
+    def_line = path.read_text().splitlines().index("    def forward(self, x):") + 1
+    hits = [ln for ln in out if "lm-decoding/" in ln]             # where = transformer.h.0.attn
+    assert hits and all(ln.startswith(f"model.py:{def_line}: lm-decoding/") for ln in hits), out

@@ -107,7 +107,7 @@ def main(args) -> int:
     if args.format == "json":
         print(json.dumps(report.to_dict(), indent=2, default=str))
     elif args.format == "concise":
-        for line in concise_lines(report, factory):
+        for line in concise_lines(report, factory, model):
             print(line)
         from tndebug.reporters.common import counts_text
         print(f"tndebug check: {report.verdict.upper()} ({counts_text(report)})")
@@ -130,9 +130,9 @@ def _data(args):
     return dict(loaded.raw) if isinstance(loaded, OneStack) else tuple(loaded)
 
 
-def concise_lines(report, factory) -> list[str]:
+def concise_lines(report, factory, model=None) -> list[str]:
     """`FILE:LINE: CODE severity: message`, most severe first; FILE:LINE is the finding's source
-    line, else the factory's def."""
+    line, else the `forward` def of the module it names, else the factory's def."""
     from tndebug.capture.source import shown_path
     from tndebug.reporters.common import sorted_findings
     try:
@@ -141,7 +141,17 @@ def concise_lines(report, factory) -> list[str]:
         home = (getattr(getattr(factory, "__code__", None), "co_filename", "?"), 1)
     out = []
     for f in sorted_findings(report):
-        file, line = (f.source["file"], f.source["line"]) if f.source else home
+        src = f.source or _module_def(model, f.where)
+        file, line = (src["file"], src["line"]) if src else home
         message = " ".join(f.message.split())
         out.append(f"{shown_path(file)}:{line}: {f.code or f.probe} {f.severity}: {message}")
     return out
+
+
+def _module_def(model, where: str) -> dict | None:
+    """The forward def of the module at `where` in `model`, when it is one of its paths."""
+    from tndebug.capture.source import forward_def
+    try:
+        return forward_def(model.get_submodule(where)) if model is not None and where else None
+    except AttributeError:
+        return None
