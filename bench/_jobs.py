@@ -158,6 +158,11 @@ JOBS: tuple[Job, ...] = (
         (("bench/realbugs.py", "--seeds", "1", "--steps", "0", "--watch-steps", "4", "--bugs", "no_scale",
           "--out", "{out}/realbugs"),),
         (R + "realbugs.json", R + "realbugs.md"), 5.0),      # a guess: no full run recorded yet
+    Job("bad_input", "issue 47's promise: >= 150 bad inputs (docs/bad_input.py's and new kinds) at the CLI "
+        "and the library, each in a fresh folder of the user's files: met, time to refuse, files changed",
+        (("bench/bad_input.py",),),
+        (("bench/bad_input.py", "--limit", "8", "--out", "{out}/bad_input.json"),),
+        (R + "bad_input.json", R + "bad_input.md"), 6.0),
     Job("notes_claims", "the notes' claims a model at init settles: entropy, rho, initial loss / ln V, "
                         "self-argmax and score symmetry",
         (("bench/notes_claims.py",),),
