@@ -127,6 +127,13 @@ JOBS: tuple[Job, ...] = (
           "--styles", "seq_first,nanogpt", "--out", "{out}/foreign_trained"),),
         (R + "foreign_trained.json", R + "foreign_trained.md", R + "foreign_trained_bugs.json",
          R + "foreign_trained_bugs.md"), 40.0),
+    Job("first_contact", "issue 44's first contact: a char-level nanoGPT-style loop with no pad "
+        "(healthy, and its bugs), its 16-bit copies through check, triage --data of a decoder- and an "
+        "encoder-only model; healthy flagged, bugs named, front-ends that refused",
+        (("bench/first_contact.py",),),
+        (("bench/first_contact.py", "--seeds", "1", "--steps", "60", "--bugs", "no_zero_grad",
+          "--out", "{out}/first_contact"),),
+        (R + "first_contact.json", R + "first_contact.md"), 4.0),
     Job("watch_overhead", "tndebug.watch on the user's loop, paired, SDPA, HF BART and a ~25 ms SDPA; "
                           "the default budget against none; 800 steps x 2 rounds",
         (("bench/watch_overhead.py", "--models", "sdpa,bart,sdpa-small"),),
