@@ -11,6 +11,8 @@ Cases that fail on today's probes are in foreign_corpus.XT_KNOWN_FAILURES with t
 the report (strict xfail: a fixed case fails as XPASS until its entry goes)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,7 @@ from tndebug.capture.adapters import import_file  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 STYLE = BY_NAME["xtransformers"]
 XT = import_file(STYLE.path)
+XGPT = import_file(Path(STYLE.path).parent / "xgpt.py")      # its incremental: the KV cache
 STEPS = 40                    # a few dozen Adam steps: past the 30-step warmup of tests/zoo/train.py
 PAD = 0
 
@@ -247,7 +250,14 @@ def test_a_decoder_only_transformer_wrapper_earns_every_verdict(pre_norm):
     torch.manual_seed(0)
     model = TransformerWrapper(num_tokens=16, max_seq_len=64, attn_layers=Decoder(
         dim=32, depth=2, heads=4, attn_dim_head=8, pre_norm=pre_norm))
-    report = tndebug.check(model, forward=lambda m, ids, pad_id: m(ids), pad_id=PAD, bos_id=1)
+    def forward(m, ids, pad_id):
+        return m(ids)
+
+    plain = tndebug.check(model, forward=forward, pad_id=PAD, bos_id=1)
+    assert plain.verdict == "incomplete" and "KV cache" in plain.incomplete()["lm-decoding"]
+    forward.incremental = XGPT.incremental              # x-transformers' own cache, offered
+    report = tndebug.check(model, forward=forward, pad_id=PAD, bos_id=1)
     assert report.verdict == "clean", [(f.code, f.message) for f in report.findings]
+    assert report.probes["lm-decoding"]["coverage"]["kv cache"]["status"] == "checked"
     for probe in ("variance-drift", "ln-placement", "positional-encoding", "mask-broadcast"):
         assert report.probes[probe]["status"] == "pass", (probe, report.probes[probe])

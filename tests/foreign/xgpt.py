@@ -54,3 +54,15 @@ def forward(model, ids, pad_id):
     """The logits of every position, as a user calls the wrapper: model(ids) [B, T, V] (no mask:
     x-transformers' README trains and samples without one)."""
     return model(ids)
+
+
+def incremental(model, ids, pad_id, split):
+    """The logits of positions split.. decoded one token at a time through x-transformers' own
+    KV cache, as its AutoregressiveWrapper.generate does: the prefix once with
+    return_intermediates=True, then each next token with cache=. [B, T - split, V]"""
+    _, cache = model(ids[:, :split], return_intermediates=True)
+    out = []
+    for t in range(split, ids.shape[1]):
+        logits, cache = model(ids[:, :t + 1], cache=cache, return_intermediates=True)
+        out.append(logits[:, -1:])
+    return torch.cat(out, 1)

@@ -54,6 +54,11 @@ CACHE_NAMES = re.compile(r"^(past_key_values?|past|layer_past|kv_cache|cache|cac
                          r"incremental_state|cache_k|cache_v|k_cache|v_cache|key_cache|value_cache)$")
 
 
+OFFER_CACHE = ("offer it as incremental(model, ids, pad_id, split) -> the logits of positions "
+               "split.. decoded through the cache: in the --adapter FILE.py module (triage), or as "
+               "forward.incremental (tndebug.check / watch); docs/decoder.md")
+
+
 def declared_cache(model) -> str:
     """What in `model` declares a KV cache: a forward argument (past_key_values, use_cache,
     kv_cache, ...) or a submodule, parameter or buffer so named; "" when nothing does."""
@@ -417,13 +422,10 @@ class LMDecoding(Probe):
             declared = declared_cache(s.model)
             if declared:            # a cache the adapter does not reach: untested, not absent
                 self.cover(CACHE, "no verdict", f"the model has a KV cache ({declared}) that the "
-                           f"adapter does not call, so cached decoding was not tested: pass "
-                           f"--adapter FILE.py:forward whose module also defines "
-                           f"incremental(model, ids, pad_id, split) -> logits of positions "
-                           f"split.. decoded through the cache (docs/decoder.md)")
+                           f"adapter does not call, so cached decoding was not tested: "
+                           f"{OFFER_CACHE}")
                 self.part_not_run("KV cache", f"the model has a KV cache ({declared}) that the "
-                                  f"adapter does not call: pass an adapter module that defines "
-                                  f"incremental(model, ids, pad_id, split)")
+                                  f"adapter does not call: {OFFER_CACHE}")
                 return
             self.cover(CACHE, "not applicable", "the model offers no KV cache (no incremental "
                        "call, no cache argument or module): generation reruns the whole prefix, "
