@@ -263,7 +263,7 @@ def test_the_matching_rules_reject_a_figure_the_file_does_not_hold():
 # Numeric tokens of the README's Benchmarks result cells that no marker lists (configuration
 # counts, figures of earlier commits whose results files are gone, and measurements not yet
 # given their field). Issue 50's target is 0; this ceiling only falls: lower it when you mark more.
-OUTSIDE_CEILING = 143
+OUTSIDE_CEILING = 139
 _FIG = re.compile(r"(?<![\w.])[-−]?\d+(?:\.\d+)?(?:/\d+)?%?(?![\w/])")
 
 
