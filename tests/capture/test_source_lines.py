@@ -110,3 +110,11 @@ def test_tndebug_own_model_gets_no_line_of_the_calling_script():
     report = tndebug.check(model, probes="missing-scale")
     found = errors(report, "missing-scale/absent")
     assert found and all(f.source is None for f in found)
+
+
+def test_assert_clean_shows_the_line(tmp_path):
+    from tndebug.library.check import CheckResult
+    report, path, lines = check(tmp_path, "no_scale", "missing-scale")
+    with pytest.raises(AssertionError) as e:
+        CheckResult(report).assert_clean("error")
+    assert f"source: {path}:{lines['scores']} (CausalSelfAttention.forward): att = (q @" in str(e.value)

@@ -271,6 +271,9 @@ def format_findings(findings: list[Finding], header: str = "") -> str:
         where = f.where or "(model)"
         step = f" at step {f.step}" if f.step is not None else ""
         lines.append(f"  {f.severity.upper():7} {f.probe} in {where}{step}: {f.message}")
+        if f.source:                   # the line of the user's code that made the evidence
+            from tndebug.capture.source import source_text
+            lines.append(f"          source: {source_text(f.source)}")
         if f.evidence:
             ev = ", ".join(f"{k}={_short(v)}" for k, v in list(f.evidence.items())[:8])
             lines.append(f"          evidence: {ev}")
