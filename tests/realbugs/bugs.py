@@ -28,6 +28,18 @@ def _swap(*pairs) -> Callable:
     return apply
 
 
+def _swap_table(buggy: type) -> Callable:
+    """The PositionalEncoding swapped for `buggy` *and its table rebuilt*: the buffer is made in
+    __init__, so swapping the class alone left the healthy table in place (the PE-table bugs
+    were inert in this corpus until issue 45)."""
+    def apply(model):
+        X.swap(model, PositionalEncoding, buggy)
+        for m in model.modules():
+            if type(m) is buggy:
+                m.pe.copy_(m.table(m.d_model, m.max_len).unsqueeze(0))
+    return apply
+
+
 def _nothing(model) -> None:
     return None
 
@@ -167,11 +179,12 @@ _ALL = [
         "yes", "positional-encoding", "error", _swap((PositionalEncoding, X.PEByBatch))),
     Bug("pe_precedence", "https://github.com/zju3dv/LoFTR/issues/41",
         "-log(10000) / d_model // 2 parses as -1: other frequencies; 'a minor performance increase' when fixed",
-        "PE values only (positions still encoded)", None, None, _swap((PositionalEncoding, X.PEPrecedence))),
+        "PE values only (positions still encoded)", None, None, _swap_table(X.PEPrecedence)),
     Bug("pe_integer_division", "https://github.com/Kyubyong/transformer/pull/81",
         "integer division in the PE exponent gives 0: every frequency 1",
-        "PE values only (positions still encoded)", None, None,
-        _swap((PositionalEncoding, X.PEIntegerDivision))),
+        "yes: one frequency in every pair, positions about 2*pi*k apart alias (issue 45: a "
+        "miss on the held-out real-bug set)", "positional-encoding", "warning",
+        _swap_table(X.PEIntegerDivision)),
     Bug("sqrt_d_model_in_pe", "https://github.com/SamLynnEvans/Transformer/issues/10",
         "embedding not multiplied by sqrt(d_model); answered: the PE class multiplies it",
         "no", None, None, _scale_in_pe),

@@ -17,6 +17,8 @@ Post-LN (y = norm(x + f(x))) fits neither and is not judged here (ln-placement n
 from __future__ import annotations
 
 import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from tndebug.probes import _depth_stats as ds
 from tndebug.capture.trace import Trace
@@ -89,3 +91,94 @@ def residual_carries(trace: Trace) -> list[dict]:
             if best is not None and best["carries"] is not None:   # an FFN or Post-LN: untested
                 out.append(best)
     return out
+
+
+def _first_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
+        return x[0]
+    return None
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, getattr(nn, "RMSNorm", nn.LayerNorm))) or \
+        "norm" in type(module).__name__.lower()
+
+
+class _Adds(TorchFunctionMode):
+    """Every addition whose one operand is a watched tensor (by identity): (watched, other)."""
+
+    OPS = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__,
+           torch.Tensor.add_, torch.Tensor.__iadd__}
+
+    def __init__(self, watched: dict[int, str]) -> None:
+        super().__init__()
+        self.watched, self.seen = watched, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.OPS and len(args) >= 2 and not kwargs:
+            a, b = args[0], args[1]
+            for mine, other in ((a, b), (b, a)):
+                if isinstance(mine, torch.Tensor) and id(mine) in self.watched \
+                        and isinstance(other, torch.Tensor):
+                    self.seen.append((self.watched[id(mine)], other))
+                    break
+        return func(*args, **kwargs)
+
+
+def normalised_residuals(subject, src, tgt, sites: list[str]) -> list[dict]:
+    """Attention sublayers whose residual is the very tensor a norm just produced and the
+    attention read: `x = norm(x); x = x + attn(x)`, seen by tensor identity in one forward.
+    For code whose sublayers are no modules of their own (so the stream has no sublayer points
+    for `residual_carries`). [{"where": attention site, "norm": the norm module}], [] if none."""
+    modules = dict(subject.model.named_modules())
+    norm_out: dict[int, str] = {}            # id(norm output) -> the norm's path
+    attn_in: dict[str, int] = {}             # site -> id of its first tensor input
+    attn_out: dict[int, str] = {}            # id(attention output) -> site
+    held: list[torch.Tensor] = []            # every tensor whose id is kept: no id is reused
+    handles = []
+
+    def on_norm(path):
+        def hook(mod, args, out):
+            if isinstance(out, torch.Tensor):
+                norm_out[id(out)] = path
+                held.append(out)
+        return hook
+
+    def on_attn(site):
+        def pre(mod, args, kwargs):
+            first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+            if first is not None and site not in attn_in:
+                attn_in[site] = id(first)
+                held.append(first)
+
+        def post(mod, args, out):
+            t = _first_tensor(out)
+            if t is not None:
+                attn_out[id(t)] = site
+                held.append(t)
+        return pre, post
+
+    for path, mod in modules.items():
+        if path and _is_norm(mod):
+            handles.append(mod.register_forward_hook(on_norm(path)))
+    for site in sites:
+        mod = modules.get(site.split("#")[0])
+        if mod is not None:
+            pre, post = on_attn(site)
+            handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(mod.register_forward_hook(post))
+    adds = _Adds(attn_out)
+    try:
+        with subject.evaluating(), adds:
+            subject.logits(src, tgt)
+    finally:
+        for h in handles:
+            h.remove()
+    found = []
+    for site, other in adds.seen:
+        if id(other) in norm_out and attn_in.get(site) == id(other):
+            found.append({"where": site, "norm": norm_out[id(other)]})
+    return found

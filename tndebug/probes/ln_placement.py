@@ -53,7 +53,7 @@ import torch
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
 from tndebug.probes import _norm_gain
-from tndebug.probes._residual import NORM_TOL, residual_carries
+from tndebug.probes._residual import NORM_TOL, normalised_residuals, residual_carries
 from tndebug.probes.base import Probe, RunContext, StepInfo, grad_norm_of
 from tndebug.probes.schedule import Schedule
 from tndebug.capture.trace import StreamPoint, Trace
@@ -216,7 +216,7 @@ class LnPlacement(Probe):
         if label == "pre":
             self._final_norm(trace, step, run)
         if label in ("pre", "mixed"):
-            self._residual_input(run, step)
+            self._residual_input(run, step, inline=label == "pre")
 
     def _grad_profile(self, trace: Trace) -> dict:
         """Per-layer ‖∂L/∂x‖ at the layer outputs, and last/first per stack."""
@@ -259,7 +259,7 @@ class LnPlacement(Probe):
                 evidence={"placement": "pre", **sig.as_evidence(),
                           "threshold_null_ratio": ds.NULL_RATIO, "threshold_direct": ds.DIRECT_TOL}, code="no-final-norm")
 
-    def _residual_input(self, run: RunContext, step: int) -> None:
+    def _residual_input(self, run: RunContext, step: int, inline: bool = False) -> None:
         """Pre-LN sublayers whose residual carries norm(x) instead of x (`_residual`)."""
         subject = run.subject
         src, tgt = ds.probe_batch(subject)
@@ -269,10 +269,14 @@ class LnPlacement(Probe):
         except Exception:  # noqa: BLE001 - the placement is decided; this test is extra
             return
         by_stack: dict[str, list[dict]] = {}
-        for e in residual_carries(trace):
+        carried = residual_carries(trace)
+        for e in carried:
             self.cover(e["where"], "checked")
             if e["carries"] == "normalised input":
                 by_stack.setdefault(e["stack"], []).append(e)
+        if not carried and inline:         # no sublayer points: read the adds themselves (pre-LN
+            self._residual_by_identity(subject, src, tgt, trace, step)   # only: a Post-LN block
+            return                                                      # adds its input, a norm output)
         for stack, bad in by_stack.items():
             first = bad[0]
             self.report(
@@ -286,6 +290,34 @@ class LnPlacement(Probe):
                           "threshold": NORM_TOL, "attention": first["attention"]},
                 fix="Keep the residual on the unnormalised stream: x = x + f(norm(x)); do not "
                     "assign norm(x) back to x before adding the sublayer's output", code="residual-normalised")
+
+    def _residual_by_identity(self, subject, src, tgt, trace, step: int) -> None:
+        """Sublayers written inline (`x = self.norm1(x); x = x + self.attn(x, x, x, mask)`): the
+        residual added to an attention output is the very tensor a norm produced and the
+        attention read (`_residual.normalised_residuals`, by tensor identity: exact)."""
+        sites = [r.site for r in trace.records()]
+        try:
+            bad = normalised_residuals(subject, src, tgt, sites)
+        except Exception:  # noqa: BLE001 - the placement is decided; this test is extra
+            return
+        if not sites:
+            return
+        for site in sites:
+            self.cover(site, "checked")
+        if not bad:
+            return
+        first = bad[0]
+        where = ", ".join(sorted({e["where"] for e in bad})[:3])
+        self.report(
+            "error", f"the residual of {first['where']} carries the normalised input: "
+            f"{first['norm']}'s output is both what the attention reads and what its output is "
+            f"added to, so the block computes norm(x) + f(norm(x)), not x + f(norm(x)) "
+            f"({len(bad)} attention sublayer{'s' if len(bad) > 1 else ''}: {where})",
+            where=first["where"], step=step,
+            evidence={"sublayers": [e["where"] for e in bad], "norms": [e["norm"] for e in bad],
+                      "test": "the residual operand is the norm's output tensor (identity)"},
+            fix="Keep the residual on the unnormalised stream: h = norm(x); x = x + f(h); do not "
+                "assign norm(x) back to x before adding the sublayer's output", code="residual-normalised")
 
     # -- warmup ----------------------------------------------------------------------------
     def _lr_history(self) -> list[tuple[int, float]]:

@@ -63,6 +63,15 @@ UNIT = 0.05              # |s - 1| below this: the embedding row is used as it i
 ZERO_PE = 1e-6           # RMS(PE added) / RMS(token part) below this: no PE added
 DUP_TOL = 1e-5           # two positions whose rows differ by less (relative) share a PE row
 MAX_PROBE_LEN = 1024
+# The position part of >= 16 rows of d >= 8 features: a healthy sinusoidal or learned table
+# spans min(L, d) directions (singular values within 1e3 of the largest for sinusoids at d=32,
+# L=64); one frequency in every pair spans exactly 2 (sin p, cos p). Rank counted above 1e-6 of
+# the largest singular value: fp32 rounding of a rank-2 table leaves ~1e-7. Exact in kind.
+PE_MIN_RANK = 2
+PE_RANK_TOL = 1e-6
+PE_RANK_FIX = ("compute the exponent in floating point: div_term = torch.exp(torch.arange(0, "
+               "d_model, 2).float() * (-math.log(10000.0) / d_model)); an integer division "
+               "(2i // d_model) makes it 0, so every pair of dimensions gets frequency 1")
 NOT_APPLIED_FIX = ("apply the positions: add the position table's rows to the token embeddings "
                    "(x = tok_emb(idx) + pos_emb(torch.arange(T))), or rotate q and k with the "
                    "rotary tables before q @ k^T; a model meant to have none (NoPE) may ignore this")
@@ -95,6 +104,7 @@ class PositionalEncodingProbe(Probe):
         "positions-not-applied": "decoder-only: a declared position table or rotary never reaches "
                                  "the attention (swapping earlier tokens changes nothing)",
         "no-positions": "decoder-only: no position mechanism at all (NoPE, by design or not)",
+        "pe-one-frequency": "the PE spans two dimensions: every pair has the same frequency",
     }
     reads = ("embed",)
     fix = _fix("no_pos_encoding")
@@ -384,6 +394,7 @@ class PositionalEncodingProbe(Probe):
             same = torch.triu(dist < DUP_TOL, diagonal=1)               # pairs i < j
             dup_cols = same.any(0).nonzero().flatten()
             if len(dup_cols) == 0:
+                self._rank_test(site, rows, length)
                 continue
             j = int(dup_cols[0])
             i = int(same[:, j].nonzero()[0])
@@ -394,6 +405,28 @@ class PositionalEncodingProbe(Probe):
                                   "duplicate_positions": len(dup_cols), "probe_length": length,
                                   "threshold_rel_distance": DUP_TOL,
                                   "refused_length": refused[0] if refused else None}, code="pe-rows-reused")
+
+    def _rank_test(self, site: str, rows: torch.Tensor, length: int) -> None:
+        """The position part of the embedding rows (one token at every position, centred over
+        the positions) spans how many directions? A sinusoidal table spans min(L, d), a learned
+        one as many; a table whose every pair of dimensions has the same frequency (the
+        exponent 2i/d truncated to 0 by integer division: sin(p), cos(p) in every pair) spans 2,
+        and its rows come back near each other every 2*pi positions (p and p + 44 differ by
+        0.018 rad)."""
+        P = rows - rows.mean(0)                                           # [L, d]
+        if P.shape[0] < 16 or P.shape[1] < 8:
+            return
+        sv = torch.linalg.svdvals(P)
+        rank = int((sv > PE_RANK_TOL * sv[0]).sum())
+        if rank > PE_MIN_RANK:
+            return
+        self.report("warning", f"{site}: the positional encoding spans only {rank} of "
+                    f"{P.shape[1]} dimensions over {P.shape[0]} positions: every dimension "
+                    f"pair uses the same frequency, so positions about 2*pi*k apart get nearly "
+                    f"the same row", where=site, step=0, fix=PE_RANK_FIX,
+                    evidence={"rank": rank, "d_model": P.shape[1], "positions": P.shape[0],
+                              "threshold_rank": PE_MIN_RANK, "singular_value_tol": PE_RANK_TOL,
+                              "probe_length": length}, code="pe-one-frequency")
 
     # -- runtime: rho as embeddings grow ---------------------------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict[str, torch.Tensor]:
