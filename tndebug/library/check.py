@@ -75,7 +75,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                                           select=select, ignore=ignore, arch=arch))
     from tndebug.probes._head_weights import duplicate_heads
     from tndebug.capture import projection_weights
-    from tndebug.probes._kv_order import kv_order
+    from tndebug.probes._kv_order import kv_order, undecided as kv_undecided
     t0 = time.perf_counter()
     names = _names(probes)
     subject, info = live_subject(model, forward, pad_id=pad_id, bos_id=bos_id,
@@ -96,6 +96,9 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                                subject.pad_id, subject.tgt_vocab,
                                data="data=" if data is not None else "random ids")
     findings += kv
+    if kv_undecided(kv_evidence):          # applied to trained weights, decided nothing: no pass
+        driver.part_not_run(statuses, "checkpoint", "grouped-query head order",
+                            kv_undecided(kv_evidence))
     if info["hf"]:
         from tndebug.capture.hf import attention_weights
         from tndebug.probes.hf_fixes import hf_fix, hf_where

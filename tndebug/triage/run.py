@@ -40,7 +40,7 @@ from tndebug.triage import hygiene, layouts, own_decoder
 from tndebug.capture.adapters import GUESSED
 from tndebug.capture.user_model import parse_config
 from tndebug.triage.fresh import apart_from_weights
-from tndebug.probes._kv_order import kv_order
+from tndebug.probes._kv_order import kv_order, undecided as kv_undecided
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.target import Target, check_ids, check_task_vocab
 from tndebug.triage.user_code import user_target
@@ -147,6 +147,9 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
                                data_pad, subject.tgt_vocab,
                                data="--data" if opts.data else "--task")
     findings += kv
+    if kv_undecided(kv_evidence):          # applied to trained weights, decided nothing: no pass
+        driver.part_not_run(statuses, "checkpoint", "grouped-query head order",
+                            kv_undecided(kv_evidence))
     lap("hygiene")
 
     findings = driver.dedupe([_rename(f, target.user_path) for f in findings])
