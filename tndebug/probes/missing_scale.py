@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation_sums
@@ -153,12 +154,15 @@ class MissingScale(Probe):
 
     def __init__(self, schedule=None) -> None:
         super().__init__(schedule)
+        self._width: int | None = None
         self._half_run = False
         self._reported: set[str] = set()     # modules already named in a finding
 
     def setup(self, run: RunContext) -> None:
         self._half_run = run.compute_dtype in HALF
         subject = run.subject
+        dims = [m.embedding_dim for m in subject.model.modules() if isinstance(m, nn.Embedding)]
+        self._width = max(set(dims), key=dims.count) if dims else None   # the stream's width
         if subject.capture is None:
             self.skip("no capture: q, k and scores are needed")
             return
@@ -234,6 +238,11 @@ class MissingScale(Probe):
             if abs(ratio - 1) <= tol or site in self._reported:
                 continue
             label = diagnose(c, d_k, meta["d_model"], tol)
+            width = self._width           # the stream's width: heads written as separate modules
+            if label == "not 1/sqrt(d_k)" and width and width != meta["d_model"] and \
+                    width % d_k == 0 and abs(c * math.sqrt(width) - 1.0) <= tol:
+                label = "1/sqrt(d_model)"   # each head module divides by the embedding width
+                meta = {**meta, "d_model": width, "heads": width // d_k, "split_modules": True}
             rms_q = math.sqrt(sqq / nq) if nq else math.nan
             rms_k = math.sqrt(skk / nk) if nk else math.nan
             severity = "error"
@@ -261,6 +270,9 @@ class MissingScale(Probe):
                 "qk_rms_ratio": {it[0]: round(_ratio(it[7], it[8]), 6) for it in items},
                 "diagnosis": label, "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}",
                 "qk_traced_by": meta.get("qk_match", "values")}
+            if meta.get("split_modules"):
+                msg += (f": each of the {h} head modules divides by sqrt({d_model}), the embedding "
+                        f"width (C, n_embd), not by sqrt of its own width ({d_k})")
             if severity == "warning":
                 msg += ("; q and k are one tensor here, so the weights cannot show whether the "
                         "scale was meant to be folded into W_Q (as T5 does)")
