@@ -224,6 +224,8 @@ LIBRARY_CASES = [
      "tndebug.check(model, lambda m, s, t, p: m(s, t).argmax(-1, keepdim=True).expand(-1, -1, 11))", True),
     ("the optimizer of another model", "tndebug.watch(model, torch.optim.Adam(torch.nn.Linear(2, 2).parameters()))",
      True),
+    ("ignore= that is no code or list of codes", "tndebug.check(model, ignore=3)", True),
+    ("load_report of a file that is no report.json", 'tndebug.load_report("afile")', True),
     ("out= an empty path", 'tndebug.watch(model, opt, out="")', True),
     ("out= a file", 'tndebug.watch(model, opt, out="afile")', True),
     ("out= under a file", 'tndebug.watch(model, opt, out="afile/run")', True),

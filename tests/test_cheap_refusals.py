@@ -44,12 +44,32 @@ def test_a_bad_flag_is_refused_before_torch_is_imported(tmp_path):
     ["run", "--fault", "nope"], ["run", "--out", ""], ["run", "--out", "afile"],
     ["triage", "nope.pt"], ["triage", "empty.pt"], ["triage", "model.pt", "--heads", "0"],
     ["triage", "model.pt", "--out", "afile"], ["nosuchcommand"], ["--no-such-flag"],
+    ["run", "--pos", "rotary"], ["run", "--arch", "decoder", "--fault", "rotary_q_only"],
+    ["triage", "x" * 300 + ".pt"], ["triage", "loop.pt"],
 ])
 def test_cheap_refusals_do_not_import_torch(tmp_path, argv):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "empty.pt").write_bytes(b"")
     (tmp_path / "model.pt").write_bytes(b"PK not really")
-    refuse_without_torch(tmp_path, argv)
+    os.symlink("loop.pt", tmp_path / "loop.pt")
+    line = refuse_without_torch(tmp_path, argv)
+    if argv[-1].startswith("xxx"):
+        assert "file name too long" in line
+
+
+def test_a_batch_that_does_not_split_leaves_no_directory(tmp_path, monkeypatch, capsys):
+    from tndebug.cli import main
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--preset", "tiny", "--nproc", "3"]) == 2
+    assert "does not split over 3 processes" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []                  # no runs/ left behind
+
+
+def test_the_torch_free_task_table_agrees_with_the_tasks():
+    from tndebug.data import TASKS
+    from tndebug.task_names import SUMMARIES, VOCAB
+    assert list(TASKS) == list(SUMMARIES) == list(VOCAB)
+    assert all(t.src_vocab == t.tgt_vocab == VOCAB[n] and t.summary == SUMMARIES[n] for n, t in TASKS.items())
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")

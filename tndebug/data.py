@@ -32,7 +32,7 @@ from typing import Callable, Iterator, NamedTuple
 
 import torch
 
-from tndebug.task_names import SUMMARIES
+from tndebug.task_names import SUMMARIES, VOCAB
 
 PAD, BOS, EOS, FIRST_CONTENT = 0, 1, 2, 3
 
@@ -164,7 +164,8 @@ def _sort(src: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 FUNCTION_WORDS = range(3, 9)     # F
 ADJECTIVES = range(9, 17)        # A
 NOUNS = range(17, 25)            # N
-TRANSLATE_VOCAB = 25
+TRANSLATE_VOCAB = VOCAB["translate"]
+assert TRANSLATE_VOCAB == NOUNS.stop
 
 
 def _word_map() -> torch.Tensor:
@@ -218,9 +219,10 @@ def monotone_translation(src: torch.Tensor) -> torch.Tensor:
 
 
 TASKS: dict[str, Task] = {t.name: t for t in (
-    Task("copy", 11, 11, 10, 1, SUMMARIES["copy"], _uniform_source(11), _copy),
-    Task("reverse", 11, 11, 10, 1, SUMMARIES["reverse"], _uniform_source(11), _reverse),
-    Task("sort", 11, 11, 10, 1, SUMMARIES["sort"], _uniform_source(11), _sort),
+    Task("copy", VOCAB["copy"], VOCAB["copy"], 10, 1, SUMMARIES["copy"], _uniform_source(11), _copy),
+    Task("reverse", VOCAB["reverse"], VOCAB["reverse"], 10, 1, SUMMARIES["reverse"], _uniform_source(11),
+         _reverse),
+    Task("sort", VOCAB["sort"], VOCAB["sort"], 10, 1, SUMMARIES["sort"], _uniform_source(11), _sort),
     Task("translate", TRANSLATE_VOCAB, TRANSLATE_VOCAB, 10, 2, SUMMARIES["translate"],
          _translate_source, _translate),
 )}

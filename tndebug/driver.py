@@ -231,6 +231,10 @@ def codes_option(value, who: str = "--select") -> list[str]:
     from tndebug.errors import UsageError
     if value is None:
         return []
+    if not isinstance(value, str) and not (isinstance(value, (list, tuple, set, frozenset))
+                                           and all(isinstance(v, str) for v in value)):
+        raise UsageError(f"{who.rstrip('=')}={value!r}: expected finding codes or probe names, a string "
+                         f"'a/b,c' or a list of strings")
     items = [v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip()]
     known = [c for c, _ in all_codes()]
     for item in items:

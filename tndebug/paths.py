@@ -31,6 +31,13 @@ def checkpoint_file(path: str | Path) -> Path | None:
     exist, be a regular file and hold bytes; None for a directory holding none of those (a
     Hugging Face folder, or one that triage's loader refuses with its own line)."""
     p = Path(path)
+    try:
+        p.stat()
+    except FileNotFoundError:
+        pass                                 # said below, with the advice
+    except OSError as e:                     # a name too long, a symlink loop, no permission
+        raise UsageError(f"{path}: {e.strerror.lower() if e.strerror else e}; pass the path of a "
+                         f"checkpoint written by torch.save or safetensors") from None
     if p.is_dir():
         for name in CHECKPOINT_NAMES:
             if (p / name).is_file():

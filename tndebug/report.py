@@ -155,10 +155,23 @@ class Report:
 def load_report(path: str | Path) -> Report:
     """The Report in a report.json written by `tndebug run`, `triage`, `tndebug.watch(out=)`
     or `check(out=)`; `path` is the file or the directory holding it."""
+    from tndebug.errors import UsageError
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"
-    return Report.from_dict(json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"load_report: no such file {path}; pass a report.json or the "
+                         f"directory holding it") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"load_report: {path} is not a tndebug report.json ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:80]})") from None
+    if not isinstance(data, dict) or data.get("schema") not in READS:
+        raise UsageError(f"load_report: {path} is JSON but no tndebug report (schema="
+                         f"{data.get('schema') if isinstance(data, dict) else None!r}); pass the "
+                         f"report.json that tndebug wrote")
+    return Report.from_dict(data)
 
 
 def jsonable(x):

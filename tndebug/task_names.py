@@ -1,4 +1,4 @@
-"""The synthetic tasks' names and one-line summaries, torch-free: the CLI's parser lists them
+"""The synthetic tasks' names, one-line summaries and vocabularies, torch-free: the CLI's parser lists them
 (`tndebug run --task`) without importing torch; `tndebug.data.TASKS` builds each task from its
 line here."""
 SUMMARIES = {
@@ -8,3 +8,6 @@ SUMMARIES = {
     "translate": "toy translation: word bijection + adjective-noun swap (needs reordering)",
 }
 TASK_NAMES = tuple(SUMMARIES)
+# each task's vocabulary (source = target): model_config sizes a model from it without torch;
+# tndebug.data builds its tasks from these (tests/test_cheap_refusals.py holds them equal)
+VOCAB = {"copy": 11, "reverse": 11, "sort": 11, "translate": 25}

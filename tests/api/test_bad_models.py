@@ -73,3 +73,14 @@ def test_watch_refuses_the_optimizer_of_another_model():
     with pytest.raises(UsageError, match="the optimizer holds no parameter of the model"):
         tndebug.watch(model, opt)
     tndebug.watch(model, torch.optim.Adam(list(model.parameters())[:3]))   # a subset: fine-tuning
+
+
+def test_ignore_of_no_codes_and_load_report_of_no_report_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="expected finding codes or probe names"):
+        tndebug.check(_tiny(), ignore=3)
+    (tmp_path / "data.csv").write_text("a,b\n")
+    (tmp_path / "list.json").write_text("[1]")
+    for name, words in (("data.csv", "is not a tndebug report.json"), ("missing.json", "no such file"),
+                        ("list.json", "JSON but no tndebug report")):
+        with pytest.raises(UsageError, match=words):
+            tndebug.load_report(tmp_path / name)

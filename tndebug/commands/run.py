@@ -248,15 +248,20 @@ class _SigTermAsInterrupt:
 def main(args) -> int:
     check_probes(args.probe)
     parse_faults(args.fault)
-    if args.resume is None:              # a bad --out is refused before torch (claimed again below)
+    early = None
+    if args.resume is None:              # a bad --out or flag combination is refused before torch
         from tndebug.outputs import resolve_output
-        resolve_output(args.out, "runs/run", overwrite=args.overwrite, kind="run")
+        resolve_output(args.out, "runs/run", overwrite=args.overwrite, kind="run")   # claimed below
+        early = configs(args)            # torch-free without --resume (ModelConfig, TrainConfig)
     from tndebug.train.loop import autocast_factory, resolve_device
     from tndebug import driver           # torch: only once the flags parsed (a bad flag is refused before it)
     args.select = driver.codes_option(args.select, "--select")     # bad codes: one line, before work
     args.ignore = driver.codes_option(args.ignore, "--ignore")
     autocast_factory(resolve_device(args.device), args.amp)   # bad --device/--amp: one line, no output yet
-    mcfg, tcfg, state, default, resumed = configs(args)
+    mcfg, tcfg, state, default, resumed = early or configs(args)
+    if args.nproc > 1:                   # before any directory is made (claimed below)
+        from tndebug.train import distributed
+        distributed.Dist(world=args.nproc).check_batch(tcfg.batch_size)
     with _torch_threads(args.threads):
         return _main(args, mcfg, tcfg, state, default, resumed)
 

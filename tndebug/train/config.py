@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from tndebug.config import PRESETS, ModelConfig
-from tndebug.task_names import TASK_NAMES
+from tndebug.task_names import TASK_NAMES, VOCAB
 
 DEVICES = ("auto", "cpu", "cuda")
 AMPS = ("none", "bf16", "fp16")
@@ -78,9 +78,9 @@ class TrainConfig:
 def model_config(task: str = "copy", preset: str = "small", norm: str = "pre",
                  faults: tuple[str, ...] | list[str] = (), **kw) -> ModelConfig:
     """The preset sized for `task` (its vocabularies), with faults; `no_dropout` sets dropout 0."""
-    from tndebug.data import get_task
-    t = get_task(task)
-    cfg = ModelConfig.preset(preset, norm=norm, src_vocab=t.src_vocab, tgt_vocab=t.tgt_vocab, **kw)
+    if task not in VOCAB:                # tndebug.data (torch) is not imported: the CLI checks flags first
+        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_NAMES)}")
+    cfg = ModelConfig.preset(preset, norm=norm, src_vocab=VOCAB[task], tgt_vocab=VOCAB[task], **kw)
     cfg = cfg.with_faults(*faults)
     return apply_config_faults(cfg)
 
