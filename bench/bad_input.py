@@ -205,7 +205,7 @@ NEW_LIBRARY_CASES = [
     ("an unknown probe in check", 'tndebug.check(model, probes="bogus")'),
     ("all and none together in check", 'tndebug.check(model, probes="all,none")'),
     ("select= an unknown code", 'tndebug.check(model, select="nope/code")'),
-    ("ignore= that is a number", "tndebug.check(model, ignore=3)"),
+    ("ignore= a dict", 'tndebug.check(model, ignore={"nan-scores": 1})'),
     ("arch= unknown", 'tndebug.check(model, arch="rnn")'),
     ("max_len=0", "tndebug.check(model, max_len=0)"),
     ("src_vocab=0", "tndebug.check(model, src_vocab=0)"),
