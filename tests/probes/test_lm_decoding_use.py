@@ -64,3 +64,23 @@ def test_its_evidence_is_rounded():
         for v in f.evidence[part].values():
             if isinstance(v, float):
                 assert v == float(f"{v:.3g}"), (part, v)
+
+
+def test_a_saved_tokenizer_that_pads_left_keeps_it_an_error(tmp_path):
+    # triage of a Hugging Face directory sets subject.padding_side from tokenizer_config.json
+    import json
+    from tndebug.probes.lm_decoding import tokenizer_padding_side
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"padding_side": "left"}))
+    assert tokenizer_padding_side(tmp_path) == "left"
+    assert tokenizer_padding_side(tmp_path / "none") is None
+    torch.manual_seed(0)
+    m = make_model(ModelConfig.tiny(arch="decoder", dropout=0.0)
+                   .with_faults("positions_ignore_left_pad"))
+    s = tndebug_subject(m)
+    s.padding_side = tokenizer_padding_side(tmp_path)
+    run = RunContext(subject=s)
+    p = LMDecoding()
+    p.setup(run)
+    p.finish(run)
+    (f,) = p.findings
+    assert f.severity == "error" and "padding_side='left'" in f.message

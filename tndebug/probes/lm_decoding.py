@@ -210,7 +210,7 @@ class LMDecoding(Probe):
         side = _padding_side(run)
         if self._left_rows or side == "left":
             use = (f"{self._left_rows} row(s) of your batches begin with pads" if self._left_rows
-                   else "the model's config says padding_side='left'")
+                   else "padding_side='left' in its saved tokenizer or config")
             new = dataclasses.replace(f, message=f.message + f" ({use}: this run left-pads)",
                                       evidence={**f.evidence, "left_padding_used": use})
         else:
@@ -537,10 +537,22 @@ def _sig3(d: dict) -> dict:
 
 
 def _padding_side(run: RunContext) -> str | None:
-    """'left'/'right' where the model's config, generation config or the run says how it pads
-    (run.extras['padding_side']: a saved tokenizer's), else None."""
-    side = run.extras.get("padding_side")
+    """'left'/'right' where the run (run.extras['padding_side']), the subject (`padding_side`:
+    triage of a Hugging Face directory sets its saved tokenizer's), the model's config or its
+    generation config says how it pads, else None."""
+    side = run.extras.get("padding_side") or getattr(run.subject, "padding_side", None)
     m = run.subject.model
     for cfg in (getattr(m, "config", None), getattr(m, "generation_config", None)):
         side = side or getattr(cfg, "padding_side", None)
+    return side if isinstance(side, str) else None
+
+
+def tokenizer_padding_side(folder) -> str | None:
+    """The padding_side of a saved tokenizer (`tokenizer_config.json` in `folder`), else None."""
+    import json
+    from pathlib import Path
+    try:
+        side = json.loads((Path(folder) / "tokenizer_config.json").read_text()).get("padding_side")
+    except (OSError, ValueError, AttributeError):
+        return None
     return side if isinstance(side, str) else None

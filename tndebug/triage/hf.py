@@ -326,6 +326,8 @@ def triage_hf(opts, patch=None, sinks=()):
                 tgt_vocab=hi, first_content=lo, kind=kind))
     names = token_names(folder, batch[:2]) if sinks else {}      # the figures' axis labels
     subject = make_subject(model, forward, second)
+    from tndebug.probes.lm_decoding import tokenizer_padding_side
+    subject.padding_side = tokenizer_padding_side(folder)   # lm-decoding: does it pad left
     if data is not None:
         R.refuse_longer(subject, (data.src, data.tgt_in), source)
     dtype = R.weights_dtype(sd)           # the saved dtype: decides fp16 hazards (compute: fp32)
