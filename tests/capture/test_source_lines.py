@@ -33,12 +33,16 @@ def test_missing_scale_points_at_the_score_line(tmp_path):
     assert f.source["function"] == "CausalSelfAttention.forward"
     assert f.source["code"].startswith("att = (q @ k.transpose(-2, -1))")
     assert "d_k = 64 / 4 heads = 16, so divide by 4" in f.fix      # the user's numbers
+    assert f.fix.endswith(f"In your code (model.py:{lines['scores']}): "
+                          f"`att = (q @ k.transpose(-2, -1)) / 4`  # sqrt(d_k), d_k = 16.") \
+        or f"({path}:{lines['scores']}): `att = (q @ k.transpose(-2, -1)) / 4`" in f.fix
 
 
 def test_sdpa_call_is_the_line(tmp_path):
     report, path, lines = check(tmp_path, "sdpa_no_scale", "missing-scale")
     (f,) = errors(report, "missing-scale/absent")
     assert (f.source["file"], f.source["line"]) == (str(path), lines["sdpa"])
+    assert "drop the scale= argument of `y = F.scaled_dot_product_attention(" in f.fix
 
 
 @pytest.mark.parametrize("attention, code, marker", [

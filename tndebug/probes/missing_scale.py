@@ -288,11 +288,42 @@ class MissingScale(Probe):
                        f"before the mask and the softmax: here d_k = {d_model} / {h} heads = {d_k}, "
                        f"so divide by {math.sqrt(d_k):.4g} (or pass scale=None to "
                        f"F.scaled_dot_product_attention).")
+                if label == "no 1/sqrt(d_k)":
+                    fix += your_line(meta.get("line"), d_k)
             code = {"info": "folded-into-weights", "warning": "shared-qk-unverifiable"}.get(
                 severity, {"no 1/sqrt(d_k)": "absent", "1/sqrt(d_model)": "by-d-model"}.get(
                     label, "wrong-constant"))
             self.report(severity, msg, where=site, step=step, layer=meta["layer"], fix=fix,
                         evidence=evidence, code=code, source=meta.get("line"))
+
+
+def your_line(src: dict | None, d_k: int) -> str:
+    """The fix written on the user's own line, where the line is theirs and a plain assignment
+    of the scores (`att = (q @ k.transpose(-2, -1))` -> `att = (q @ k.transpose(-2, -1)) / 4`),
+    or an SDPA call given a scale; "" otherwise."""
+    if not src or src.get("package") or src.get("def") or not src.get("code"):
+        return ""
+    from tndebug.capture.source import shown_path
+    code = src["code"].split("  #")[0].strip()
+    at = f"{shown_path(src['file'])}:{src['line']}"
+    if "scaled_dot_product_attention" in code and "scale=" in code:
+        return f" In your code ({at}): drop the scale= argument of `{code}` (the default is 1/sqrt(d_k))."
+    name, eq, expr = code.partition(" = ")
+    if not eq or not name.isidentifier() or not any(op in expr for op in ("@", "matmul", "bmm", "einsum")):
+        return ""
+    whole = expr.startswith("(") and expr.endswith(")") and _closes_at_end(expr)
+    expr = expr if whole else f"({expr})"
+    return f" In your code ({at}): `{name} = {expr} / {math.sqrt(d_k):.4g}`  # sqrt(d_k), d_k = {d_k}."
+
+
+def _closes_at_end(expr: str) -> bool:
+    """The opening parenthesis of `expr` is closed by its last character."""
+    depth = 0
+    for i, c in enumerate(expr):
+        depth += (c == "(") - (c == ")")
+        if depth == 0:
+            return i == len(expr) - 1
+    return False
 
 
 def by_design_fix(d_k: int) -> str:
