@@ -45,13 +45,18 @@ def test_a_bad_flag_is_refused_before_torch_is_imported(tmp_path):
     ["triage", "nope.pt"], ["triage", "empty.pt"], ["triage", "model.pt", "--heads", "0"],
     ["triage", "model.pt", "--out", "afile"], ["nosuchcommand"], ["--no-such-flag"],
     ["run", "--pos", "rotary"], ["run", "--arch", "decoder", "--fault", "rotary_q_only"],
-    ["triage", "x" * 300 + ".pt"], ["triage", "loop.pt"],
+    ["triage", "x" * 300 + ".pt"], ["triage", "loop.pt"], ["triage", "emptyd"],
+    ["triage", "model.pt", "--data", "missing.pt"], ["triage", "model.pt", "--data", "empty.pt"],
+    ["triage", "model.pt", "--model", "missing.py:make"], ["triage", "model.pt", "--model", "mymodel.py"],
+    ["triage", "model.pt", "--adapter", "missing.py:forward"], ["triage", "model.pt", "--text", "x.txt"],
+    ["triage", "model.pt", "--attn", "eager"], ["run", "--resume", "nowhere"], ["run", "--resume", "emptyd"],
 ])
 def test_cheap_refusals_do_not_import_torch(tmp_path, argv):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "empty.pt").write_bytes(b"")
     (tmp_path / "model.pt").write_bytes(b"PK not really")
     os.symlink("loop.pt", tmp_path / "loop.pt")
+    (tmp_path / "emptyd").mkdir()
     line = refuse_without_torch(tmp_path, argv)
     if argv[-1].startswith("xxx"):
         assert "file name too long" in line

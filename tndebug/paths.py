@@ -70,3 +70,49 @@ def text_file(spec: str, flag: str = "--text") -> str:
         raise UsageError(f"{flag} {spec}: a binary file (it holds NUL bytes); pass a text file, "
                          f"one sequence (or source<TAB>target) per line")
     return text
+
+
+RUN_CHECKPOINT = "checkpoint.pt"
+
+
+def run_checkpoint(path: str | Path) -> Path:
+    """`run --resume PATH`: a run directory or its checkpoint.pt -> the file (train/checkpoint.py's
+    `resolve`, here so that the CLI refuses a bad path before torch)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / RUN_CHECKPOINT
+    if not p.is_file():
+        raise UsageError(f"no checkpoint at {path} (expected a run directory or a {RUN_CHECKPOINT})")
+    return p
+
+
+def data_file(spec: str) -> None:
+    """`--data FILE.pt` exists and is a regular file with bytes in it (FILE.py:FUNCTION: the
+    file exists); the contents are read later, with torch."""
+    path_s, sep, name = spec.rpartition(":")
+    p = Path(path_s if sep and path_s.endswith(".py") and name else spec)
+    if not p.exists():
+        raise UsageError(f"--data: no such file {p}")
+    mode = p.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"--data {p}: is {_kind(mode)}, not a regular file; pass a torch.save file "
+                         f"{{'src', 'tgt'}} or {{'ids'}}, or FILE.py:FUNCTION")
+    if p.stat().st_size == 0:
+        raise UsageError(f"--data {p} is empty (0 bytes); the save was probably interrupted")
+
+
+def hf_only(checkpoint: str, attn: str | None, text: str | None) -> None:
+    """--attn and --text apply to a Hugging Face directory only (triage/hf.py's is_hf_dir says
+    which directories are; a file never is)."""
+    if (attn or text) and not Path(checkpoint).is_dir():
+        raise UsageError("--attn and --text apply to a Hugging Face directory (config.json + weights)")
+
+
+def code_spec(spec: str, flag: str) -> Path:
+    """`FILE.py:NAME` (--model, --adapter): the form, and a file there; its code runs later."""
+    path_s, sep, name = spec.rpartition(":")
+    if not sep or not path_s or not name:
+        raise UsageError(f"{flag} {spec!r}: expected FILE.py:NAME")
+    if not Path(path_s).is_file():
+        raise UsageError(f"{flag}: no such file {path_s}")
+    return Path(path_s)

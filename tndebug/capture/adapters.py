@@ -407,12 +407,9 @@ def _agree(adapter: Adapter, arch: str | None, what: str) -> Adapter:
 # -- user code ------------------------------------------------------------------------------------
 def load_callable(spec: str, flag: str):
     """'path/to/file.py:name' -> (the function, its module). Errors are one line."""
-    path_s, sep, name = spec.rpartition(":")
-    if not sep or not path_s or not name:
-        raise UsageError(f"{flag} {spec!r}: expected FILE.py:NAME")
-    path = Path(path_s)
-    if not path.is_file():
-        raise UsageError(f"{flag}: no such file {path_s}")
+    from tndebug.paths import code_spec
+    path = code_spec(spec, flag)             # the form and the file (the CLI checks them first)
+    path_s, _, name = spec.rpartition(":")
     module = import_file(path, flag)
     fn = getattr(module, name, None)
     if fn is not None and not callable(fn):

@@ -249,6 +249,9 @@ def main(args) -> int:
     check_probes(args.probe)
     parse_faults(args.fault)
     early = None
+    if args.resume is not None:          # a missing run or checkpoint: one line before torch
+        from tndebug.paths import run_checkpoint
+        run_checkpoint(args.resume)
     if args.resume is None:              # a bad --out or flag combination is refused before torch
         from tndebug.outputs import resolve_output
         resolve_output(args.out, "runs/run", overwrite=args.overwrite, kind="run")   # claimed below

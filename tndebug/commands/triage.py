@@ -127,10 +127,23 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     from tndebug.outputs import claim_output, resolve_output, triage_default
-    from tndebug.paths import checkpoint_file, text_file
-    checkpoint_file(args.checkpoint)         # cheap checks first, before torch: a missing, empty
-    if args.text:                            # or special checkpoint, a binary --text, a bad --out
+    from pathlib import Path
+
+    from tndebug.paths import checkpoint_file, code_spec, data_file, hf_only, text_file
+    found = checkpoint_file(args.checkpoint)  # cheap checks first, before torch: a missing, empty
+    hf_only(args.checkpoint, args.attn, args.text)   # or special checkpoint, a binary --text,
+    if args.text:                                     # --data, --out
         text_file(args.text)
+    if args.data:
+        data_file(args.data)
+    if args.model:
+        code_spec(args.model, "--model")
+    if args.adapter and ":" in args.adapter:
+        code_spec(args.adapter, "--adapter")
+    hf_files = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+    if found is None and not any((Path(args.checkpoint) / n).is_file() for n in hf_files):
+        raise UsageError(f"{args.checkpoint} is a directory with no checkpoint.pt, model.pt or "
+                         f"model.safetensors in it; pass the checkpoint file itself")
     resolve_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite, kind="triage")
     from tndebug.capture.adapters import BUILTIN
     from tndebug.triage.run import TriageOptions

@@ -56,13 +56,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 
 
 def resolve(path: str | Path) -> Path:
-    """A run directory or a checkpoint file -> the checkpoint file."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / FILENAME
-    if not p.is_file():
-        raise UsageError(f"no checkpoint at {path} (expected a run directory or a {FILENAME})")
-    return p
+    """A run directory or a checkpoint file -> the checkpoint file (tndebug/paths.py)."""
+    from tndebug.paths import run_checkpoint
+    return run_checkpoint(path)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

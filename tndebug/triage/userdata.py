@@ -29,6 +29,7 @@ import torch
 
 from tndebug.data import Batch
 from tndebug.errors import UsageError
+from tndebug.paths import data_file
 from tndebug.padding import mid_sequence_pads, pad_text
 
 MAX_SEQS = 64           # held-out sequences used (the first ones): 13 sweep forwards stay cheap
@@ -85,8 +86,7 @@ def for_kind(data: Batch | OneStack, pad_id: int, kind: str) -> Batch:
 
 
 def _read(path: Path):
-    if not path.is_file():
-        raise UsageError(f"--data: no such file {path}")
+    data_file(str(path))                     # missing, empty, a FIFO: one line (the CLI checks it first)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
