@@ -12,7 +12,7 @@ from pandas.testing import assert_frame_equal
 
 import tndebug
 from tndebug.frames import FIRST, finding_columns, metric_columns
-from tndebug.probes import tags
+from tndebug import tags
 from tndebug.report import Report
 from tndebug.reporters.session import ReportSession
 from tndebug.train import TrainConfig, model_config, run_training

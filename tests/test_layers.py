@@ -17,6 +17,9 @@ LAYERS = {
     "errors": 0, "notes": 0, "faults": 0, "config": 0, "data": 0, "findings": 0, "report": 0,
     "outputs": 0, "padding": 0, "safeload": 0, "memory": 0, "manifest": 0,
     "paths": 0, "task_names": 0,      # torch-free: the CLI refuses a bad path or flag before torch
+    "tags": 0,                        # the metric tag vocabulary: probes write it, reporters read it
+    "frames": 0,                      # the report as pandas frames (pandas imported only there)
+    "one_stack": 0,                   # the user's one-sequence-per-row data (triage and check)
     "model": 1,                       # the paper model and its tap points, healthy
     "inject": 1,                      # the notes' faults, put into that model from outside
     "capture": 2, "subject": 2,       # a Trace from any model; the model as the probes call it

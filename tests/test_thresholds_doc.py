@@ -51,7 +51,7 @@ NOT_THRESHOLDS = {
     ("tndebug/triage/hf_data.py", "TEXT_MAX_TOKENS"): "--text truncation length",
     ("tndebug/triage/hf_encoder.py", "MASK_SHARE"): "masking rate of the encoder-only sweep's batch (BERT's 15%)",
     ("tndebug/triage/run.py", "HELD_OUT"): "held-out sequences for the loss comparisons",
-    ("tndebug/triage/userdata.py", "MAX_SEQS"): "--data sequences used (cost of 13 sweep forwards)",
+    ("tndebug/one_stack.py", "MAX_SEQS"): "--data / data= sequences used (cost of 13 sweep forwards)",
     ("tndebug/padding.py", "PLACES_SHOWN"): "(row, position) pairs quoted in a message",
 }
 

@@ -46,7 +46,7 @@ def findings_frame(report):
 def metric_columns() -> list[str]:
     """step, tag, family, stack, then every other part of the tag families in their order
     (tags.FAMILIES: kind, layer, head, stat, module, site, name), value."""
-    from tndebug.probes import tags
+    from tndebug import tags
     parts = dict.fromkeys(p for fam in tags.FAMILIES for p in fam.parts)
     parts.pop("stack", None)
     return ["step", "tag", "family", "stack", *parts, "value"]
@@ -61,7 +61,7 @@ def metrics_frame(report):
     `stack` is the family's own or its attention kind's (enc_self: encoder; dec_self, cross:
     decoder); `stat` the family's, else the tag's last part (grad/.../norm: norm)."""
     import pandas as pd
-    from tndebug.probes import tags
+    from tndebug import tags
     columns = metric_columns()
     numbered = {p for fam in tags.FAMILIES for p, rx in fam.parts.items() if rx == tags.NUMBER}
     data: dict[str, list] = {c: [] for c in columns}

@@ -112,7 +112,7 @@ class Report:
     def metrics_frame(self):
         """A long pandas DataFrame of every recorded scalar, one row per (tag, step): step, tag,
         family, stack, kind, layer, head, stat, module, site, name, value; the columns between
-        are the tag families' parts (tndebug/probes/tags.py), blank where a tag has none."""
+        are the tag families' parts (tndebug/tags.py), blank where a tag has none."""
         from tndebug.frames import metrics_frame
         return metrics_frame(self)
 

@@ -1,11 +1,11 @@
-"""The metric tags declared once (tndebug/probes/tags.py, issue 20): each family builds, parses and
+"""The metric tags declared once (tndebug/tags.py, issue 20): each family builds, parses and
 gives the same regexes the readers used before; the tags the real probes emit on a tiny run are
 all declared; the readers (Recorder.series_of, TensorBoard's charts) read through it."""
 from __future__ import annotations
 
 import pytest
 
-from tndebug.probes import tags
+from tndebug import tags
 
 
 @pytest.mark.parametrize("fam, parts, tag", [

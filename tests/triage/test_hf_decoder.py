@@ -75,9 +75,10 @@ def test_healthy_decoder_only_model_triages_clean(dirs, arch, attn):
     assert run["model"].endswith(("ForCausalLM", "LMHeadModel"))
     assert len(run["attention_modules"]) == L                       # one self-attention per block
     assert {p["status"] for n, p in report.probes.items() if n != "label-shift"} <= {"pass", "skipped"}
-    # the tests of a source side say why they do not apply
+    # a decoder's positions are tested by the token swap (issue 45), and where they enter is said
     pe = report.probes["positional-encoding"]["coverage"][""]
-    assert pe["status"] == "not applicable" and "decoder-only" in pe["reason"]
+    assert pe["status"] == "checked" and "decoder positions:" in pe["reason"], pe
+    assert ("embeddings" in pe["reason"]) == (arch == "gpt2"), pe           # the rest: rotary
 
 
 def test_ids_gpt2_has_no_pad_and_its_bos_is_outside_a_small_vocabulary(dirs):

@@ -299,7 +299,7 @@ def test_one_batch_feeds_every_figure(bug, tmp_path):
     rows = load_text(str(text), folder, {"start": 1, "pad": snap.pad_id, "specials": {}}, "decoder")["ids"]
     for i, r in zip(snap.rows, snap.tgt.tolist()):
         assert r == rows[i, :-1].masked_fill(rows[i, 1:] == snap.pad_id, snap.pad_id).tolist()
-    from tndebug.probes import tags
+    from tndebug import tags
     entropy = rec.series_of(tags.HEAD, kind="dec_self", stat="entropy")
     steps = {s for series in entropy.values() for s, _ in series}
     assert steps == {0}

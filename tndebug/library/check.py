@@ -25,6 +25,7 @@ from torch import nn
 from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, severity_rank, SEVERITIES
+from tndebug.one_stack import one_stack_batch
 from tndebug.library import args as A
 from tndebug.library.live import live_subject, set_max_len, unwrap
 from tndebug.report import Report
@@ -208,8 +209,7 @@ def _batch(subject, data):
 
 def _one_stack(subject, data) -> tuple:
     """data= ids [N, T] or {'ids': [N, T]} (optionally 'attention_mask'): one sequence per row,
-    a decoder- or encoder-only model's batch (as triage --data reads it: hf_data.one_stack_batch)."""
-    from tndebug.triage.hf_data import one_stack_batch
+    a decoder- or encoder-only model's batch (as triage --data reads it: one_stack.one_stack_batch)."""
     raw = {"ids": data} if isinstance(data, torch.Tensor) else data
     if subject.kind == "seq2seq":
         raise UsageError("check: data= holds one sequence per row (ids), but the model is an "

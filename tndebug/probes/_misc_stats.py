@@ -11,7 +11,7 @@ from collections import deque
 import torch
 from torch import nn
 
-from tndebug.probes import tags
+from tndebug import tags
 
 # The first `<container>.<index>.` in a parameter path: `encoder.layers.3.ffn.w_1.weight`,
 # `model.encoder.layer.3...` (BERT), `encoder.block.3...` (T5), `h.3...` (GPT-2).

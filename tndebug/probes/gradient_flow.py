@@ -28,7 +28,7 @@ import torch
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._misc_stats import (RunningMedian, first_reason, group_parameters,
                                         layer_group, metric_tag)
-from tndebug.probes import tags
+from tndebug import tags
 from tndebug.probes import _norm_gain
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every

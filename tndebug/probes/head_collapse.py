@@ -33,7 +33,7 @@ from tndebug.notes import FAULT_NOTES
 from tndebug.probes._head_stats import (FLAT, Proj, flat_scores, fmt_heads, head_stats,
                                           match_projections, n_heads, packed_slices, query_keep,
                                           same_weight, uniform_js)
-from tndebug.probes import tags
+from tndebug import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.capture.trace import AttentionRecord, Trace

@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from tndebug.probes import _mlm_labels as mlm, tags
+from tndebug import tags
+from tndebug.probes import _mlm_labels as mlm
 from tndebug.probes.base import Probe, RunContext, StepInfo, not_decoder_only
 from tndebug.probes.schedule import every
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation_sums
-from tndebug.probes import tags
+from tndebug import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import at, every
 from tndebug.capture.source import pick

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from tndebug.notes import FAULT_NOTES
-from tndebug.probes import _pe_causal, _pe_order, tags
+from tndebug import tags
+from tndebug.probes import _pe_causal, _pe_order
 from tndebug.probes._misc_stats import first_reason, rel_diff, rms
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
@@ -413,10 +414,15 @@ class PositionalEncodingProbe(Probe):
         exponent 2i/d truncated to 0 by integer division: sin(p), cos(p) in every pair) spans 2,
         and its rows come back near each other every 2*pi positions (p and p + 44 differ by
         0.018 rad)."""
-        P = rows - rows.mean(0)                                           # [L, d]
-        if P.shape[0] < 16 or P.shape[1] < 8:
+        P = (rows - rows.mean(0)).double().cpu()                          # [L, d]
+        if P.shape[0] < 16 or P.shape[1] < 8 or not bool(P.isfinite().all()):
             return
-        sv = torch.linalg.svdvals(P)
+        try:
+            sv = torch.linalg.svdvals(P)
+        except RuntimeError:           # LAPACK did not converge: the rank is not told
+            return
+        if not float(sv[0]) > 0:
+            return
         rank = int((sv > PE_RANK_TOL * sv[0]).sum())
         if rank > PE_MIN_RANK:
             return

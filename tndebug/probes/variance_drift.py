@@ -37,7 +37,7 @@ import torch
 from tndebug.findings import severity_rank
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
-from tndebug.probes import tags
+from tndebug import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
 from tndebug.capture.trace import Trace

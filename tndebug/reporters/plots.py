@@ -23,9 +23,9 @@ from tndebug.reporters.plots_curves import figure_curves
 from tndebug.reporters.plots_evidence import finding_kinds, mask_figures, site_kinds
 from tndebug.reporters.recorder import Recorder, TraceSnapshot
 from tndebug.capture.trace import KINDS
-from tndebug.probes import tags
+from tndebug import tags
 
-# the metrics read, as tndebug/probes/tags.py declares them: (family, its fixed parts)
+# the metrics read, as tndebug/tags.py declares them: (family, its fixed parts)
 _RESID = (tags.DEPTH, {"stat": "resid_rms"})          # -> (stack, layer)
 _GRAD = (tags.GRAD, {})                               # -> (stack, layer)
 

@@ -171,7 +171,7 @@ class Recorder:
 
     def series_of(self, family, **fixed) -> dict[tuple, list[tuple[int, float]]]:
         """{the parts not in `fixed`, in the template's order: series} of every metric of the
-        tag family (tndebug/probes/tags.py) whose parts equal `fixed`."""
+        tag family (tndebug/tags.py) whose parts equal `fixed`."""
         out = {}
         for tag, series in self.metrics.items():
             parts = family.parse(tag) if series else None

@@ -40,7 +40,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import custom_scalars, hparams
 
 from tndebug import manifest
-from tndebug.probes import tags
+from tndebug import tags
 from tndebug.reporters.recorder import on_cadence
 from tndebug.capture.trace import Trace
 
@@ -48,7 +48,7 @@ HIST_BINS = 30                   # equal-width buckets between the finite min an
 HIST_SAMPLE = 16384              # bucket counts from a strided sample of at most this many values
 EVENT_BATCH = 64                 # steps of scalar events held before they are written together
 HEAVY_EVERY = 50                 # histograms and images at step 0 and every N steps (at most)
-# the charts: which stats of which tag family (tndebug/probes/tags.py) get one
+# the charts: which stats of which tag family (tndebug/tags.py) get one
 CHARTED_HEAD_STATS = ("entropy", "similarity")       # -> "Head diversity" / "Head similarity"
 CHARTED_DEPTH_STATS = ("resid_rms", "rank")          # -> "Depth"
 # run keys that are results (HParams metrics); every other run key is a hyperparameter

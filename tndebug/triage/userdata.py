@@ -5,7 +5,7 @@
 
 A decoder-only or encoder-only model (`--model` code whose adapter is one stack, or tndebug's
 decoder-only checkpoints) reads one sequence per row, as Hugging Face directories do
-(triage/hf_data.one_stack_batch):
+(tndebug/one_stack.py):
 
     --data held_out.pt                 torch.save({"ids": LongTensor[N, T]}) (or the bare tensor),
                                        optionally with "attention_mask" [N, T] (1 real, 0 padding)
@@ -29,10 +29,10 @@ import torch
 
 from tndebug.data import Batch
 from tndebug.errors import UsageError
+from tndebug.one_stack import MAX_SEQS, one_stack_batch
 from tndebug.paths import data_file
 from tndebug.padding import mid_sequence_pads, pad_text
 
-MAX_SEQS = 64           # held-out sequences used (the first ones): 13 sweep forwards stay cheap
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def pad_ids(pad_id: int | None) -> tuple[int, int]:
 
 def for_kind(data: Batch | OneStack, pad_id: int, kind: str) -> Batch:
     """The held-out Batch for a model of `kind`: one sequence per row for a decoder- or
-    encoder-only model (hf_data.one_stack_batch); an encoder-decoder needs src and tgt."""
+    encoder-only model (one_stack.one_stack_batch); an encoder-decoder needs src and tgt."""
     if not isinstance(data, OneStack):
         return data
     if kind == "seq2seq":
@@ -81,7 +81,6 @@ def for_kind(data: Batch | OneStack, pad_id: int, kind: str) -> Batch:
         raise UsageError(f"--data {data.spec}: holds {got}, but the model is an encoder-decoder: "
                          f"it needs {{'src': LongTensor[N, S], 'tgt': LongTensor[N, T]}} (tgt "
                          f"BOS-led; docs/triage.md)")
-    from tndebug.triage.hf_data import one_stack_batch
     return one_stack_batch(data.raw, pad_id, kind, f"--data {data.spec}", pad_name="--pad-id")
 
 

@@ -134,7 +134,10 @@ FIXED = {LOSS_TRAIN: "the training loss the run reports (TensorBoard: train/loss
          "smoothing/pad_mass": "the model's predicted mass on the pad id",
          "pe/encoder/permutation_rel_diff": "relative change of the encoder output when the "
                                             "source is permuted (float32)",
-         "pe/encoder/permutation_rel_diff_float64": "the same, rechecked in float64"}
+         "pe/encoder/permutation_rel_diff_float64": "the same, rechecked in float64",
+         "pe/decoder/swap_rel_diff": "relative change of the first mixing attention's output at "
+                                     "later positions when two earlier tokens are swapped",
+         "lr/update_ratio": "the update-to-weight ratio |lr * update| / |w| of a step"}
 
 
 def parse(tag: str) -> tuple[TagFamily, dict] | None:
