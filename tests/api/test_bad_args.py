@@ -282,3 +282,12 @@ def test_an_entry_that_fails_after_the_claim_leaves_no_lock_and_no_directory(mod
     with pytest.raises(RuntimeError, match="disk full"):
         watch(model, out=kept).__enter__()
     assert kept.is_dir() and not (kept / ".tndebug.lock").exists()
+
+
+@pytest.mark.parametrize("kw", [dict(src_vocab=0), dict(tgt_vocab=1), dict(src_vocab=2.5),
+                                dict(tgt_vocab=True)])
+def test_a_vocabulary_size_that_is_none_is_refused(model, kw):
+    """Issue 47's bench: check(src_vocab=0) was accepted."""
+    name, value = next(iter(kw.items()))
+    with pytest.raises(UsageError, match=f"{name}={value!r}: expected the vocabulary size"):
+        tndebug.check(model, M.fused_forward, **kw)

@@ -82,6 +82,10 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         raise UsageError(f"arch={arch!r}; expected one of {', '.join(ARCHS)} (or None: told from "
                          f"the model)")
     model = unwrap(model)
+    for name, v in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
+            raise UsageError(f"{name}={v!r}: expected the vocabulary size, an int >= 2 (or None: "
+                             f"read from the model's embeddings)")
     from tndebug.capture.user_model import refuse_meta
     refuse_meta(model)                   # before any call: torch's kernel text says nothing
     padded = pad_id is not None          # None: the data hold no padding (character-level text)
