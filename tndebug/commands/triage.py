@@ -136,6 +136,11 @@ def main(args) -> int:
         text_file(args.text)
     if args.data:
         data_file(args.data)
+    if Path(args.checkpoint).is_dir() and (Path(args.checkpoint) / "config.json").exists() and (
+            args.model or args.adapter or args.config or getattr(args, "arch", None)):
+        raise UsageError(f"{args.checkpoint} is a Hugging Face directory: --model, --adapter, "
+                         f"--config and --arch do not apply (the model is built from its "
+                         f"config.json)")           # before --model's file is looked for
     if args.model:
         code_spec(args.model, "--model")
     if args.adapter and ":" in args.adapter:
