@@ -35,28 +35,6 @@ def fmt_value(v) -> str:
     return str(v)
 
 
-def evidence_text(f: Finding, sep: str = ", ", limit: int | None = None) -> str:
-    """`k=v` pairs; with `limit`, only that many scalar items, thresholds first, and a count of
-    the rest (nested values are in report.md and report.json)."""
-    items = list(f.evidence.items())
-    if limit is None:
-        return sep.join(f"{k}={fmt_value(v)}" for k, v in items)
-    scalar = [(k, v) for k, v in items if _is_scalar(v)]
-    scalar.sort(key=lambda kv: not kv[0].startswith("threshold"))
-    shown = scalar[:limit]
-    parts = [f"{k}={fmt_value(v)}" for k, v in shown]
-    rest = [k for k, _ in items if k not in dict(shown)]
-    if rest and not shown:
-        parts.append(f"{', '.join(rest[:4])}{', ...' if len(rest) > 4 else ''} (in report.md)")
-    elif rest:
-        parts.append(f"(+{len(rest)} more)")
-    return sep.join(parts)
-
-
-def _is_scalar(v) -> bool:
-    return v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 40)
-
-
 def where_text(f: Finding) -> str:
     w = f.where or "(run)"
     if f.head is not None:
