@@ -16,13 +16,23 @@ with its last digit moved by one (up or down) must fail it (issue 50: "fails whe
 figure changes by one unit in its last digit"). A figure with no results file behind it is worded
 "not reproduced at this commit" instead. The named file must be one that `python -m bench`
 regenerates (bench/_jobs.py), and once it records its provenance, a clean tree.
+
+A figure of an earlier commit's run names the git revision that stored that run's file:
+`<!-- bench/results/overhead.json@fc819f5: 1.536=ratios.every1.ratio_cpu a10f913 -->` reads the
+file as `git show fc819f5:bench/results/overhead.json` and lists the commit the run was at (a
+shallow clone skips these). Every number of a quoting unit (README's Benchmarks cells and notes
+bullets, and each paragraph, list item or table row of the docs that carries a marker) is either
+listed by a marker, once per occurrence, or in EXEMPT / NAMES with the reason it is no result;
+`test_every_quoted_figure_is_checked_or_exempt` is the ratchet.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
+import subprocess
 import sys
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
@@ -30,7 +40,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARKER = re.compile(r"<!--\s*((?:bench/results|sample_runs)/[^\s:]+)\s*:?\s*(.*?)\s*-->")
+MARKER = re.compile(r"<!--\s*((?:bench/results|sample_runs)/[^\s:@]+(?:@[0-9a-f]{7,40})?)\s*:?\s*(.*?)\s*-->")
+ITEM = re.compile(r"\s*(?:[*-]|\d+\.) ")            # a list item
 NUMBER = re.compile(r"[-−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 NOT_REPRODUCED = "not reproduced at this commit"
 
@@ -50,24 +61,22 @@ def _jobs():
 
 def markers() -> list[tuple[str, int, str, str, list[str]]]:
     """(doc, line number, the text the marker follows, results file, figures). The text is that
-    of its paragraph (wrapped prose) or table row up to the marker, after any earlier marker."""
+    of its paragraph (wrapped prose) or table row up to the marker, earlier markers blanked (a
+    figure quoted twice is listed twice: `unchecked_figures` counts each occurrence)."""
     out = []
     for doc in DOCS:
         lines = doc.read_text().splitlines()
         for n, line in enumerate(lines, 1):
-            start = 0
             for m in MARKER.finditer(line):
-                before = line[start:m.start()]
-                if start == 0 and not line.startswith("|"):
+                before = MARKER.sub(" ", line[:m.start()])
+                if not line.startswith("|") and not ITEM.match(line):
                     k = n - 2                       # back through the paragraph's earlier lines
-                    while k >= 0 and lines[k].strip() and not lines[k].startswith("|") \
-                            and not MARKER.search(lines[k]):
-                        before = lines[k] + "\n" + before
-                        if lines[k].lstrip().startswith("* "):
+                    while k >= 0 and lines[k].strip() and not lines[k].startswith(("|", "#")):
+                        before = MARKER.sub(" ", lines[k]) + "\n" + before
+                        if ITEM.match(lines[k]):
                             break
                         k -= 1
                 out.append((doc.name, n, before, m.group(1), m.group(2).split()))
-                start = m.end()
     return out
 
 
@@ -165,22 +174,60 @@ def test_the_docs_carry_markers():
     assert len(ALL) >= 10, "the README's benchmark table and docs/library.md quote results files"
 
 
+def _history() -> bool:
+    """Whether this checkout has the git history that `FILE@REV` markers read."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and out.stdout.strip() == "false"
+
+
+def at_revision(path: str) -> tuple[str, str | None]:
+    """(the results file's path, its text at the git revision a `FILE@REV` marker names: the
+    commit that stored that run's file, for a figure quoted from an earlier commit's run), or
+    (path, None) for the file as it is now. AssertionError when the revision lacks the file."""
+    path, _, rev = path.partition("@")
+    if not rev:
+        return path, None
+    if not _history():
+        pytest.skip(f"{path}@{rev}: this checkout has no git history (a shallow clone or none)")
+    out = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"{path}@{rev}: git has no such file at that revision ({out.stderr.strip()})"
+    return path, out.stdout
+
+
+def load_text(path: str, text: str):
+    """`load` of a results file's text as it was at a revision."""
+    if path.endswith(".json"):
+        return json.loads(text)
+    if path.endswith(".jsonl"):
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return None
+
+
 @pytest.mark.parametrize("doc, line, text, path, figures", ALL,
                          ids=[f"{d}:{n}:{p.split('/')[-1]}" for d, n, _, p, _ in ALL])
 def test_quoted_figures_are_in_the_named_results_file(doc, line, text, path, figures):
+    if "@" in path:                 # an earlier commit's run: the file at that run says which
+        assert any(re.fullmatch(r"[0-9a-f]{7,40}", f) for f in figures), \
+            f"{doc}:{line}: {path}: a figure from an earlier commit's run lists that commit"
+    path, old = at_revision(path)
     target = ROOT / path
-    assert target.exists(), f"{doc}:{line} names {path}, which does not exist"
+    assert old is not None or target.exists(), f"{doc}:{line} names {path}, which does not exist"
     jobs = _jobs()
     assert path not in jobs.ARCHIVED, f"{doc}:{line} quotes {path}: {jobs.ARCHIVED.get(path)}"
     written = {w for j in jobs.JOBS for w in j.writes}
     assert path in written or any(path.startswith(w) for w in written if w.endswith("/")), \
         f"{doc}:{line}: no job of `python -m bench` writes {path}"
-    if not target.is_file():        # sample_runs/: a folder of reports
+    if old is None and not target.is_file():        # sample_runs/: a folder of reports
         for spec in figures:
             assert in_text(spec.partition("=")[0], text), (doc, line, spec)
         return
-    raw = target.read_text()
-    data = load(target)
+    raw = target.read_text() if old is None else old
+    data = load(target) if old is None else load_text(path, old)
     for spec in figures:
         fig, _, keypath = spec.partition("=")
         assert in_text(fig, text), f"{doc}:{line}: the marker lists {fig}, which the text before it does not quote"
@@ -222,17 +269,19 @@ def test_every_claim_of_the_notes_section_traces_or_says_it_does_not():
 
 @pytest.mark.parametrize("path", sorted({p for *_, p, _ in ALL}))
 def test_a_quoted_results_file_records_a_clean_tree(path):
+    path, old = at_revision(path)
     target = ROOT / path
-    if not target.is_file():
+    if old is None and not target.is_file():
         pytest.skip(f"{path}: a folder (sample_runs/): its reports carry no provenance")
-    text = target.read_text()
+    text = target.read_text() if old is None else old
     if target.suffix == ".jsonl":                 # bench/detection.py: a line when a run ends
         blocks = [r["provenance"] for r in map(json.loads, filter(str.strip, text.splitlines()))
                   if r.get("meta") and "provenance" in r]
         recorded, clean = bool(blocks), all(b.get("clean") for b in blocks)
     elif target.suffix == ".json":
         data = json.loads(text)
-        block = data.get("provenance") if isinstance(data, dict) else None
+        block = data.get("provenance", data.get("meta", {}).get("provenance")) \
+            if isinstance(data, dict) else None          # bench/realbugs.py: under meta
         recorded, clean = block is not None, bool(block and block.get("clean"))
     else:
         recorded, clean = "* Provenance" in text and "not recorded" not in text, "DIRTY tree" not in text
@@ -260,27 +309,173 @@ def test_the_matching_rules_reject_a_figure_the_file_does_not_hold():
     assert in_text("−86", "ends near −86,") and not in_text("86", "step 860")
 
 
-# Numeric tokens of the README's Benchmarks result cells that no marker lists (configuration
-# counts, figures of earlier commits whose results files are gone, and measurements not yet
-# given their field). Issue 50's target is 0; this ceiling only falls: lower it when you mark more.
-OUTSIDE_CEILING = 139
-_FIG = re.compile(r"(?<![\w.])[-−]?\d+(?:\.\d+)?(?:/\d+)?%?(?![\w/])")
+_FIG = re.compile(r"(?<![\w.])[-−]?\d+(?:\.\d+)?(?:e[-−]?\d+|/\d+)?(?:%|x|×)?(?![\w/])")
 
 
-def figures_outside_markers() -> tuple[int, int]:
-    """(numeric tokens in the Benchmarks table's measured cells, those no marker on the row lists)."""
-    total = outside = 0
-    for _, row in _table_rows(ROOT / "README.md", "## Benchmarks"):
-        measured = row.rsplit("|", 2)[-2]
-        listed = {spec.partition("=")[0] for m in MARKER.finditer(measured) for spec in m.group(2).split()}
-        for f in _FIG.findall(MARKER.sub(" ", measured)):
-            total += 1
-            outside += not ({f, f.rstrip("%"), f + "%", f.replace("-", "−")} & listed)
-    return total, outside
+def _blocks(lines: list[str]):
+    """(first line number, text) of each table row, list item and paragraph of a document."""
+    unit, start = [], 0
+    for n, line in enumerate(lines + [""], 1):
+        new = not line.strip() or line.startswith(("|", "#")) or ITEM.match(line)
+        if unit and (new or (unit and unit[0].startswith("|"))):
+            yield start, "\n".join(unit)
+            unit = []
+        if line.strip():
+            if not unit:
+                start = n
+            unit.append(line)
 
 
-def test_figures_outside_markers_do_not_grow():
-    total, outside = figures_outside_markers()
-    assert total > 200, "the counter found the Benchmarks table"
-    assert outside <= OUTSIDE_CEILING, \
-        f"{outside} of {total} figures sit outside any marker (ceiling {OUTSIDE_CEILING}): mark them"
+def quoting_units() -> list[tuple[str, int, str]]:
+    """(doc, line, text) of each piece of the docs that quotes benchmark results: every measured
+    cell of README's Benchmarks table, every bullet of README's notes section, and every other
+    table row, list item or paragraph of README.md and docs/*.md that carries a marker."""
+    out = []
+    for doc in DOCS:
+        lines = doc.read_text().splitlines()
+        section = ""
+        heads = {n: l for n, l in enumerate(lines, 1) if l.startswith("## ")}
+        for n, text in _blocks(lines):
+            section = next((heads[k] for k in sorted(heads, reverse=True) if k <= n), "")
+            if doc.name == "README.md" and section == "## Benchmarks" and text.startswith("| ") \
+                    and not text.startswith(("| what", "|---")):
+                out.append((doc.name, n, text.rsplit("|", 2)[-2]))
+            elif doc.name == "README.md" and section.startswith("## What the measurements showed") \
+                    and text.startswith("* "):
+                out.append((doc.name, n, text))
+            elif MARKER.search(text):
+                out.append((doc.name, n, text))
+    return out
+
+
+# Numbers in quoting units that are no benchmark's result: names (issues, notes, seeds, dates)
+# matched by pattern, and each other one by the exact phrase it stands in, with the reason. Every
+# numeric token of a quoting unit is either listed by one of the unit's markers (one listing per
+# occurrence) or inside one of these; `test_every_quoted_figure_is_checked_or_exempt` holds the
+# count of exempt tokens, which may only fall.
+NAMES = {
+    r"\bissues? \d+(?:(?:,|\s+and)\s+\d+)*": "an issue's number",
+    r"\bnotes? \d{3}(?:(?:,|\s+and)\s+\d{3})*": "a tutorial note's number",
+    r"\b(?:evaluation |calibration )?seeds? \d+(?:[–-]\d+)?": "the seeds a run was given",
+    r"\b\d{4}-\d{2}-\d{2}(?: \d{2}:\d{2})?": "a date",
+}
+_CONFIG = "how the benchmark was set up, not what it measured"
+_HAND = "measured by hand; the text says it is not reproduced at this commit"
+_TARGET = "a target the figure is held to"
+EXEMPT: dict[tuple[str, str], str] = {
+    # README's Benchmarks table
+    ("README.md", "6 of 6 runs met"): "the count of the runs whose figures the marker checks",
+    ("README.md", "`small` at 128/3/512, 2 threads"): _CONFIG,
+    ("README.md", "small at 64/2/256"): _CONFIG,
+    ("README.md", "(1 process:"): _CONFIG,
+    ("README.md", "on 2 threads"): _CONFIG,
+    ("README.md", "medians of 3"): _CONFIG,
+    ("README.md", "576-token blocks"): _CONFIG,
+    ("README.md", "(192 × 12 tokens)"): _CONFIG,
+    ("README.md", "threshold at 4 MB"): _CONFIG,
+    ("README.md", "(3 seeds)"): _CONFIG,
+    ("README.md", "(1 seed)"): _CONFIG,
+    ("README.md", "the 1-minute load"): "the name of the load average read",
+    ("README.md", "GPT-2"): "a model's name",
+    ("README.md", "both spreads cross 1.0"): _TARGET,
+    ("README.md", "also crossing 1.03"): _TARGET,
+    ("README.md", "the spread crosses 1.05"): _TARGET,
+    ("README.md", "the ≤ 3× of"): _TARGET,
+    ("README.md", "all 33 faults"): "the rows of detection.md's table, a count with no field",
+    ("README.md", "(torch threads, default\n   1: on a 2-core machine"): _CONFIG,
+    ("decoder.md", "warmup 100, factor\n1.5, dropout 0"): _CONFIG,
+    ("decoder.md", "on 2 cores"): _CONFIG,
+    ("decoder.md", "(12 layers, d_model 768, vocabulary 50257, random init)"): _CONFIG,
+    ("decoder.md", "GPT-2"): "a model's name",
+    # README's notes section: the setting of each measurement, the notes' own figures, and
+    # figures measured by hand that the text marks as not reproduced
+    ("README.md", "copy runs of 400 steps"): _CONFIG,
+    ("README.md", "d_model 128, N=3, d_ff 512"): _CONFIG,
+    ("README.md", "lr (8.8e-3), all six `small` Post-LN runs stalled at loss 1.4–1.6, while Pre-LN reached 0.12"): _HAND,
+    ("README.md", "dropout 0 vs 0.1\n  (tiny: 400 steps × 4 seeds; the old small: 300 steps × 3 seeds)"): _CONFIG,
+    ("README.md", "0.28 vs 0.23 bits (tiny) and 0.59 vs 0.59 (small)"): _HAND,
+    ("README.md", "No layer went below 0.01 bits"): _HAND,
+    ("README.md", "at step 0"): "a step's number",
+    ("README.md", "only matters in 16-bit"): "a precision's name",
+    ("README.md", "In fp32 even 1e-12 is finite (note 000 blames\n  1e-6 for NaN on GPU). In fp16, 1e-12 rounds to 0"): "an eps value the notes quote, and its fp16 rounding",
+    ("README.md", "gives 0/0 on"): "an expression, not a count",
+    ("README.md", "tiny copy, 200 steps; the\n  6 evaluation runs"): _CONFIG,
+    ("README.md", "cannot go below 0"): "a bound by definition",
+    ("README.md", "under −1e-3"): "the rule's threshold (docs/thresholds.md checks it)",
+    ("README.md", "more than 10% from ln V"): "the notes' rule, quoted",
+    ("README.md", "ln V + max(0.2·ln V, 2 nats)"): "the rule's threshold (docs/thresholds.md checks it)",
+    ("README.md", "\"self-argmax > 0.9\""): "the notes' rule, quoted",
+}
+
+
+def _exempt_spans(doc: str, text: str) -> list[tuple[int, int]]:
+    spans = [m.span() for pattern in NAMES for m in re.finditer(pattern, text, re.I)]
+    for (where, phrase), _ in EXEMPT.items():
+        if where == doc:
+            spans += [(m.start(), m.end()) for m in re.finditer(re.escape(phrase), text)]
+    return spans
+
+
+def _variants(f: str) -> set[str]:
+    f = f.replace("−", "-")
+    return {f, f.rstrip("%"), f + "%", f + "ms"}
+
+
+def unchecked_figures() -> tuple[list[tuple[str, int, str, str]], int]:
+    """([(doc, line, figure, its text) of each numeric token in a quoting unit that no marker of
+    the unit lists and no exemption covers], the number of tokens exempt). A marker's listing
+    covers one occurrence: a figure quoted twice is listed twice."""
+    out, exempt = [], 0
+    for doc, n, text in quoting_units():
+        listed = Counter()
+        for m in MARKER.finditer(text):
+            for spec in m.group(2).split():
+                listed[_core(spec.partition("=")[0])] += 1
+        bare = MARKER.sub(lambda m: " " * len(m.group()), text)
+        bare = ITEM.sub(lambda m: " " * len(m.group()), bare, count=1)    # `1. ` of a list
+        spans = _exempt_spans(doc, bare)
+        for m in _FIG.finditer(bare):
+            f = m.group()
+            if any(a <= m.start() and m.end() <= b for a, b in spans):
+                exempt += 1
+            elif listed[_core(f)] > 0:
+                listed[_core(f)] -= 1
+            else:
+                out.append((doc, n, f, text))
+    return out, exempt
+
+
+# The ratchet: both ceilings only fall (lower them when you mark or reword more). Issue 50's
+# target is no benchmark figure unchecked: UNCHECKED_CEILING 0.
+UNCHECKED_CEILING = 113
+EXEMPT_CEILING = 132
+
+
+def test_every_quoted_figure_is_checked_or_exempt():
+    unchecked, exempt = unchecked_figures()
+    assert len(quoting_units()) > 30 and exempt > 0, "the counter found the quoting units"
+    shown = "; ".join(f"{d}:{n}: {f}" for d, n, f, _ in unchecked[:20])
+    assert len(unchecked) <= UNCHECKED_CEILING, \
+        f"{len(unchecked)} figures quoted beside benchmark results are in no marker and no exemption (ceiling {UNCHECKED_CEILING}): {shown}"
+    assert exempt <= EXEMPT_CEILING, f"{exempt} numbers exempt (ceiling {EXEMPT_CEILING}): mark them, or say why in EXEMPT"
+
+
+@pytest.mark.parametrize("doc, phrase", sorted(EXEMPT))
+def test_each_exemption_still_names_text_of_its_doc(doc, phrase):
+    """An exemption whose phrase has gone from the doc is dead: remove it."""
+    path = ROOT / "README.md" if doc == "README.md" else ROOT / "docs" / doc
+    assert phrase in path.read_text(), f"{doc}: no text {phrase!r}: remove the exemption"
+    assert _FIG.search(phrase), f"{doc}: {phrase!r} holds no number: remove the exemption"
+
+
+def test_the_counter_sees_a_figure_added_outside_any_marker(monkeypatch):
+    """A figure quoted beside a marked one but listed by no marker counts as unchecked; listed
+    once, a figure quoted twice leaves its second occurrence unchecked."""
+    units = quoting_units()
+    k, (doc, n, text) = next((k, u) for k, u in enumerate(units) if MARKER.search(u[2]))
+    before = len(unchecked_figures()[0])
+    fig = MARKER.search(text).group(2).split()[0].partition("=")[0]
+    for extra in (" and 12.34 s more", f" again {fig}"):
+        changed = units[:k] + [(doc, n, text + extra)] + units[k + 1:]
+        monkeypatch.setattr(sys.modules[__name__], "quoting_units", lambda: changed)
+        assert len(unchecked_figures()[0]) == before + 1, extra
