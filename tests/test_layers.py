@@ -26,6 +26,7 @@ LAYERS = {
     "probes": 3, "harness": 3,        # the probes (harness: the probes on our model, for tests)
     "driver": 4,                      # drives the probes once, builds a Report
     "at_init": 4,                     # design judged on a fresh initialisation (triage, library)
+    "judge_collateral": 4,            # symptoms of a broken update re-judged as its consequences
     "reporters": 5,                   # console, markdown, plots, TensorBoard
     # front-ends
     "train": 6, "triage": 6, "library": 6, "commands": 6, "integrations": 6, "cli": 7,

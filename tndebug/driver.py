@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tndebug.findings import Finding, select as choose, severity_rank
+from tndebug.judge_collateral import explained_by_update_fault
 from tndebug.memory import give_back_freed  # noqa: F401 - triage calls it as driver.give_back_freed
 from tndebug.probes import make_probes
 from tndebug.probes.base import RunContext, StepInfo
@@ -218,6 +219,9 @@ def make_report(run: dict, findings: list[Finding], statuses: dict[str, dict], *
     than the findings' steps (none does today); else `first_sign(findings)`. `select` /
     `ignore`: see `select_codes`."""
     findings, statuses = after_nan_forward(findings, statuses)
+    findings, touched = explained_by_update_fault(findings)
+    for name in touched:
+        restatus(statuses, findings, name)
     report = Report(run=run, findings=findings, probes=statuses,
                     first_sign=sign if sign is not None else first_sign(findings),
                     history=history or {})

@@ -162,6 +162,7 @@ class LrScheduleProbe(Probe):
         step, ratio, lr = max(rows, key=lambda r: r[1])
         if ratio < UPDATE_RATIO:
             return
+        first = min(s for s, r, _ in rows if r >= UPDATE_RATIO)   # from when the lr was too high
         g = [float(t) for t in self._gnorms]
         at_bound = [a for i, a in enumerate(g) if any(j != i and abs(a - b) <= CLIP_SAME * max(a, b)
                                                       for j, b in enumerate(g))]
@@ -177,6 +178,7 @@ class LrScheduleProbe(Probe):
                     f"{UPDATE_RATIO:g}): the lr is far above what the model tolerates.{clip}",
                     where="update", step=step,
                     evidence={"update_ratio": round(ratio, 3), "lr": lr, "step": step,
+                              "first_step": first,
                               "threshold": UPDATE_RATIO, "matrices": len(self._mats),
                               "sampled_steps": len(self._ratios), "clipped_steps": len(at_bound),
                               "rule": "median over the smallest weight matrices of |w_after - "

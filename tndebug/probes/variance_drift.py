@@ -84,6 +84,7 @@ class VarianceDrift(Probe):
         self.placement: str | None = None
         self.placement_evidence: dict = {}
         self.max_growth: dict[str, float] = {}
+        self.first_growth: dict[str, float] = {}     # G at the stack's first check (init)
         self.seen: set[str] = set()              # stacks checked at least once
         self.flagged: set[tuple[str, str]] = set()   # (stack, severity | "dynamic")
 
@@ -298,6 +299,7 @@ class VarianceDrift(Probe):
             base = blocks[0][1]
         g = top / base
         self.max_growth[stack] = max(self.max_growth.get(stack, 0.0), g)
+        self.first_growth.setdefault(stack, g)
         limit = GROWTH_FACTOR * GROWTH_ENVELOPE[self.placement]
         if g > limit and not self.already(stack, "warning"):
             self.report(
@@ -309,7 +311,9 @@ class VarianceDrift(Probe):
                           "rms_base": round(base, 4),
                           "at": ds.module_path(name), "placement": self.placement,
                           "healthy_envelope": GROWTH_ENVELOPE[self.placement],
-                          "threshold": limit},
+                          "threshold": limit,
+                          # within the envelope at the first check: it grew during training
+                          "growth_first_check": round(self.first_growth[stack], 3)},
                 fix="Check the residual adds and the LayerNorm placement; with pre-LN keep a final "
                     "LayerNorm and warmup. " + FAULT_NOTES["no_warmup_high_lr"][2], code="stream-growth")
 
