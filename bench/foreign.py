@@ -35,6 +35,7 @@ import foreign_corpus as corpus  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from _provenance import Provenance, provenance_line  # noqa: E402
+import _source_lines as source_lines  # noqa: E402
 
 import tndebug  # noqa: E402
 # tndebug.triage exports TRIAGE_PROBES at every commit --at goes back to (b735d21 kept it there,
@@ -42,6 +43,10 @@ import tndebug  # noqa: E402
 from tndebug.triage import TRIAGE_PROBES  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "foreign"
+OUT_STYLES = ROOT / "bench" / "results" / "foreign_styles"
+# styles whose bugs are put into an installed package's modules from outside (the user's file
+# holds only the switch): no line of the user's is the bug's, so no source-line score
+IN_PACKAGE = frozenset({"hf-bart", "hf-marian", "hf-t5", "xtransformers", "xgpt"})
 PROBES = list(TRIAGE_PROBES) + ["checkpoint"]
 SEV = {"error": "E", "warning": "W"}
 _NUMBER = re.compile(r"\d+(\.\d+)?(e[+-]?\d+)?")
@@ -53,6 +58,20 @@ def git(*args: str, cwd: Path = ROOT) -> str:
                               timeout=20).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def _finding(f) -> dict:
+    d = {"probe": f.probe, "severity": f.severity, "where": f.where, "message": f.message}
+    if getattr(f, "source", None):                   # issue 48: the line in the user's code
+        d["source"] = f.source
+    return d
+
+
+def _line_score(rec: dict, file, lines: list[int]) -> None:
+    """rec['source_line'] (issue 48) for a bug run its probe named, where the corpus knows the
+    bug's line."""
+    if rec.get("named") and lines:
+        rec["source_line"] = source_lines.score(rec["findings"], rec["expected_probe"], file, lines)
 
 
 def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, steps: int) -> dict:
@@ -67,8 +86,7 @@ def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, 
         rec.update(crashed=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
                    findings=[], no_verdict={})
     else:
-        rec["findings"] = [{"probe": f.probe, "severity": f.severity, "where": f.where,
-                            "message": f.message} for f in report.findings]
+        rec["findings"] = [_finding(f) for f in report.findings]
         rec["no_verdict"] = {p: s.get("reason") for p, s in report.probes.items()
                              if s.get("status") == "no verdict"}   # skipped: nothing applied
         rec["probe_reasons"] = {p: s["reason"] for p, s in report.probes.items() if s.get("reason")}
@@ -86,6 +104,10 @@ def one_run(style: str, variant: str, bug: str | None, seed: int, folder: Path, 
         own = corpus.names_bug(rec["findings"], bug)      # a deviation: at any severity
         collateral = [f for f in flagged if f["severity"] == "error" and f["probe"] != rec["expected_probe"]]
         rec["collateral_errors"] = sorted({f["probe"] for f in collateral})
+        rec["named"] = bool(own) and "crashed" not in rec
+        if style not in IN_PACKAGE:
+            path_ = corpus.BY_NAME[style].path
+            _line_score(rec, path_, source_lines.switch_lines(path_, bug))
         rec["outcome"] = ("crash" if "crashed" in rec else
                           ("caught" if own else "missed") + (" + collateral error" if collateral else ""))
     return rec
@@ -142,9 +164,7 @@ def one_lm_run(style: str, variant: str, bug: str | None, seed: int, folder: Pat
         rec.update(crashed=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
                    findings=[], no_verdict={}, probe_failures={})
     else:
-        rec["findings"] = [{"probe": f.probe, "severity": f.severity, "where": f.where,
-                            "message": f.message} for f in report.findings
-                           if f.severity in SEV or f.probe == probe]
+        rec["findings"] = [_finding(f) for f in report.findings if f.severity in SEV or f.probe == probe]
         rec["no_verdict"] = {p: s.get("reason") for p, s in report.probes.items()
                              if s.get("status") == "no verdict"}   # skipped: nothing applied
         rec["probe_failures"] = corpus.probe_failures(report)
@@ -163,6 +183,72 @@ def one_lm_run(style: str, variant: str, bug: str | None, seed: int, folder: Pat
                                        for g in flagged if g["probe"] == "checkpoint"))]
         rec["collateral_errors"] = sorted({f["probe"] for f in collateral})
         own = any(f["probe"] == probe for f in flagged)
+        rec["named"] = own and "crashed" not in rec
+        if style not in IN_PACKAGE:
+            _line_score(rec, module.FILE, source_lines.switch_lines(module.FILE, bug))
+        rec["outcome"] = ("crash" if "crashed" in rec else
+                          ("caught" if own else "missed") + (" + collateral error" if collateral else ""))
+    return rec
+
+
+# -- the user-style corpus (issue 45): one-line bugs written into the user's own file -----------
+try:
+    import styles_corpus  # noqa: E402 - tests/foreign
+except ImportError as _e:                 # under --at: a tndebug too old for the corpus's imports
+    if os.environ.get("FOREIGN_BENCH_AT") is None:
+        raise
+    styles_corpus = None
+
+
+def style_cases(seeds, bug_seeds) -> list[tuple]:
+    """(style, variant, bug, seed): healthy fp32 over `seeds`, 16-bit copies of a few healthy
+    models (seed 0), each bug over `bug_seeds`."""
+    sc = styles_corpus
+    half = [str(d).removeprefix("torch.") for d in sc.HALF_DTYPES]
+    return ([(s, "fp32", None, seed) for s in sc.STYLES for seed in seeds] +
+            [(s, h, None, seeds[0]) for s in sc.HALF_STYLES for h in half if seeds] +
+            [(s, "fp32", b, seed) for s in sc.STYLES for b in sc.BUGS[s] for seed in bug_seeds])
+
+
+def one_style_run(style: str, variant: str, bug: str | None, seed: int, folder: Path,
+                  steps: int, data: torch.Tensor) -> dict:
+    """One model of the user-style corpus: its file with the bug written in, trained `steps`
+    steps on character text, triaged with --data ids.pt --pad-id none; judged as one_run judges
+    (a benign bug, probe None, must be clean), and the bug's line scored (issue 48)."""
+    sc = styles_corpus
+    t0 = time.perf_counter()
+    dtype = None if variant == "fp32" else getattr(torch, variant)
+    case = sc.make_checkpoint(style, bug, seed, folder, steps=steps, data=data, dtype=dtype)
+    t1 = time.perf_counter()
+    probe = sc.expected_probe(style, bug)
+    benign = bug is not None and probe is None
+    rec = {"style": style, "variant": f"{variant}+{bug}" if benign else variant,
+           "fault": "healthy" if benign else bug or "healthy", "seed": seed, "expected_probe": probe,
+           "train_loss": round(case.loss, 3)}
+    try:
+        report = sc.run_triage(case)
+    except Exception as e:  # noqa: BLE001 - a crash is a result too
+        rec.update(crashed=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
+                   findings=[], no_verdict={}, probe_failures={})
+    else:
+        rec["findings"] = [_finding(f) for f in report.findings if f.severity in SEV or f.probe == probe]
+        rec["no_verdict"] = {p: s.get("reason") for p, s in report.probes.items()
+                             if s.get("status") == "no verdict"}
+        rec["probe_reasons"] = {p: s["reason"] for p, s in report.probes.items() if s.get("reason")}
+        rec["probe_failures"] = corpus.probe_failures(report)
+    rec["train_s"], rec["triage_s"] = round(t1 - t0, 3), round(time.perf_counter() - t1, 3)
+    flagged = [f for f in rec["findings"] if f["severity"] in SEV]
+    rec["flagged"] = sorted({(f["probe"], f["severity"]) for f in flagged})
+    if probe is None:
+        rec["outcome"] = ("crash" if "crashed" in rec else "false alarm" if flagged else
+                          "unjudged (probes broke)" if rec["probe_failures"] else "clean")
+    else:
+        collateral = [f for f in flagged if f["severity"] == "error" and f["probe"] != probe]
+        rec["collateral_errors"] = sorted({f["probe"] for f in collateral})
+        own = any(f["probe"] == probe for f in flagged)
+        rec["named"] = own and "crashed" not in rec
+        rec["what"] = sc.BUGS[style][bug].what
+        _line_score(rec, case.file, case.bug_lines)
         rec["outcome"] = ("crash" if "crashed" in rec else
                           ("caught" if own else "missed") + (" + collateral error" if collateral else ""))
     return rec
@@ -199,12 +285,46 @@ def _plain_runs(records: list[dict]) -> str:
     return f", the exempted ones: {', '.join(runs)}" if runs else ""
 
 
+def _source_section(records: list[dict]) -> list[str]:
+    """Issue 48: whether the named bugs' findings point at the line the bug is on."""
+    scored = [r for r in records if r.get("source_line")]
+    named = [r for r in records if r.get("named")]
+    L = ["## Source lines (issue 48)", "",
+         "For each bug its own probe named (warning or error) where the corpus knows the bug's "
+         "line (bench/_source_lines.py: the edited line of the user-style corpus, the lines "
+         "that test a switch corpus's bug name with the statement they guard; none for bugs put "
+         "into an installed package or into the training loop): *line given* when one of the "
+         "probe's findings carries a line of the user's file, *line right* when it is one of the "
+         f"bug's lines, *in the bug's function* when it is in the same function. "
+         f"{len(scored)} of {len(named)} named bugs have a known line.", "",
+         f"Overall: {source_lines.summary_line(source_lines.summary(records))}.", ""]
+    if not scored:
+        return L
+    L += ["| style | variant | fault | seeds | bug's lines | the finding's lines | given | right | function |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for r in scored:
+        sl = r["source_line"]
+        key = (r["style"], r["variant"], r["fault"], tuple(sl["bug_lines"]), tuple(sl["sources"]),
+               sl["given"], sl["right"], sl["function_right"])
+        groups.setdefault(key, []).append(r["seed"])
+    yes = {True: "yes", False: "no"}
+    for (st, v, fault, bl, srcs, g, ok, fn), seeds in groups.items():
+        span = f"{bl[0]}" if len(bl) == 1 else f"{bl[0]}-{bl[-1]}"
+        L.append(f"| {st} | {v} | {fault} | {', '.join(map(str, sorted(seeds)))} | {span} | "
+                 f"{'; '.join(srcs) or '(none)'} | {yes[g]} | {yes[ok] if g else '-'} | {yes[fn] if g else '-'} |")
+    return L + [""]
+
+
 def write_md(path: Path, meta: dict, records: list[dict]) -> None:
     tot_b = [r for r in records if r["fault"] != "healthy"]
     rows = defaultdict(list)
     for r in records:
         rows[(r["style"], r["variant"], r["fault"])].append(r)
-    L = [f"# Foreign-code corpus: triage verdicts on code no one here wrote (issue 10)", "",
+    title = ("# User-style corpus: triage of decoder-only code written the ways people write it "
+             "(issue 45)" if meta.get("corpus") == "styles" else
+             "# Foreign-code corpus: triage verdicts on code no one here wrote (issue 10)")
+    L = [title, "",
          provenance_line(meta["provenance"]) if "provenance" in meta else
          "* Provenance: not recorded (written before bench/_provenance.py); rerun `python -m bench run foreign`",
          f"* tndebug at commit `{meta['commit']}`{meta['dirty_note']} (imported from `{meta['tndebug_from']}`); "
@@ -249,8 +369,9 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
           f"recall {sum(r['outcome'].startswith('caught') for r in tot_b)}/{len(tot_b)}, "
           f"collateral errors in {sum('collateral' in r['outcome'] for r in tot_b)}/{len(tot_b)} bug runs "
           f"({_plain(tot_b)}/{len(tot_b)} without the one-stack exemption), "
-          f"crashes in {sum(r['outcome'] == 'crash' for r in records)}/{len(records)} runs.", "",
-          "## Confusion table: style x fault x probe", "",
+          f"crashes in {sum(r['outcome'] == 'crash' for r in records)}/{len(records)} runs.", ""]
+    L += _source_section(records)
+    L += ["## Confusion table: style x fault x probe", "",
           "Each cell: E = error, W = warning, in how many of the runs (seeds); **bold** = the probe "
           "that owns the fault.", "",
           "| style | variant | fault | " + " | ".join(PROBES) + " | outcome |",
@@ -303,15 +424,19 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=5, help="init seeds per healthy model (default 5)")
-    ap.add_argument("--bug-seeds", type=int, default=3, help="init seeds per bug (default 3)")
-    ap.add_argument("--steps", type=int, default=10,
+    ap.add_argument("--corpus", choices=("default", "styles"), default="default",
+                    help="styles: the user-style decoder-only corpus (tests/foreign/styles_corpus.py; "
+                         "--steps then defaults to 600, --seeds to 2, --bug-seeds to 1, --out to "
+                         "bench/results/foreign_styles)")
+    ap.add_argument("--seeds", type=int, default=None, help="init seeds per healthy model (default 5)")
+    ap.add_argument("--bug-seeds", type=int, default=None, help="init seeds per bug (default 3)")
+    ap.add_argument("--steps", type=int, default=None,
                     help="training steps of the encoder-decoder styles before saving (default 10)")
     ap.add_argument("--one-stack-steps", type=int, default=None, metavar="N",
                     help="training steps of the nanoGPT and MiniBERT corpora (default: their own, "
                          f"{', '.join(f'{k} {v}' for k, v in _own_steps().items())})")
     ap.add_argument("--styles", default=None, help="comma-separated styles (default: all)")
-    ap.add_argument("--out", default=str(OUT), help="output path without suffix (.md and .json)")
+    ap.add_argument("--out", default=None, help="output path without suffix (.md and .json)")
     ap.add_argument("--at", default=None, metavar="COMMIT",
                     help="triage with tndebug/ as it was at COMMIT (extracted with git archive into a "
                          "temporary folder put first on PYTHONPATH); the corpus is the current one")
@@ -320,6 +445,19 @@ def main(argv=None) -> int:
         return _rerun_at(args.at, sys.argv[1:] if argv is None else list(argv))
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
+    styles_mode = args.corpus == "styles"
+    defaults = (2, 1, 600, OUT_STYLES) if styles_mode else (5, 3, 10, OUT)
+    args.seeds = defaults[0] if args.seeds is None else args.seeds
+    args.bug_seeds = defaults[1] if args.bug_seeds is None else args.bug_seeds
+    args.steps = defaults[2] if args.steps is None else args.steps
+    args.out = str(defaults[3]) if args.out is None else args.out
+    if styles_mode:
+        if styles_corpus is None:
+            ap.error("--corpus styles: this tndebug cannot import tests/foreign/styles_corpus.py")
+        chosen = set(args.styles.split(",")) if args.styles else set(styles_corpus.STYLES)
+        if chosen - set(styles_corpus.STYLES):
+            ap.error(f"unknown styles {sorted(chosen - set(styles_corpus.STYLES))}; have {list(styles_corpus.STYLES)}")
+        return _run_styles(args, argv, chosen)
     styles = set(args.styles.split(",")) if args.styles else set(corpus.BY_NAME) | set(ONE_STACK)
     styles -= set(UNAVAILABLE)
     unknown = styles - set(corpus.BY_NAME) - set(ONE_STACK)
@@ -350,6 +488,12 @@ def main(argv=None) -> int:
             records.append(rec)
             print(f"[{i + 1}/{len(cases)}] {s}/{v} {rec['fault']} seed {seed}: {rec['outcome']} "
                   f"{rec['flagged'] or ''}", flush=True)
+    meta = _meta(args, argv, records, t0, prov, "default")
+    meta["one_stack_steps"] = {k: args.one_stack_steps or v for k, v in _own_steps().items()}
+    return _write(args.out, meta, records)
+
+
+def _meta(args, argv, records: list[dict], t0: float, prov, corpus_name: str) -> dict:
     pkg = Path(tndebug.__file__).resolve().parent
     inside = ROOT in pkg.parents
     commit = git("rev-parse", "HEAD") if inside else os.environ.get("FOREIGN_BENCH_AT", "unknown (not in the repo)")
@@ -359,17 +503,39 @@ def main(argv=None) -> int:
         tf_version = transformers.__version__
     except ImportError:
         tf_version = "not installed"
-    meta = {"bench": "foreign", "commit": commit,
+    return {"bench": "foreign", "corpus": corpus_name, "commit": commit,
             "dirty_note": " (tndebug/ has uncommitted changes)" if dirty else "",
-            "tndebug_from": str(pkg), "transformers": tf_version, "seeds": seeds,
-            "bug_seeds": bug_seeds, "steps": args.steps,
-            "one_stack_steps": {k: args.one_stack_steps or v for k, v in _own_steps().items()}, "runs": len(records),
+            "tndebug_from": str(pkg), "transformers": tf_version,
+            "seeds": list(range(args.seeds)), "bug_seeds": list(range(args.bug_seeds)), "steps": args.steps,
+            "runs": len(records),
             "healthy_runs": sum(r["fault"] == "healthy" for r in records),
             "bug_runs": sum(r["fault"] != "healthy" for r in records),
             "styles_left_out": dict(sorted(UNAVAILABLE.items())),
+            "source_lines": source_lines.summary(records),
             "wall_s": round(time.perf_counter() - t0, 1), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "provenance": prov.finish()}
-    out = Path(args.out)
+
+
+def _run_styles(args, argv, chosen: set[str]) -> int:
+    """--corpus styles: every case of the user-style corpus, one at a time, into args.out."""
+    cases = [c for c in style_cases(list(range(args.seeds)), list(range(args.bug_seeds))) if c[0] in chosen]
+    prov = Provenance.start(__file__, argv)
+    t0 = time.perf_counter()
+    data = styles_corpus.text_ids()
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (s, v, b, seed) in enumerate(cases):
+            rec = one_style_run(s, v, b, seed, Path(tmp), args.steps, data)
+            records.append(rec)
+            print(f"[{i + 1}/{len(cases)}] {s}/{rec['variant']} {rec['fault']} seed {seed}: {rec['outcome']} "
+                  f"{rec['flagged'] or ''} {rec.get('source_line', {}).get('sources', '')}", flush=True)
+    meta = _meta(args, argv, records, t0, prov, "styles")
+    meta["text"] = "Python's pydoc topics (pydoc_data.topics), 96 characters, no pad token"
+    return _write(args.out, meta, records)
+
+
+def _write(out: str, meta: dict, records: list[dict]) -> int:
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({**meta, "records": records}, indent=1, default=str) + "\n")
     write_md(out.with_suffix(".md"), meta, records)

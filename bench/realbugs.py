@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT / "tests" / "realbugs"))
 sys.path.insert(0, str(ROOT / "bench"))
 from _provenance import Provenance, provenance_line  # noqa: E402
 import bugs as corpus  # noqa: E402
+import mechanisms  # noqa: E402
+import _source_lines as source_lines  # noqa: E402
 from loops import run_watch, train  # noqa: E402
 from model import forward  # noqa: E402
 
@@ -57,8 +59,25 @@ def _git(*args: str) -> str:
 
 def _findings(report, expected: str | None) -> list[dict]:
     """The findings that decide (warning, error), and every finding of the expected probe."""
-    return [{"probe": f.probe, "severity": f.severity, "where": f.where, "message": f.message, "fix": f.fix}
+    return [{"probe": f.probe, "severity": f.severity, "where": f.where, "message": f.message, "fix": f.fix,
+             **({"source": f.source} if getattr(f, "source", None) else {})}
             for f in report.findings if f.severity in SEV or f.probe == expected]
+
+
+def bug_lines(model) -> tuple[str | None, list[int]]:
+    """Where the bug is written (issue 48): the methods of the mechanism classes (mechanisms.py)
+    swapped into `model`, read off the built model, not typed in."""
+    return source_lines.method_lines({type(m) for m in model.modules()
+                                      if type(m).__module__ == mechanisms.__name__})
+
+
+def line_score(rec: dict, where: tuple[str | None, list[int]]) -> dict:
+    """rec['source_line'] for a caught bug whose mechanism is a class of mechanisms.py."""
+    rec["named"] = rec["outcome"].startswith("caught")
+    if rec["named"] and where[1]:
+        sev = SEV + ("info",) if rec["expected_severity"] == "info" else SEV
+        rec["source_line"] = source_lines.score(rec["findings"], rec["expected_probe"], *where, severities=sev)
+    return rec
 
 
 def judge(rec: dict) -> dict:
@@ -93,8 +112,10 @@ def base_record(bug, name: str, phase: str, seed: int) -> dict:
 def run_check(bug, name: str, seed: int, steps: int) -> dict:
     rec = base_record(bug, name, "trained" if steps else "init", seed)
     t0 = time.perf_counter()
+    where: tuple[str | None, list[int]] = (None, [])
     try:
         model = corpus.build(bug, seed)
+        where = bug_lines(model)
         if steps:
             g = torch.Generator().manual_seed(seed)
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -112,7 +133,7 @@ def run_check(bug, name: str, seed: int, steps: int) -> dict:
         if exp and exp in report.probes and report.probes[exp].get("status") not in ("pass", "warn", "fail"):
             rec["expected_status"] = f"{report.probes[exp].get('status')}: {report.probes[exp].get('reason')}"
     rec["seconds"] = round(time.perf_counter() - t0, 2)
-    return judge(rec)
+    return line_score(judge(rec), where)
 
 
 def run_loop(bug, name: str, seed: int, steps: int, loop: dict) -> dict:
@@ -182,7 +203,9 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
          f"/{len({r['bug'] for r in changing})}**",
          f"* Benign reported bugs clean: **{sum(r['outcome'] == 'clean' for r in benign)}/{len(benign)}**",
          f"* Healthy controls clean: **{sum(r['outcome'] == 'clean' for r in healthy)}/{len(healthy)}**",
-         f"* Crashes: {sum(r['outcome'] == 'crash' for r in records)}", "",
+         f"* Crashes: {sum(r['outcome'] == 'crash' for r in records)}",
+         f"* Source lines (issue 48; bench/_source_lines.py), over the caught model bugs whose mechanism is "
+         f"a class of tests/realbugs/mechanisms.py: {source_lines.summary_line(source_lines.summary(records))}", "",
          "## Bugs", "",
          "Cells: the probes at warning or error, and the expected probe at any severity. "
          "Outcome per phase (init / trained, or watch).", "",
@@ -212,6 +235,22 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
         return [f"{f['severity']} {f['probe']} at `{f['where'] or '(run)'}`: {f['message']} — fix: {f['fix']}"
                 for f in r["findings"] if keep(f)] or [r.get("crashed", "no finding")]
 
+    L += ["", "## Source lines (issue 48)", "",
+          "For each caught model bug whose mechanism is a swapped-in class of tests/realbugs/mechanisms.py "
+          "(config and training-loop bugs have no such line): the lines of that class's own methods "
+          "(*bug's lines*, read off the built model) against the lines the expected probe's findings "
+          "give. *Right*: a given line is one of the bug's lines; *function*: it is in one of the "
+          "bug's methods.", "",
+          "| bug | phase | bug's lines (mechanisms.py) | the finding's lines | given | right | function |",
+          "|---|---|---|---|---|---|---|"]
+    yes = {True: "yes", False: "no"}
+    for r in records:
+        sl = r.get("source_line")
+        if sl:
+            bl = sl["bug_lines"]
+            L.append(f"| `{r['bug']}` | {r['phase']} | {bl[0]}-{bl[-1]} | {'; '.join(sl['sources']) or '(none)'} | "
+                     f"{yes[sl['given']]} | {yes[sl['right']] if sl['given'] else '-'} | "
+                     f"{yes[sl['function_right']] if sl['given'] else '-'} |")
     listing("Missed or misnamed", lambda r: r["outcome"] in ("missed", "misnamed", "crash"),
             lambda r: [f"expected {r['expected_probe']} ({r['expected_severity']})"
                        + (f"; its status {r['expected_status']}" if r.get("expected_status") else "")]
@@ -272,6 +311,7 @@ def main(argv=None) -> int:
                 "not the working tree: " + os.environ.get("REALBUGS_TNDEBUG_AT", "a copy put first on PYTHONPATH")),
             "corpus_clean": corpus_clean, "seeds": list(range(args.seeds)), "steps": args.steps,
             "watch_steps": args.watch_steps, "wall_s": time.perf_counter() - t0,
+            "source_lines": source_lines.summary(records),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     meta["provenance"] = prov.finish()
     out = Path(args.out)

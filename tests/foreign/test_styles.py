@@ -1,0 +1,108 @@
+"""The user-style corpus (tests/foreign/styles_corpus.py, issue 45) in CI without the bench:
+every one-line bug applies to its healthy file exactly once and builds, and for each style the
+healthy model and one bug go through `tndebug.check` at initialisation (the exact tests need no
+training): the healthy one clean, the bug named by its own probe with no error from another,
+and where the probe gives a source line (issue 48) it is the edited line.
+`python bench/foreign.py --corpus styles` trains each for 600 steps and scores every bug."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tndebug
+from tndebug.capture.adapters import import_file
+
+import styles_corpus as sc
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+# style -> the bug checked here (the bench runs them all)
+ONE_BUG = {"einsum_tbhd": "pos_unused", "head_modules": "scale_by_width", "rope_complex": "k_only",
+           "rope_half": "halves", "rope_interleaved": "pairs", "alibi": "alibi_unapplied",
+           "nope": "no_causal", "kv_cache": "cache_mask", "gqa": "k_only"}
+
+
+def _module(tmp_path, style, bug):
+    text, lines = sc.source(style, bug)
+    file = tmp_path / f"{style}_{bug or 'healthy'}.py"
+    file.write_text(text)
+    return import_file(file), file, lines
+
+
+def _with_cache(module):
+    def forward(model, ids, pad_id):
+        return module.forward(model, ids, pad_id)
+    forward.incremental = module.incremental
+    return forward
+
+
+def _check(tmp_path, style, bug=None, dtype=None):
+    module, file, lines = _module(tmp_path, style, bug)
+    torch.manual_seed(0)
+    model = module.build(vocab_size=len(sc.CHARS)).eval()
+    if dtype is not None:
+        model = model.to(dtype)
+    forward = module.forward
+    if hasattr(module, "incremental"):           # the KV cache, offered as check takes it
+        forward = _with_cache(module)
+    ids = sc.held_out(sc.text_ids(), n=12)
+    return tndebug.check(model, forward, data={"ids": ids}, pad_id=None), file, lines
+
+
+def test_every_bug_is_one_line_of_its_healthy_file(tmp_path):
+    for style, bugs in sc.BUGS.items():
+        healthy = sc.healthy_source(style).split("\n")
+        for bug, b in bugs.items():
+            text, lines = sc.source(style, bug)
+            edited = text.split("\n")
+            assert len(edited) == len(healthy) - (0 if b.new else 1), (style, bug)
+            if b.new:
+                assert lines == [healthy.index(next(x for x in healthy if b.old in x)) + 1]
+                assert b.new in edited[lines[0] - 1] and b.old not in text, (style, bug)
+            else:
+                assert edited[:lines[0]] == healthy[:lines[0]], (style, bug)
+            module, _, _ = _module(tmp_path, style, bug)
+            torch.manual_seed(0)
+            out = module.forward(module.build(vocab_size=len(sc.CHARS)), torch.zeros(2, 8, dtype=torch.long), None)
+            assert out.shape == (2, 8, len(sc.CHARS)), (style, bug, out.shape)
+
+
+def test_the_text_has_no_pad_and_the_held_out_rows_are_not_trained_on():
+    data = sc.text_ids()
+    assert data.min() >= 0 and data.max() < len(sc.CHARS) and len(data) > 100_000
+    rows = sc.held_out(data)
+    assert rows.shape == (24, sc.BLOCK)
+    assert torch.equal(rows[0], data[len(data) - len(data) // 10:][:sc.BLOCK])
+
+
+@pytest.mark.parametrize("style", sc.STYLES)
+def test_healthy_style_is_clean(tmp_path, style):
+    report, _, _ = _check(tmp_path, style)
+    loud = [(f.code, f.message[:120]) for f in report.findings if f.severity in ("warning", "error")]
+    assert not loud, loud
+    assert report.verdict == "clean", (report.verdict, report.incomplete())
+
+
+def test_nope_is_said_to_have_no_positions_by_design(tmp_path):
+    report, _, _ = _check(tmp_path, "nope")
+    assert "positional-encoding/no-positions" in {f.code for f in report.findings if f.severity == "info"}
+
+
+@pytest.mark.parametrize("style", sc.STYLES)
+def test_one_bug_per_style_is_named_by_its_probe(tmp_path, style):
+    bug = ONE_BUG[style]
+    probe = sc.expected_probe(style, bug)
+    report, file, lines = _check(tmp_path, style, bug)
+    own = [f for f in report.findings if f.probe == probe and f.severity in ("warning", "error")]
+    assert own, (bug, [(f.code, f.severity) for f in report.findings])
+    others = {f.code for f in report.findings if f.severity == "error" and f.probe != probe}
+    assert not others, (bug, others)
+    given = [f.source for f in own if f.source and not f.source.get("def") and f.source["file"] == str(file)]
+    assert all(s["line"] in lines for s in given), (bug, lines, given)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_healthy_style_in_16_bits_is_clean(tmp_path, dtype):
+    report, _, _ = _check(tmp_path, "head_modules", dtype=dtype)
+    loud = [(f.code, f.message[:120]) for f in report.findings if f.severity in ("warning", "error")]
+    assert not loud, loud
