@@ -16,6 +16,12 @@ from torch import nn
 def in_float64(model: nn.Module):
     """Each parameter's and buffer's `.data` cast in place (the same tensor objects, so tied
     weights stay tied and hooks stay attached), restored on exit, also after an exception."""
+    from tndebug.sharded import any_sharded
+    if any_sharded(model.parameters()):
+        # FSDP2 keeps its own views of each shard's memory: a new `.data` would detach them
+        # (its all-gathers read the old memory, and a later step crashed in torch); the
+        # callers take this as "cannot run in float64" and keep their float32 result
+        raise ValueError("a sharded (FSDP2) model is not cast to float64 in place")
     saved = []
     seen = set()
     for t in list(model.parameters()) + list(model.buffers()):

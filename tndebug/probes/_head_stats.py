@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from tndebug.capture.trace import AttentionRecord, Trace
+from tndebug.sharded import full, local
 
 # FLAT: rounding-level variation, a no-verdict gate; set on no run (21e95ee).
 FLAT = 1e-3           # scores varying less than this over the keys (relative): tokens all alike
@@ -130,6 +131,7 @@ def match_projections(site: str, rec: AttentionRecord, calls, modules: dict[str,
     batch-first [B, T, m·h·d_k] or sequence-first [T, B, ...], fused (m = 2, 3 equal parts)."""
     ranked = sorted(calls, key=lambda c: -len(os.path.commonprefix([c[0], site])))
     roles: dict[str, Proj] = {}
+    gathered: dict[int, torch.Tensor] = {}
     for role in ("q", "k", "v"):
         t = getattr(rec, role)
         if t is None or t.dim() != 4:
@@ -150,7 +152,11 @@ def match_projections(site: str, rec: AttentionRecord, calls, modules: dict[str,
                 if hit:
                     W = getattr(modules.get(name), "weight", None)
                     if isinstance(W, torch.Tensor) and W.dim() == 2 and W.shape[0] == parts * w:
-                        W = W[p * w:(p + 1) * w]
+                        # FSDP2: gathered once per weight (a collective at setup), so a weight
+                        # used twice still gives one tensor (same_weight)
+                        if id(W) not in gathered:
+                            gathered[id(W)] = full(W)
+                        W = gathered[id(W)][p * w:(p + 1) * w]
                     else:
                         W = None
                     roles[role] = Proj(name, p, parts, W)
@@ -161,9 +167,12 @@ def match_projections(site: str, rec: AttentionRecord, calls, modules: dict[str,
 
 
 def same_weight(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-    """The same parameter memory (a tied weight, or one Linear reused), not merely equal."""
-    return (a is not None and b is not None and a.shape == b.shape and a.stride() == b.stride()
-            and a.data_ptr() == b.data_ptr())
+    """The same parameter memory (a tied weight, or one Linear reused), not merely equal
+    (FSDP2: the same memory of this rank's shards)."""
+    if a is None or b is None or a.shape != b.shape:
+        return False
+    a, b = local(a), local(b)
+    return a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr()
 
 
 def weight_of(module: nn.Module | None, path: str, site: str) -> torch.Tensor | None:
@@ -180,7 +189,7 @@ def packed_slices(module: nn.Module | None):
     """(W_q, W_k, W_v) from a packed in_proj weight [3E, E] (nn.MultiheadAttention), else None."""
     W = getattr(module, "in_proj_weight", None) if module is not None else None
     if isinstance(W, torch.Tensor) and W.dim() == 2 and W.shape[0] % 3 == 0:
-        return W.detach().chunk(3, dim=0)
+        return full(W.detach()).chunk(3, dim=0)              # FSDP2: gathered (a collective)
     return None
 
 

@@ -65,12 +65,23 @@ class StepInfo:
 
 def grad_norm_of(p: torch.nn.Parameter, info: StepInfo | None) -> torch.Tensor | None:
     """The L2 norm (fp32) of `p`'s gradient at this step, or None where it got none: from
-    `info.grad_norms` when the step freed the gradients as backward made them, else `p.grad`."""
+    `info.grad_norms` when the step freed the gradients as backward made them, else `p.grad`
+    (a sharded one's over every rank: `tndebug.sharded.norms`)."""
+    return grad_norms_of([p], info)[0]
+
+
+def grad_norms_of(params, info: StepInfo | None) -> list[torch.Tensor | None]:
+    """`grad_norm_of` for each of `params`, in one fused norm (and, for FSDP2's sharded
+    gradients, one all-reduce: every rank calls it at the same step)."""
+    params = list(params)
     if info is not None and info.grad_norms is not None:
-        return info.grad_norms.get(id(p))
-    if p.grad is None:
-        return None
-    return torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
+        return [info.grad_norms.get(id(p)) for p in params]
+    from tndebug.sharded import norms
+    have = [i for i, p in enumerate(params) if p.grad is not None]
+    out: list[torch.Tensor | None] = [None] * len(params)
+    for i, n in zip(have, norms([params[i].grad for i in have]) if have else []):
+        out[i] = n
+    return out
 
 
 @dataclass

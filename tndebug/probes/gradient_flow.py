@@ -18,6 +18,9 @@ Decided from parameter gradients after backward (grouped by layer from parameter
   above DEAD_SHARE at setup (random batches, eval mode; the setup stops once every layer is
   under the share, since more tokens only lower it), or above DEAD_SHARE_TRAINING in any
   MIN_TOKENS-token window of training -> warning.
+
+Sharded parameters (FSDP2): each gradient's norm from the ranks' local shards, squared and
+summed over the ranks (`tndebug.sharded.norms`, one all-reduce a probed step): no gather.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from tndebug import tags
 from tndebug.probes import _norm_gain
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
+from tndebug.sharded import norms
 from tndebug.capture.trace import Trace
 
 # Set on harness tiny/small runs (FAILURE_MODES 7f-7g; 0ba0d77, 2ce87c7); held out by seed only.
@@ -217,7 +221,7 @@ class GradientFlowProbe(Probe):
             if index is None:          # the set of present gradients rarely changes: cache it
                 index = self._index[key] = torch.tensor(owner, device=device)
             if freed is None:
-                sq = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2)
+                sq = torch.stack(norms(grads)).pow(2)    # FSDP2: over every rank's shard
             else:
                 sq = torch.stack([g.to(device) for g in grads]).pow(2)
             out.index_add_(0, index, sq)

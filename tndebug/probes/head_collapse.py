@@ -19,6 +19,8 @@ seeds, small 300 x 3; dropout 0 vs 0.1): mean pairwise JS 0.28 vs 0.23 bits (tin
 So low entropy alone is not reported, and no_dropout gives no finding.
 
 (1) and (2) are checked at setup (step 0) on a random batch; (3) on the training traces.
+Sharded parameters (FSDP2): the matched Q/K/V weights are gathered whole at setup
+(`tndebug.sharded.full`, every rank at once), so the per-head cosines are the one-process ones.
 Sharp heads alone are normal (confident single-token heads, copy alignments).
 """
 from __future__ import annotations

@@ -42,7 +42,8 @@ How it decides (tensors and behaviour only; FAILURE_MODES 2.6, 6):
   --fault no_warmup_high_lr --steps 300`): a warning at step 64 (stall: 1.3% fall, gradient
   0.043x); the user loops at seed 0 for 150 steps: info.
 Setup traces a random batch itself (forward and backward, eval mode); the training traces of
-the early steps are used only when setup could not run the model.
+the early steps are used only when setup could not run the model. Sharded parameters (FSDP2):
+the gradient norm from the ranks' local shards, summed over the ranks (`grad_norms_of`).
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ from tndebug.notes import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
 from tndebug.probes import _norm_gain
 from tndebug.probes._residual import NORM_TOL, normalised_residuals, residual_carries
-from tndebug.probes.base import Probe, RunContext, StepInfo, grad_norm_of
+from tndebug.probes.base import Probe, RunContext, StepInfo, grad_norms_of
 from tndebug.probes.schedule import Schedule
 from tndebug.capture.trace import StreamPoint, Trace
 
@@ -160,7 +161,7 @@ class LnPlacement(Probe):
     def _grad_norm(self, info: StepInfo):
         """‖∇θ L‖ over every parameter with a gradient (a device scalar, no sync), or None."""
         model = self._run.subject.model if self._run is not None else None
-        norms = [n for n in (grad_norm_of(p, info) for p in model.parameters()) if n is not None] \
+        norms = [n for n in grad_norms_of(model.parameters(), info) if n is not None] \
             if model is not None else []
         if not norms:
             return None

@@ -2,6 +2,8 @@
 
 Observed lr = StepInfo.lr (the lr actually in the optimizer at that step), else the first
 param group's. Declared lr = run.lr_schedule(step).
+Sharded parameters (FSDP2): the update ratio's norms and the gradient norm from the ranks'
+local shards, summed over the ranks in the optimizer's hooks (`tndebug.sharded.norms`): no gather.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from tndebug.notes import FAULT_NOTES
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.schedule import every
+from tndebug.sharded import norms
 from tndebug.capture.trace import Trace
 
 # MISMATCH exact in kind (round-off), RESUME_JUMP from FAILURE_MODES 7d: no run; clean on realbugs' healthy loops.
@@ -129,8 +132,8 @@ class LrScheduleProbe(Probe):
             return
         with torch.no_grad():                        # on the device: no host sync here
             self._before = [p.detach().clone() for _, p in self._mats]
-            grads = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
-                     for p in self._run.subject.model.parameters() if p.grad is not None]
+            grads = norms([p.grad for p in self._run.subject.model.parameters()
+                           if p.grad is not None])    # FSDP2: over every rank's shard
             if grads:
                 self._gnorms.append(torch.linalg.vector_norm(torch.stack(
                     [g.to(grads[0].device) for g in grads])))
@@ -142,9 +145,9 @@ class LrScheduleProbe(Probe):
         if before is None:
             return
         with torch.no_grad():
-            ratios = [torch.linalg.vector_norm(p.detach() - w0, dtype=torch.float32)
-                      / torch.linalg.vector_norm(w0, dtype=torch.float32)
-                      for (_, p), w0 in zip(self._mats, before)]
+            n = len(before)          # a DTensor's difference stays sharded: no gather
+            both = norms([p.detach() - w0 for (_, p), w0 in zip(self._mats, before)] + before)
+            ratios = [a / b for a, b in zip(both[:n], both[n:])]
         lr = self._run.optimizer.param_groups[0].get("lr") if self._run.optimizer else None
         lr = float(lr) if isinstance(lr, (int, float)) else None
         self._ratios.append((step, [r.to(ratios[0].device) for r in ratios], lr))

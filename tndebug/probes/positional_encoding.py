@@ -10,6 +10,9 @@ Three tests at setup, all in eval mode and from behaviour only:
   embedding taps (a bug may compute the PE and never add it);
 * overflow: feed one constant-token sequence as long as the model accepts; the embedding rows
   then differ only by position, so two positions with identical rows share a PE row.
+Sharded parameters (FSDP2): the token table the embedding scale is fitted against is gathered
+whole (`tndebug.sharded.full`, every rank at the same moment); the float64 second looks are not
+taken on a sharded model (FSDP2 keeps its own views of each shard), the float32 result stands.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from tndebug.probes import _pe_causal, _pe_order
 from tndebug.probes._misc_stats import first_reason, rel_diff, rms
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
+from tndebug.sharded import full
 from tndebug.subject import Subject
 from tndebug.capture.trace import Trace
 
@@ -522,7 +526,7 @@ def _fitted_scale(subject: Subject, tok: torch.Tensor, tokens: torch.Tensor | No
     for p in subject.model.parameters():
         if p.dim() != 2 or p.shape[1] != d or p.shape[0] <= top:
             continue
-        rows = p.detach()[tokens].to(tok.dtype)                         # [B, T, d]
+        rows = full(p.detach())[tokens].to(tok.dtype)                   # [B, T, d] (FSDP2: gathered)
         denom = rows.pow(2).sum()
         if denom == 0:
             continue

@@ -17,6 +17,11 @@ How it decides (exact, from the gradients as the run leaves them; no extra forwa
   set_to_none), the same tensor modified in place since (zeroed: `zero_grad(set_to_none=False)`),
   or the very same tensor at the very same version, non-zero: the previous step's gradient,
   untouched, about to receive this step's. The last is the bug, exactly: error.
+Sharded parameters (FSDP2): backward never reaches the sharded parameter itself (FSDP computes
+the gradient of a gathered copy and reduce-scatters it into the shard's `.grad`, adding to what
+is there), so the moment is the start of backward through the model instead (a hook on its
+output's gradient: before any reduce-scatter of the step), and the test reads this rank's shard
+of `.grad` (`tndebug.sharded.local`; each rank decides on its own shard, the findings merge).
 Gradient accumulation over micro-batches (several backward calls, one step) is unaffected: only
 the first backward after each step is looked at. Clipping and GradScaler's unscale act before
 the step, so what the post-hook notes is what the next backward would add to.
@@ -29,6 +34,7 @@ import torch
 
 from tndebug.probes.base import Probe, ResumeInfo, RunContext
 from tndebug.probes.schedule import own_hooks
+from tndebug.sharded import any_sharded, local
 
 TRACKED = 3           # parameters watched: one shows the bug; the smallest keep the check cheap
 
@@ -67,8 +73,12 @@ class ZeroGradProbe(Probe):
             return
         self._params = sorted(named, key=lambda np_: np_[1].numel())[:TRACKED]
         me = weakref.ref(self)
-        for i, (_, p) in enumerate(self._params):
-            self._handles.append(p.register_hook(lambda g, i=i: _incoming(me, i)))
+        if any_sharded(p for _, p in self._params):
+            self._handles.append(run.subject.model.register_forward_hook(
+                lambda mod, args, out: _on_output(me, out)))
+        else:
+            for i, (_, p) in enumerate(self._params):
+                self._handles.append(p.register_hook(lambda g, i=i: _incoming(me, i)))
         self._handles.append(run.optimizer.register_step_post_hook(
             lambda opt, args, kwargs: _stepped(me)))
 
@@ -80,7 +90,7 @@ class ZeroGradProbe(Probe):
         self.steps += 1
         for i, (_, p) in enumerate(self._params):
             g = p.grad
-            self._after[i] = None if g is None else (g, g._version)
+            self._after[i] = None if g is None else (g, local(g)._version)
             self._armed.add(i)
         self._fresh = True                       # the next backward is this step's first
 
@@ -94,8 +104,8 @@ class ZeroGradProbe(Probe):
             self.checked_steps += 1
         name, p = self._params[i]
         before, now = self._after.get(i), p.grad
-        carried = (before is not None and now is before[0] and now._version == before[1]
-                   and bool(now.detach().ne(0).any()))
+        carried = (before is not None and now is before[0] and local(now)._version == before[1]
+                   and bool(local(now).detach().ne(0).any()))
         self.cover("", "checked")
         if not carried:
             return
@@ -129,6 +139,25 @@ def _incoming(ref, i: int) -> None:
     if probe is not None:
         probe.incoming(i)
     return None                       # the gradient passes unchanged
+
+
+def _on_output(ref, out) -> None:
+    """The model's output (a tensor, or a tuple, list or dict of them): the first gradient to
+    reach one of them starts backward through the model (FSDP2's moment, see the docstring)."""
+    probe = ref()
+    if probe is None or not probe._armed or not torch.is_grad_enabled():
+        return
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else (out,)
+    for t in values:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            t.register_hook(lambda g: _every_incoming(ref))
+
+
+def _every_incoming(ref) -> None:
+    probe = ref()
+    if probe is not None:
+        for i in range(len(probe._params)):
+            probe.incoming(i)
 
 
 def _stepped(ref) -> None:
