@@ -25,8 +25,8 @@ LAYERS = {
     "inject": 1,                      # the notes' faults, put into that model from outside
     "capture": 2, "subject": 2,       # a Trace from any model; the model as the probes call it
     "probes": 3, "harness": 3,        # the probes (harness: the probes on our model, for tests)
-    "driver": 4,                      # drives the probes once (probe_once)
-    "judge": 4,                       # every re-judgement after the probes; conclude() -> Report
+    "driver": 4,                      # drives the probes once, builds a Report
+    "at_init": 4,                     # design judged on a fresh initialisation (triage, library)
     "judge_collateral": 4,            # symptoms of a broken update re-judged as its consequences
     "reporters": 5,                   # console, markdown, plots, TensorBoard
     # front-ends
