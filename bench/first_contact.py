@@ -10,10 +10,17 @@
 * front-ends: `tndebug triage --model ... --data ids.pt` of a decoder-only model (--pad-id none)
   and of an encoder-only one (tests/foreign/minibert_corpus.py), on their own ids; a refusal
   (exit 2) of that valid input counts.
+* sequence-first: an encoder-decoder written here on [L, B] tensors (nn.MultiheadAttention's
+  default layout, hand-written pre-LN layers, learned positions, right-padded copy rows, pad 0)
+  trained by a loop that calls `model(src.T, tgt.T)` and gets [T, B, V], under `watch` with the
+  `forward=` and `batch=` docs/library.md gives for that call.
+* resume: `tndebug run --preset tiny` for 120 steps, then `tndebug run --resume DIR --steps 80`;
+  and the char loop trained 300 steps, its model, optimizer and step saved, then loaded into new
+  objects and continued 300 steps under `watch(start_step=300)`. A healthy resumed run counts
+  as flagged on any warning or error, and as not clean on any verdict but clean.
 
 Per kind: healthy runs flagged (a warning or error; target 0), loop bugs named (target all, with
-no collateral error) and front-ends that refused valid input (target 0). Not here yet: a
-sequence-first model and a resumed run (issue 44 lists both).
+no collateral error) and front-ends that refused valid input (target 0).
 
     python bench/first_contact.py [--seeds 2] [--steps 600] [--out bench/results/first_contact]
 """
@@ -148,6 +155,140 @@ def front_ends(model: torch.nn.Module, data: torch.Tensor, tmp: Path, seed: int)
     return recs
 
 
+class SeqFirst(torch.nn.Module):
+    """A user's encoder-decoder on sequence-first tensors: model(src [S, B], tgt [T, B]) ->
+    logits [T, B, V]; pre-LN layers around nn.MultiheadAttention (batch_first=False)."""
+    V, PAD, BOS, D = 16, 0, 1, 32
+
+    class Block(torch.nn.Module):
+        def __init__(self, d: int, cross: bool):
+            super().__init__()
+            nn = torch.nn
+            self.ln1, self.att = nn.LayerNorm(d), nn.MultiheadAttention(d, 4)
+            self.ln2 = nn.LayerNorm(d) if cross else None
+            self.cross = nn.MultiheadAttention(d, 4) if cross else None
+            self.ln3 = nn.LayerNorm(d)
+            self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x, pad, mem=None, mem_pad=None, causal=None):       # x [L, B, d]
+            h = self.ln1(x)
+            x = x + self.att(h, h, h, key_padding_mask=pad, attn_mask=causal, need_weights=False)[0]
+            if self.cross is not None:
+                h = self.ln2(x)
+                x = x + self.cross(h, mem, mem, key_padding_mask=mem_pad, need_weights=False)[0]
+            return x + self.ff(self.ln3(x))
+
+    def __init__(self):
+        super().__init__()
+        nn, d = torch.nn, self.D
+        self.emb, self.pos = nn.Embedding(self.V, d), nn.Embedding(64, d)
+        self.enc = nn.ModuleList([self.Block(d, False) for _ in range(2)])
+        self.dec = nn.ModuleList([self.Block(d, True) for _ in range(2)])
+        self.ln_e, self.ln_d, self.head = nn.LayerNorm(d), nn.LayerNorm(d), nn.Linear(d, self.V)
+
+    def embed(self, ids):                                                 # [L, B] -> [L, B, d]
+        return self.emb(ids) * self.D ** 0.5 + self.pos(torch.arange(ids.shape[0]))[:, None]
+
+    def forward(self, src, tgt):
+        sp, tp = (src == self.PAD).T, (tgt == self.PAD).T                 # [B, L]
+        causal = torch.ones(tgt.shape[0], tgt.shape[0], dtype=torch.bool).triu(1)
+        m = self.embed(src)
+        for b in self.enc:
+            m = b(m, sp)
+        m, x = self.ln_e(m), self.embed(tgt)
+        for b in self.dec:
+            x = b(x, tp, m, sp, causal)
+        return self.head(self.ln_d(x))                                    # [T, B, V]
+
+
+def seq_first(seed: int, steps: int) -> dict:
+    """The sequence-first model on right-padded copy rows, under watch with forward= and batch=."""
+    torch.manual_seed(seed)
+    model, M = SeqFirst(), SeqFirst
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
+    g = torch.Generator().manual_seed(seed)
+    t0 = time.perf_counter()
+    with tndebug.watch(model, opt, forward=lambda m, src, tgt, pad_id: m(src.T, tgt.T).transpose(0, 1),
+                       batch=lambda args, kwargs: (args[0].T, args[1].T), pad_id=M.PAD,
+                       bos_id=M.BOS, quiet=True, total_steps=steps, lr_schedule=sched) as dbg:
+        model.train()
+        for _ in range(steps):
+            src = torch.randint(2, M.V, (32, 10), generator=g)
+            n = torch.randint(3, 11, (32, 1), generator=g)
+            src = src.masked_fill(torch.arange(10) >= n, M.PAD)                # [B, S], right-padded
+            tgt = torch.cat([torch.full((32, 1), M.BOS), src], 1)              # [B, S + 1]
+            logits = model(src.T, tgt[:, :-1].T)                              # [T, B, V]
+            loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].T.flatten(), ignore_index=M.PAD)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    rec = score(dbg.report, "sequence-first", "model(src.T, tgt.T) under watch(batch=)", None, seed)
+    rec.update(loss_last=round(float(loss.detach()), 3), wall_s=round(time.perf_counter() - t0, 1))
+    return rec
+
+
+def resumed_watch(seed: int, steps: int, tmp: Path) -> dict:
+    """The healthy char loop for steps // 2, saved; loaded into new objects and continued to
+    `steps` under watch(start_step=steps // 2)."""
+    data, vocab = text()
+    half = steps // 2
+    g = torch.Generator().manual_seed(seed)
+
+    def train(model, opt, n, dbg=None):
+        for _ in range(n):
+            ix = torch.randint(len(data) - BLOCK - 2, (BATCH,), generator=g).tolist()
+            x = torch.stack([data[i:i + BLOCK] for i in ix])
+            y = torch.stack([data[i + 1:i + 1 + BLOCK] for i in ix])
+            loss = F.cross_entropy(model(x)[0].flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        return loss
+
+    torch.manual_seed(seed)
+    model = chargpt.build(vocab_size=vocab)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    train(model, opt, half)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": half},
+               tmp / "user_ckpt.pt")
+    ck = torch.load(tmp / "user_ckpt.pt", weights_only=True)
+    model = chargpt.build(vocab_size=vocab)
+    model.load_state_dict(ck["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt.load_state_dict(ck["optimizer"])
+    t0 = time.perf_counter()
+    with tndebug.watch(model, opt, forward=chargpt.forward, quiet=True, pad_id=None,
+                       start_step=ck["step"], total_steps=steps) as dbg:
+        model.train()
+        loss = train(model, opt, steps - half)
+    rec = score(dbg.report, "resume", f"char loop resumed at step {half} under watch(start_step=)",
+                None, seed)
+    rec.update(loss_last=round(float(loss.detach()), 3), wall_s=round(time.perf_counter() - t0, 1),
+               clean=dbg.report.verdict == "clean")
+    return rec
+
+
+def resumed_run(seed: int, tmp: Path) -> dict:
+    """tndebug run --preset tiny --steps 120, then --resume DIR --steps 80."""
+    from tndebug.cli import main
+    out = tmp / f"run{seed}"
+    t0 = time.perf_counter()
+    rcs = [main(["run", "--preset", "tiny", "--steps", "120", "--seed", str(seed), "--out", str(out),
+                 "--format", "json"]),
+           main(["run", "--resume", str(out), "--steps", "80", "--format", "json"])]
+    rep = json.loads((out / "report.json").read_text())
+    loud = sorted({f["code"] for f in rep["findings"] if f["severity"] in ("warning", "error")})
+    return {"kind": "resume", "case": "tndebug run --preset tiny 120 steps, --resume +80",
+            "fault": "healthy", "seed": seed, "verdict": rep["verdict"], "loud": loud,
+            "flagged": bool(loud), "clean": rep["verdict"] == "clean", "rc": rcs,
+            "resumed_from_step": rep["run"].get("resumed_from_step"),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
 def summarise(records: list[dict]) -> dict:
     """Per kind: healthy runs flagged, bugs named (with no collateral error), refusals."""
     out = {}
@@ -158,7 +299,8 @@ def summarise(records: list[dict]) -> dict:
         out[kind] = {"healthy": len(healthy), "flagged": sum(bool(r.get("flagged")) for r in healthy),
                      "bugs": len(bugs), "named": sum(r["named"] for r in bugs),
                      "named_clean": sum(r["named"] and not r["collateral"] for r in bugs),
-                     "refused": sum(bool(r.get("refused")) for r in rs)}
+                     "refused": sum(bool(r.get("refused")) for r in rs),
+                     "not_clean": sum(r.get("verdict") != "clean" for r in healthy)}
     return out
 
 
@@ -167,11 +309,11 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
     L = ["# first contact (issue 44): the user's own loop, data and dtype", "",
          provenance_line(meta["provenance"]) if "provenance" in meta else "", "",
          f"{meta['steps']} steps a loop, seeds {meta['seeds']}; {meta['wall_s']:.0f} s", "",
-         "| kind | healthy flagged (target 0) | bugs named (target all) | named, no collateral error | "
-         "front-ends refused (target 0) |", "|---|---|---|---|---|"]
+         "| kind | healthy flagged (target 0) | healthy not clean | bugs named (target all) | "
+         "named, no collateral error | front-ends refused (target 0) |", "|---|---|---|---|---|---|"]
     for kind, c in s.items():
-        L.append(f"| {kind} | {c['flagged']}/{c['healthy']} | {c['named']}/{c['bugs']} | "
-                 f"{c['named_clean']}/{c['bugs']} | {c['refused']} |")
+        L.append(f"| {kind} | {c['flagged']}/{c['healthy']} | {c['not_clean']}/{c['healthy']} | "
+                 f"{c['named']}/{c['bugs']} | {c['named_clean']}/{c['bugs']} | {c['refused']} |")
     L += ["", "| kind | case | seed | verdict | warnings and errors |", "|---|---|---|---|---|"]
     for r in records:
         L.append(f"| {r['kind']} | {r['case']} | {r['seed']} | {r.get('verdict', '')} | "
@@ -206,6 +348,9 @@ def main(argv=None) -> int:
             records += sixteen_bit(model, data, seed)
             if not args.no_front_ends and seed == seeds[0]:
                 records += front_ends(model, data, Path(tmp), seed)
+            records.append(seq_first(seed, args.steps))
+            records.append(resumed_watch(seed, args.steps, Path(tmp)))
+            records.append(resumed_run(seed, Path(tmp)))
         for bug in bugs:
             records.append(loop(bug, seeds[0], args.steps)[0])
         for r in records:

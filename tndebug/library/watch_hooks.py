@@ -94,10 +94,16 @@ class _WatchHooks:
             return None
         logits = first_tensor(output)
         tgt_in = self._batch[1] if self._batch is not None else None
-        if logits is not None and tgt_in is not None and logits.dim() == 3 \
-                and tuple(logits.shape[:2]) == tuple(tgt_in.shape) \
-                and logits.shape[-1] == self._subject.tgt_vocab:
+        if logits is None or tgt_in is None or logits.dim() != 3 \
+                or logits.shape[-1] != self._subject.tgt_vocab:
+            return None
+        if tuple(logits.shape[:2]) == tuple(tgt_in.shape):
             self._logits = logits.detach()
+        elif tuple(logits.shape[:2]) == tuple(tgt_in.shape[::-1]):
+            # a sequence-first model (`model(src.T, tgt.T)` -> [T, B, V]) whose batch= gave the
+            # batch-first ids: its logits read the same way. B != T here, so no other reading
+            # fits; a square batch (B == T) matched the line above, read batch-first as before
+            self._logits = logits.detach().transpose(0, 1)
         return None
 
     def _on_opt_step(self, optimizer, args, kwargs):
