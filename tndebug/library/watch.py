@@ -43,6 +43,7 @@ from tndebug import driver
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library import args as A
+from tndebug.library import ranks
 from tndebug.library.live import declared_schedule, live_subject, set_max_len, unwrap
 from tndebug.library.watch_hooks import _WatchHooks
 from tndebug.library.watch_parts import (_BACKWARD, _Hook, _Shielded, _StepCapture, _brief,
@@ -93,6 +94,7 @@ class Watch(_WatchHooks):
         A.count(total_steps, "watch", "total_steps", least=1)
         probes = A.probe_spec(probes, "watch")
         self._overwrite = bool(overwrite)
+        self._sharding = ranks.sharding_of(model)    # "fsdp2" | "ddp" | None, before unwrapping
         self._model = unwrap(model)           # held until the block ends, then only weakly
         self._model_ref = weakref.ref(self._model)
         self._optimizer = _inner_optimizer(optimizer) if optimizer is not None else None
@@ -147,6 +149,7 @@ class Watch(_WatchHooks):
         if self._state != "new":
             raise UsageError("this tndebug.watch(...) was already used; make a new one per run")
         model = self._model_ref()
+        self._handles += ranks.keep_sharded(model, ranks.working(weakref.ref(self)))
         self._t0 = time.perf_counter()
         self._params = list(model.parameters())   # whose .grad the probes' own calls restore
         probes = self._make_probes()
@@ -162,6 +165,8 @@ class Watch(_WatchHooks):
         self._subject.capture = self._capture
         self._dist = self._dist if self._dist is not None else _dist_from_env()
         main = self._dist is None or self._dist.is_main
+        if self.out is not None and not main:
+            ranks.say_not_writing(self._dist.rank, self._dist.world, self.out)
         if self.out is not None and main:
             from tndebug.reporters.session import ReportSession
             # the script's stdout is its own: the full summary there only when asked
@@ -273,6 +278,8 @@ class Watch(_WatchHooks):
         finally:
             for p, g in grads:
                 p.grad = g
+            if self._sharding == "fsdp2" and model is not None:
+                ranks.reshard(model)          # the probes' own forwards leave the root gathered
             if was is not None and model.training != was:
                 model.train(was)
             self._busy = False
@@ -341,6 +348,7 @@ class Watch(_WatchHooks):
             self._dist.broken = True           # the others may be mid-step: no collective now
         if self._dist is not None and self._dist.active:
             findings = self._dist.gather_findings(findings)
+            self._per_rank = ranks.gather_facts(self._dist, ranks.rank_facts(self, status))
         if self._own_failure is not None:
             findings.append(Finding("watch", "warning", f"tndebug stopped probing: "
                                     f"{self._own_failure}", evidence={"traceback": self._own_tb},

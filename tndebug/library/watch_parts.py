@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tndebug.errors import UsageError
+from tndebug.library import ranks
 from tndebug.probes.budget import Budget
 
 if TYPE_CHECKING:
@@ -216,6 +217,7 @@ def run_record(w, engine, status: str, error: str | None) -> dict:
            "final_loss": sum(tail) / len(tail) if tail else None,
            "final_lr": w._optimizer_lr(),
            "world_size": w._dist.world if w._dist is not None else 1,
+           **ranks.run_fields(w),                  # sharding, per-rank facts (several processes)
            "wall_s": round(time.perf_counter() - w._t0, 3),
            "probe_s": round(engine.probe_seconds, 3),
            "probe_s_by_probe": {k: round(v, 3) for k, v in engine.seconds_by_probe.items()}}

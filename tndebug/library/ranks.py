@@ -1,0 +1,133 @@
+"""`tndebug.watch` over several processes (DDP, FSDP2): which sharding the run uses, the one
+line a rank other than 0 says instead of writing a report, the facts each rank saw (gathered
+to rank 0 for the report where they differ), and the guard that keeps an FSDP2 model sharded
+after a probe's own forward raised inside it.
+
+Every rank enters and leaves the watch at the same point of the user's script, so the one
+collective here (`gather_facts`, at the end) is matched on every rank.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from tndebug.sharded import sharding
+
+
+def sharding_of(model: nn.Module) -> str | None:
+    """The model as given to watch: "fsdp2" (parameters are DTensors), "ddp" (a
+    DistributedDataParallel wrapper), None (a plain module)."""
+    return sharding(model)
+
+
+def run_fields(w) -> dict:
+    """report.json's `run` fields of a multi-process watch: the sharding ("fsdp2", "ddp", or
+    "replicated": each rank holds the whole model, DDP's inner module given, or the user's own
+    all-reduce) and, where the ranks differ, each rank's facts. Empty in one process."""
+    if w._dist is None or not w._dist.active:
+        return {}
+    fields = {"sharding": w._sharding or "replicated", "backend": w._dist.backend}
+    differ = differing(getattr(w, "_per_rank", None))
+    if differ:
+        fields["per_rank"] = differ
+    return fields
+
+
+def say_not_writing(rank: int, world: int, out) -> None:
+    """Ranks other than 0 write nothing to `out`; one line on stderr says so."""
+    print(f"tndebug: rank {rank} of {world}: no report here; rank 0 writes the run's one "
+          f"report to {out}", file=sys.stderr, flush=True)
+
+
+def keep_sharded(model: nn.Module, busy) -> list:
+    """Forward hooks that put an FSDP2 model back in its sharded state after the watch's own
+    calls (`busy()` true): after a forward that raised (FSDP2 reshards only after one that
+    returns) and after one without gradients (FSDP2 keeps the root's parameters gathered until
+    the backward that then never comes). Left so, the model hands the probes its gathered
+    parameters, not the ones the optimizer holds, and FSDP frees their memory at the next
+    backward (a probe reading them then crashed in torch). Returns the handles (none for a
+    model without FSDP2)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return []
+    hook = _Reshard(busy)
+    return [m.register_forward_hook(hook, always_call=True) for m in model.modules()
+            if isinstance(m, FSDPModule)]
+
+
+def reshard(model: nn.Module) -> None:
+    """Every FSDP2 module of `model` back to its shards (a no-op where it is already)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def working(ref):
+    """`busy()` for keep_sharded: the watch (a weak reference) is entering or calling probes."""
+    def busy() -> bool:
+        w = ref()
+        return w is not None and (w._busy or w._state != "open")
+    return busy
+
+
+class _Reshard:
+    def __init__(self, busy) -> None:
+        self.busy = busy
+
+    def __call__(self, module, args, output):
+        raised = sys.exc_info()[0] is not None        # called from the forward's exception path
+        if raised or (not torch.is_grad_enabled() and self.busy()):
+            module.reshard()
+        return None
+
+
+def rank_facts(w, status: str) -> dict:
+    """What this rank saw of the run (watch `w`, ending with `status`); rank 0's report lists a
+    rank's value only where the ranks differ (`differing`)."""
+    tail = [x for x in w._history["loss"][-10:] if math.isfinite(x)]
+    return {"steps": w._steps_seen, "stopped_at_step": w._step, "status": status,
+            "diverged_at_step": w.diverged, "device": str(w._device),
+            "final_loss": sum(tail) / len(tail) if tail else None,
+            "failed_probes": sorted(w._failed), "own_failure": w._own_failure}
+
+
+def gather_facts(dist, facts: dict) -> list[dict] | None:
+    """Every rank's facts on rank 0 (None elsewhere, or after a failure: no collective then)."""
+    import torch.distributed as tdist
+    if dist is None or not dist.active or dist.broken:
+        return None
+    out = [None] * dist.world if dist.is_main else None
+    tdist.gather_object(facts, out, dst=0, group=dist.control)
+    return out
+
+
+def differing(per_rank: list[dict] | None) -> dict:
+    """{fact: [value on rank 0, rank 1, ...]} for the facts on which the ranks disagree (a loss
+    within 1e-6 relative is the same loss: the ranks' mean is what every rank logs)."""
+    if not per_rank:
+        return {}
+    out = {}
+    for key in per_rank[0]:
+        values = [r.get(key) for r in per_rank]
+        if key == "final_loss":
+            same = all(_close(v, values[0], 1e-6) for v in values)
+        else:
+            same = all(v == values[0] for v in values)
+        if not same:
+            out[key] = values
+    return out
+
+
+def _close(a: Any, b: Any, rel: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
