@@ -114,7 +114,10 @@ def make_arm_probes(arm: str, only: str | None = None):
 
 def one_arm(arm: str, args, only: str | None = None) -> dict:
     from tndebug.train import TrainConfig, model_config, run_training
-    tcfg = TrainConfig(task="copy", steps=args.steps, seed=args.seed, device=args.device)
+    # default: the run's own probe budget (TrainConfig.probe_budget); every1: every probe on
+    # every step, so no budget may defer a look
+    tcfg = TrainConfig(task="copy", steps=args.steps, seed=args.seed, device=args.device,
+                       **({"probe_budget": None} if arm == "every1" else {}))
     mcfg = model_config("copy", args.preset, "pre")
     probes, costs = make_arm_probes(arm, only)
     clock = StepClock()
@@ -163,7 +166,8 @@ def memory_arm(arm: str, args) -> dict:
     """Run one arm in this (fresh) process and return its peak memory."""
     from tndebug.train import TrainConfig, model_config, run_training
     import resource
-    tcfg = TrainConfig(task="copy", steps=args.memory_steps, seed=args.seed, device=args.device)
+    tcfg = TrainConfig(task="copy", steps=args.memory_steps, seed=args.seed, device=args.device,
+                       **({"probe_budget": None} if arm == "every1" else {}))
     mcfg = model_config("copy", args.preset, "pre")
     probes, _ = make_arm_probes(arm)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

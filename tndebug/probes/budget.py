@@ -75,9 +75,16 @@ class Budget:
         self.thinned[name] = self.thinned.get(name, 0) + 1
 
     def summary(self) -> dict:
-        """What the report says about the budget (run.probe_budget)."""
+        """What the report says about the budget (run.probe_budget): what it spent, and the
+        scheduled looks it deferred (`thinned`, probe -> steps skipped), in words (`note`)."""
         user = self.step_s * self.steps
-        return {"fraction": self.fraction, "user_step_s": round(self.step_s, 6),
-                "steps_measured": self.steps, "spent_s": round(self.spent_s, 4),
-                "spent_fraction": round(self.spent_s / user, 4) if user > 0 else None,
-                "thinned": dict(self.thinned)}
+        out = {"fraction": self.fraction, "user_step_s": round(self.step_s, 6),
+               "steps_measured": self.steps, "spent_s": round(self.spent_s, 4),
+               "spent_fraction": round(self.spent_s / user, 4) if user > 0 else None,
+               "thinned": dict(self.thinned)}
+        if self.thinned:
+            each = ", ".join(f"{name} {n}" for name, n in sorted(self.thinned.items()))
+            out["note"] = (f"scheduled looks deferred to keep the probes within {self.fraction:.0%} "
+                           f"of the step time: {each} steps skipped; each probe still looked at "
+                           "least once, and the exempt probes every time they were due")
+        return out

@@ -144,11 +144,13 @@ class ProbeEngine:
         return trace
 
     def _within_budget(self, due: list[Probe], final: bool) -> list[Probe]:
-        """The due probes this step can afford: over budget, only first observations and the
-        probes that capture nothing (the loss, the lr: a sync at most) stay (budget.py; the
+        """The due probes this step can afford: over budget, only first observations, the
+        probes that capture nothing (the loss, the lr: a sync at most) and those whose first
+        sight of a bug is the point (`budget_exempt`: nan-scores) stay (budget.py; the
         front-end times the step and records it)."""
         if not final and any(p.reads for p in due) and not self.budget.allows():
-            kept = [p for p in due if not p.reads or p.observed_steps == 0]
+            kept = [p for p in due if not p.reads or p.observed_steps == 0
+                    or getattr(p, "budget_exempt", False)]
             for p in due:
                 if p not in kept:
                     self.budget.thin(p.name)

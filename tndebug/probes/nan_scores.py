@@ -150,6 +150,9 @@ class NanScores(Probe):
     # A NaN between probed steps still gets named: the trainer calls on_divergence, which
     # replays that batch with every tap.
     default_schedule = staticmethod(lambda: log_spaced(50))
+    # never deferred by a probe budget (probes/budget.py): the first step a NaN appears on is
+    # what this probe names; its scheduled looks are sparse (9 in 400 steps) and one sum each
+    budget_exempt = True
 
     def __init__(self, schedule=None) -> None:
         super().__init__(schedule)

@@ -48,6 +48,10 @@ class TrainConfig:
     save_every: int = 100         # steps between periodic checkpoints (0: only at the end); a save
                                   # of the small preset is ~0.008 s CPU, a step ~0.035 s (1 CPU
                                   # thread): 100 keeps saving < 1% of training time
+    probe_budget: float | None = 0.03   # the probed steps may cost this share of the measured
+                                  # step time (probes/budget.py, DEFAULT_FRACTION: <= 1.03x, as
+                                  # in `watch`); None: every scheduled look (one process only:
+                                  # under DDP the ranks must probe the same steps, so no budget)
 
     def __post_init__(self) -> None:
         if self.task not in TASK_NAMES:      # tndebug.data (torch) is not imported: the CLI's parser reads _D
@@ -58,6 +62,9 @@ class TrainConfig:
                              "warmup >= 1, save_every >= 0")
         if not (math.isfinite(self.lr_factor) and self.lr_factor > 0):
             raise ValueError(f"lr_factor={self.lr_factor}: need a finite number > 0")
+        if self.probe_budget is not None and not (isinstance(self.probe_budget, (int, float))
+                                                  and 0 <= self.probe_budget <= 1):
+            raise ValueError(f"probe_budget={self.probe_budget!r}: need a share in [0, 1] or None")
         if self.device not in DEVICES:
             raise ValueError(f"device={self.device!r}; expected one of {DEVICES}")
         if self.amp not in AMPS:

@@ -27,6 +27,7 @@ from tndebug.data import as_lm, data_generator, eval_set, get_task, misshift
 from tndebug.errors import UsageError
 from tndebug.inject import make_model
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
+from tndebug.probes.budget import Budget
 from tndebug.probes.engine import ProbeEngine
 from tndebug.report import Report
 from tndebug.subject import tndebug_subject
@@ -211,7 +212,12 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                      lr_schedule=schedule, compute_dtype=compute_dtype, device=str(device),
                      total_steps=end_step)
     probe_list, unavailable = build_probes(probes)
-    engine = ProbeEngine(probe_list, run, sinks=getattr(session, "sinks", ()), reducer=dist.reducer)
+    # the probes' cost within a share of the measured step time, as in watch (probes/budget.py);
+    # not under DDP: every rank must probe the same steps
+    budget = Budget(train_cfg.probe_budget) if train_cfg.probe_budget is not None \
+        and not dist.active else None
+    engine = ProbeEngine(probe_list, run, sinks=getattr(session, "sinks", ()), reducer=dist.reducer,
+                         budget=budget)
     train_model = dist.wrap(model)           # probes stay on `model` (ddp.module)
     lm = model_cfg.arch == "decoder"         # one sequence per row (data.as_lm), model(ids)
     losses = distributed.LossLog(dist)       # the loss stays on the device until read
@@ -257,7 +263,9 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                 tokens += batch.ntokens                    # counted on the host, before the copy
                 part = dist.shard(batch)                   # this rank's rows of the global batch
                 src, tgt_in, tgt_out = distributed.to_device(part, device)
-                engine.begin_step(step, src, tgt_in)
+                t_step, own0 = time.perf_counter(), engine.probe_seconds   # the budget's step
+                probed = engine.begin_step(step, src, tgt_in) is not None and not engine.host_only
+                t_begin = time.perf_counter() - t_step     # the engine's own time, as below
                 with autocast():
                     logits = train_model(tgt_in) if lm else train_model(src, tgt_in)   # [B, T, V]
                 loss = criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
@@ -291,6 +299,9 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                     scaler.update()
                 else:
                     opt.step()
+                if budget is not None:     # forward to update; `own`: the engine's share,
+                    budget.record(time.perf_counter() - t_step, probed,     # paid every step
+                                  own=t_begin + engine.probe_seconds - own0)
                 sched_step, global_step, last_lr = sched_step + 1, step + 1, lr
                 if out_dir is not None and train_cfg.save_every and global_step % train_cfg.save_every == 0 \
                         and global_step < end_step:          # the last one is written below
@@ -346,6 +357,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
         "peak_gpu_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "checkpoint": str(path) if path else None,
         "world_size": dist.world, "error": error,
+        "probe_budget": budget.summary() if budget is not None else None,
     }
     statuses = engine.statuses(findings)      # every rank's findings under DDP
     statuses.update({n: {"status": "skipped", "reason": why} for n, why in unavailable.items()})
