@@ -67,7 +67,9 @@ def switch_lines(file: str | Path, bug: str) -> list[int]:
     except (OSError, SyntaxError):
         return []
     lines: set[int] = set()
-    for node in ast.walk(tree):
+    inside = [n for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for n in ast.walk(f)]                  # a module's list of bug names is no site
+    for node in inside:
         if not isinstance(node, ast.stmt) or isinstance(node, (ast.FunctionDef, ast.ClassDef,
                                                                 ast.AsyncFunctionDef)):
             continue
@@ -134,3 +136,14 @@ def summary_line(s: dict) -> str:
     n, g, r = s["named_with_known_line"], s["line_given"], s["line_right"]
     return (f"line right {r}/{g} where a line is given ({r / g:.0%})" if g else "no line given") + \
         f", line given {g}/{n} named bugs, in the bug's function {s['function_right']}/{g}"
+
+
+def spans(lines: list[int]) -> str:
+    """[3, 4, 5, 9] -> '3-5, 9'."""
+    out: list[str] = []
+    for ln in sorted(set(lines)):
+        if out and ln == int(out[-1].rsplit("-", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{ln}"
+        else:
+            out.append(str(ln))
+    return ", ".join(out)

@@ -310,7 +310,7 @@ def _source_section(records: list[dict]) -> list[str]:
         groups.setdefault(key, []).append(r["seed"])
     yes = {True: "yes", False: "no"}
     for (st, v, fault, bl, srcs, g, ok, fn), seeds in groups.items():
-        span = f"{bl[0]}" if len(bl) == 1 else f"{bl[0]}-{bl[-1]}"
+        span = source_lines.spans(list(bl))
         L.append(f"| {st} | {v} | {fault} | {', '.join(map(str, sorted(seeds)))} | {span} | "
                  f"{'; '.join(srcs) or '(none)'} | {yes[g]} | {yes[ok] if g else '-'} | {yes[fn] if g else '-'} |")
     return L + [""]
@@ -370,6 +370,11 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
           f"collateral errors in {sum('collateral' in r['outcome'] for r in tot_b)}/{len(tot_b)} bug runs "
           f"({_plain(tot_b)}/{len(tot_b)} without the one-stack exemption), "
           f"crashes in {sum(r['outcome'] == 'crash' for r in records)}/{len(records)} runs.", ""]
+    half = [r for r in tot_h if r["variant"] in ("bfloat16", "float16")]
+    if half:                          # issue 44: a half-precision model gets no false error
+        L += [f"16-bit healthy copies (the fp32 checkpoint's weights saved in bfloat16 or float16, "
+              f"triaged as saved): {sum(r['outcome'] == 'false alarm' for r in half)}/{len(half)} flagged "
+              f"({', '.join(sorted({r['style'] + ' ' + r['variant'] for r in half}))}).", ""]
     L += _source_section(records)
     L += ["## Confusion table: style x fault x probe", "",
           "Each cell: E = error, W = warning, in how many of the runs (seeds); **bold** = the probe "

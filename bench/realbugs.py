@@ -248,7 +248,7 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
         sl = r.get("source_line")
         if sl:
             bl = sl["bug_lines"]
-            L.append(f"| `{r['bug']}` | {r['phase']} | {bl[0]}-{bl[-1]} | {'; '.join(sl['sources']) or '(none)'} | "
+            L.append(f"| `{r['bug']}` | {r['phase']} | {source_lines.spans(bl)} | {'; '.join(sl['sources']) or '(none)'} | "
                      f"{yes[sl['given']]} | {yes[sl['right']] if sl['given'] else '-'} | "
                      f"{yes[sl['function_right']] if sl['given'] else '-'} |")
     listing("Missed or misnamed", lambda r: r["outcome"] in ("missed", "misnamed", "crash"),
