@@ -7,8 +7,8 @@ block and on the root) or wrapped in DDP, AdamW, `tndebug.watch` around it on ev
 
 SHARD: fsdp | ddp | none. BUG: healthy | no_scale | no_causal | no_zero_grad (the loop never
 calls opt.zero_grad(): gradients add up). Every rank draws the same global batch and trains on
-its own half of the rows. Every rank writes OUT/rank<r>.json (its exit code, world size,
-verdict, whether it wrote OUT/report.json); rank 0 alone writes the report.
+its own half of the rows. Rank 0's watch writes the report into OUT; every rank writes
+OUT.ranks/rank<r>.json (its exit code, world size, verdict, findings, last loss).
 """
 from __future__ import annotations
 
@@ -79,8 +79,9 @@ def main(out: str, how: str, bug: str, steps: int = 80) -> int:
                 opt.zero_grad()
             loss.backward()
             opt.step()
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / f"rank{rank}.json").write_text(json.dumps(
+    ranks = Path(f"{out}.ranks")                           # beside OUT: OUT is tndebug's alone
+    ranks.mkdir(parents=True, exist_ok=True)
+    (ranks / f"rank{rank}.json").write_text(json.dumps(
         {"exit_code": dbg.exit_code, "world": dbg.report.run.get("world_size"),
          "verdict": dbg.report.verdict, "loss": float(loss.detach()),
          "findings": [[f.code, f.severity, f.message] for f in dbg.report.findings]}))
