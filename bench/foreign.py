@@ -43,7 +43,9 @@ import tndebug  # noqa: E402
 from tndebug.triage import TRIAGE_PROBES  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "foreign"
-OUT_STYLES = ROOT / "bench" / "results" / "foreign_styles"
+# --corpus styles: 600 steps (issue 45), healthy over 2 seeds, each bug over 1
+STYLE_DEFAULTS = {"--seeds": 2, "--bug-seeds": 1, "--steps": 600,
+                  "--out": str(ROOT / "bench" / "results" / "foreign_styles")}
 # styles whose bugs are put into an installed package's modules from outside (the user's file
 # holds only the switch): no line of the user's is the bug's, so no source-line score
 IN_PACKAGE = frozenset({"hf-bart", "hf-marian", "hf-t5", "xtransformers", "xgpt"})
@@ -433,15 +435,15 @@ def main(argv=None) -> int:
                     help="styles: the user-style decoder-only corpus (tests/foreign/styles_corpus.py; "
                          "--steps then defaults to 600, --seeds to 2, --bug-seeds to 1, --out to "
                          "bench/results/foreign_styles)")
-    ap.add_argument("--seeds", type=int, default=None, help="init seeds per healthy model (default 5)")
-    ap.add_argument("--bug-seeds", type=int, default=None, help="init seeds per bug (default 3)")
-    ap.add_argument("--steps", type=int, default=None,
+    ap.add_argument("--seeds", type=int, default=5, help="init seeds per healthy model (default 5)")
+    ap.add_argument("--bug-seeds", type=int, default=3, help="init seeds per bug (default 3)")
+    ap.add_argument("--steps", type=int, default=10,
                     help="training steps of the encoder-decoder styles before saving (default 10)")
     ap.add_argument("--one-stack-steps", type=int, default=None, metavar="N",
                     help="training steps of the nanoGPT and MiniBERT corpora (default: their own, "
                          f"{', '.join(f'{k} {v}' for k, v in _own_steps().items())})")
     ap.add_argument("--styles", default=None, help="comma-separated styles (default: all)")
-    ap.add_argument("--out", default=None, help="output path without suffix (.md and .json)")
+    ap.add_argument("--out", default=str(OUT), help="output path without suffix (.md and .json)")
     ap.add_argument("--at", default=None, metavar="COMMIT",
                     help="triage with tndebug/ as it was at COMMIT (extracted with git archive into a "
                          "temporary folder put first on PYTHONPATH); the corpus is the current one")
@@ -450,13 +452,11 @@ def main(argv=None) -> int:
         return _rerun_at(args.at, sys.argv[1:] if argv is None else list(argv))
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
-    styles_mode = args.corpus == "styles"
-    defaults = (2, 1, 600, OUT_STYLES) if styles_mode else (5, 3, 10, OUT)
-    args.seeds = defaults[0] if args.seeds is None else args.seeds
-    args.bug_seeds = defaults[1] if args.bug_seeds is None else args.bug_seeds
-    args.steps = defaults[2] if args.steps is None else args.steps
-    args.out = str(defaults[3]) if args.out is None else args.out
-    if styles_mode:
+    if args.corpus == "styles":          # its own defaults where the flag was not given
+        given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv)}
+        for flag, value in STYLE_DEFAULTS.items():
+            if flag not in given:
+                setattr(args, flag.lstrip("-").replace("-", "_"), value)
         if styles_corpus is None:
             ap.error("--corpus styles: this tndebug cannot import tests/foreign/styles_corpus.py")
         chosen = set(args.styles.split(",")) if args.styles else set(styles_corpus.STYLES)
