@@ -72,3 +72,28 @@ def test_errors_check_fits_and_says_each_thing_once(console80):
         numbers = re.findall(r"=(-?\d[\d.e+-]*)", chunk.split("fix:")[0])
         assert numbers and len(numbers) <= 4, numbers
         assert all(len(re.sub(r"[^0-9]", "", n.split("e")[0]).lstrip("0")) <= 3 for n in numbers), numbers
+
+
+def test_verbose_shows_every_evidence_item_and_the_source_lines(console80):
+    """-v: the evidence in full (each item named, nested values opened, numbers at 3
+    significant digits) and the lines of the user's file around the finding's source line."""
+    code, lines = console80("no_scale", "-v")
+    assert code == 1 and lines[0].startswith("verdict: ERRORS")
+    _fits(lines)
+    text = "\n".join(lines)
+    chunk = " ".join(text.split("evidence:")[1].split("fix:")[0].split())
+    assert len(re.findall(r"\w=", chunk)) > 4 and "(+" not in chunk, chunk      # nothing left out
+    marked = [ln for ln in lines if re.search(r">\s*\d+ \| ", ln)]
+    assert marked and "q @ k.transpose(-2," in marked[0], marked          # the line itself
+    assert len([ln for ln in lines if re.search(r"\s\d+ \| ", ln)]) >= 3         # and around it
+    code, short = console80("no_scale")
+    assert not [ln for ln in short if re.search(r"\d+ \| ", ln)]                # not without -v
+
+
+@pytest.mark.parametrize("command", ["run", "triage", "check"])
+def test_the_three_commands_take_the_same_verbose_flag(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "-v, --verbose" in out
+    assert "each finding's evidence in full, and the lines of your code around its source line" in out

@@ -87,18 +87,6 @@ def lr_factor(text: str) -> float:
     return value
 
 
-def probe_budget(text: str) -> float | str:
-    """--probe-budget: a share of the step time in [0, 1] (0.03 or 3%), or "none" (no budget;
-    kept as the word, so that the flag's absence, None, still means the default)."""
-    if text.strip().lower() in ("none", "off"):
-        return "none"
-    value = _number(float, text.strip().rstrip("%")) / (100 if text.strip().endswith("%") else 1)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be a share of the step time between 0 "
-                                         f"and 1 (0.03 or 3%), or none")
-    return value
-
-
 def positive_float(text: str) -> float:
     """A finite number > 0 (--lr-factor)."""
     value = _number(float, text)
@@ -150,3 +138,12 @@ def add_code_options(p) -> None:
                         "probe names, comma-separated; `tndebug probes --codes` lists them")
     p.add_argument("--ignore", metavar="CODES", default=None,
                    help="drop these finding kinds (codes or probe names, comma-separated)")
+
+
+def add_verbose(p) -> None:
+    """-v for run, triage and check alike: the summary's every finding with its full evidence
+    and its source lines."""
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="text summary: list the info findings of a CLEAN verdict too (else one "
+                        "line says how many), each finding's evidence in full, and the lines "
+                        "of your code around its source line")

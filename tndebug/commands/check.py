@@ -14,7 +14,7 @@ import inspect
 import json
 import sys
 
-from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, out_path, \
+from tndebug.commands._args import HelpFormatter, add_code_options, add_verbose, nonneg_int, out_path, \
     pad_id_or_none, positive_int
 from tndebug.errors import UsageError
 from tndebug.probes import PROBE_NAMES
@@ -68,9 +68,7 @@ def add_parser(sub) -> None:
     p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
                    help="exit 1 when a finding is at least this severe (default error)")
     add_code_options(p)
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="text: list the info findings of a CLEAN check too (else one line says "
-                        "how many)")
+    add_verbose(p)
     p.add_argument("--out", type=out_path, default=None, metavar="DIR",
                    help="also write report.json, report.md, figures/ and tb/ there (default: "
                         "nothing is written)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from tndebug.commands._args import HelpFormatter, add_code_options, nonneg_int, out_path, pad_id_or_none, \
+from tndebug.commands._args import HelpFormatter, add_code_options, add_verbose, nonneg_int, out_path, pad_id_or_none, \
     positive_int
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
@@ -117,6 +117,7 @@ def add_parser(sub) -> None:
     p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
                    help="exit 1 when a finding is at least this severe (default error)")
     add_code_options(p)
+    add_verbose(p)
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="unpickle code in the file (only for files you trust)")
     p.add_argument("--no-figures", action="store_true",
@@ -185,7 +186,7 @@ def _triage(opts, out, args, previous: str | None = None) -> int:
     map_large_blocks()           # freed tensors' pages go back: peak memory (issue 21)
     # figures and tb/ from the probed pass itself; deferred: nothing is written before it succeeded
     session = ReportSession(out, fmt=args.format, tensorboard=tensorboard_place(out, previous),
-                            figures=not args.no_figures, defer=True)
+                            figures=not args.no_figures, defer=True, verbose=args.verbose)
     # stdout is the report's: with --format json or md, what the user's code prints (its import,
     # factory, forward; nanoGPT's "number of parameters: ...") goes to stderr
     theirs = contextlib.redirect_stdout(sys.stderr) if args.format != "text" else contextlib.nullcontext()

@@ -432,6 +432,7 @@ def setup_trace_or_skip(probe, run) -> Trace | None:
         probe.skip(f"setup forward failed: {type(e).__name__}: {e}")
         return None
     if not trace.streams:
-        probe.skip("the capture gives no residual-stream points")
+        probe.skip("no transformer blocks were found in this model's forward (the test reads "
+                   "the stream between them)")
         return None
     return trace

@@ -122,7 +122,7 @@ class HeadCollapse(Probe):
             for hd in handles:
                 hd.remove()
         if not trace.attention:
-            self.skip("the capture gives no attention records")
+            self.skip("no attention probabilities were found in this model's forward")
             return
         for site, rec in trace.attention.items():
             module = modules.get(site)

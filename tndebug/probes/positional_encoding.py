@@ -210,8 +210,8 @@ class PositionalEncodingProbe(Probe):
     # -- 1b. decoder-only: positions applied? (_pe_causal) ---------------------------------------
     def _causal_swap_test(self, subject: Subject) -> None:
         if subject.capture is None:
-            self.cover("", "no verdict", "the positions test reads the attention outputs, and this "
-                       "model's capture gives none")
+            self.cover("", "no verdict", "the positions test reads the attention outputs, and none "
+                       "were found in this model's forward")
             return
         g = torch.Generator().manual_seed(11)
         try:
@@ -287,7 +287,8 @@ class PositionalEncodingProbe(Probe):
         with_pe = []
         for site, parts in trace.embed.items():
             if "tok" not in parts or "out" not in parts:
-                self.skip("the capture gives no token part (tok) and output (out) to compare",
+                self.skip("the token embeddings and their sum with the positions are not both "
+                          "outputs of a module here, so their scales could not be compared",
                           where=site)
                 continue
             tok, out = parts["tok"], parts["out"]

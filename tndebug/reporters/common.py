@@ -129,16 +129,13 @@ def first_sign_text(report: Report) -> str | None:
 
 def probe_groups(report: Report) -> dict[str, list[tuple[str, str]]]:
     """status -> [(probe, reason)] for pass | warn | fail | internal error | no verdict | skipped
-    | not run. A probe that passed what it checked while a part of it that applies did not run
-    (`not_run`: the temperature sweep) is "not run", said once by the NOT CHECKED line, never
-    also "passed" (issue 44: missing-scale was passed, partly checked and NOT CHECKED at once)."""
+    | not run, as `Report.status` says (the one status rule): a probe that passed what it
+    checked while a part of it that applies did not run is "not run", said once by the NOT
+    CHECKED line, never also "passed"."""
     out: dict[str, list[tuple[str, str]]] = {"pass": [], "warn": [], "fail": [], "internal error": [],
                                              "no verdict": [], "skipped": [], "not run": []}
     for name, st in report.probes.items():
-        status = st.get("status", "pass")
-        if status == "pass" and st.get("not_run"):
-            status = "not run"
-        out.setdefault(status, []).append((name, st.get("reason", "")))
+        out.setdefault(report.status(name), []).append((name, st.get("reason", "")))
     return out
 
 
@@ -213,3 +210,22 @@ def brief_text(report: Report, paths: dict[str, str] | None = None, limit: int =
             lines.append(f"  {what}: {text}")
     lines += [f"  {label}: {path}" for label, path in (paths or {}).items()]
     return "\n".join(lines)
+
+
+def _full_value(v) -> str:
+    """A value of the evidence as `-v` shows it: numbers at 3 significant digits, dicts and lists
+    opened (`{delta=1.95, tol=2.76e-05}`), text as it is."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}={_full_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_full_value(x) for x in v) + "]"
+    return str(v)
+
+
+def full_evidence(f, sep: str = ", ") -> str:
+    """Every item of the evidence (`-v`), each named, numbers at 3 significant digits."""
+    return sep.join(f"{k}={_full_value(v)}" for k, v in f.evidence.items())

@@ -20,10 +20,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from rich.table import Table
 from rich.text import Text
 
-from tndebug.capture.source import source_text
+from tndebug.capture.source import context_lines, source_text
 from tndebug.report import Report
 from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, coverage_counts, \
-    break_at_dots, first_sign_text, fmt_value, group_where_text, \
+    break_at_dots, first_sign_text, fmt_value, full_evidence, group_where_text, \
     no_verdict_places, places_text, probe_groups, reasons_text, sorted_groups, status_text, \
     incomplete_text, unchecked_text, where_text
 
@@ -191,6 +191,22 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def source_block(f, verbose: bool) -> Text | None:
+    """`source: FILE:LINE (Class.method): code`; with `-v` the lines around it too, numbered,
+    the finding's own marked `>` (report.md's context)."""
+    if not f.source:
+        return None
+    out = Text()
+    out.append("source: ", style="bold").append(source_text(f.source))
+    if verbose and f.source.get("file") and f.source.get("line"):
+        rows = context_lines(f.source)
+        indent = min((len(t) - len(t.lstrip()) for _, t in rows if t.strip()), default=0)
+        for n, line in rows:              # dedented: the column is narrow at 80 columns
+            mark = ">" if n == f.source["line"] else " "
+            out.append(f"\n{mark}{n:4d} | {line[indent:]}", style="bold" if mark == ">" else "dim")
+    return out
+
+
 def shown_groups(report: Report, verbose: bool = False):
     """The table's rows: every group of findings, except that with a CLEAN verdict the info
     ones are left to report.md (one line says how many) unless `verbose`."""
@@ -213,7 +229,8 @@ def findings_table(report: Report, width: int = PLAIN_WIDTH, verbose: bool = Tru
     """One row per group of findings (one defect in several modules is one row, its places
     listed): severity, probe, where, step, message, evidence, fix on a wide console; on a
     narrower one message, evidence and fix stack in one column, and below NARROW columns the
-    place moves into that column too."""
+    place moves into that column too. `verbose` (`-v`): every item of the evidence, and the
+    source line with the lines around it."""
     t = Table(box=box.SIMPLE_HEAD, show_lines=False, expand=False, pad_edge=False)
     t.add_column("severity", no_wrap=True)
     t.add_column("probe", no_wrap=True)
@@ -234,16 +251,18 @@ def findings_table(report: Report, width: int = PLAIN_WIDTH, verbose: bool = Tru
         if not narrow:
             cells.append(break_at_dots(group_where_text(fs), WHERE_WIDTH))
         cells.append("" if group.step is None else str(group.step))
-        evidence = console_evidence(f, "\n" if wide else ", ")
+        evidence = full_evidence(f, "\n" if wide else ", ") if verbose else \
+            console_evidence(f, "\n" if wide else ", ")
         if many:
             evidence = f"({where_text(f)}) {evidence}" if evidence else ""
         places = f"{group_where_text(fs)}: {places_text(fs, PLACES_SHOWN)}" if many else ""
         message = Text(f.message)
         if many and not narrow:
             message.append("\nin ", style="bold").append(places)
+        source = source_block(f, verbose)
         if wide:
-            if f.source:
-                message.append("\nsource: ", style="bold").append(source_text(f.source))
+            if source:
+                message.append("\n").append(source)
             cells += [message, evidence, f.fix]
         else:
             body = Text()
@@ -252,8 +271,8 @@ def findings_table(report: Report, width: int = PLAIN_WIDTH, verbose: bool = Tru
                 body.append("where: ", style="bold").append(places if many else where_text(f))
                 body.append("\n")
             body.append(message)
-            if f.source:
-                body.append("\nsource: ", style="bold").append(source_text(f.source))
+            if source:
+                body.append("\n").append(source)
             if evidence:
                 body.append("\nevidence: ", style="bold").append(evidence)
             if f.fix:
@@ -395,10 +414,9 @@ def _partly_checked(report: Report) -> list[tuple[str, str]]:
         places, reason = no_verdict_places(st), st.get("reason", "")
         # the reason is the NOT CHECKED line's, printed above: named here, not repeated
         unrun = "; ".join(f"{part} not run (see NOT CHECKED)" for part in st.get("not_run", {}))
-        if st.get("status") not in ("pass", "warn", "fail") or not (places or reason or unrun):
-            continue
-        if st.get("status") == "pass" and unrun:
-            continue                # NOT CHECKED says it, once (common.probe_groups: "not run")
+        status = report.status(name)                    # the one status rule
+        if status not in ("pass", "warn", "fail") or not (places or reason or unrun):
+            continue                # "not run": NOT CHECKED says it, once
         parts = []
         if places:
             c = coverage_counts(st)

@@ -43,12 +43,14 @@ class ReportSession:
         defer: write no file before `finish` (triage: a bad input leaves nothing behind):
             TensorBoard's input is held (`Deferred`) and replayed into tb/ at the end.
         echo: print the summary at the end (`tndebug.check(out=)` prints nothing).
+        verbose: the summary as `-v` prints it (info findings of a CLEAN run too, the full
+            evidence, the source lines around each finding's line).
     """
 
     def __init__(self, out_dir: str | Path, fmt: str = "text", tensorboard: bool = True, *,
                  figures: bool = True, markdown: bool = True, tb_every: int | None = None,
                  resume_step: int | None = None, defer: bool = False,
-                 echo: bool = True) -> None:
+                 echo: bool = True, verbose: bool = False) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"format {fmt!r}; expected one of {', '.join(FORMATS)}")
         self.out_dir = Path(out_dir)
@@ -56,6 +58,7 @@ class ReportSession:
         self.fmt = fmt
         self.figures, self.markdown = figures, markdown
         self.echo = echo
+        self.verbose = verbose
         self.tb_every = tb_every
         self.recorder = Recorder()
         self.tb = None
@@ -194,12 +197,12 @@ class ReportSession:
     def _print(self, report: Report, md: str, paths: dict) -> None:
         if self.fmt == "json":
             console.print_plain((self.out_dir / "report.json").read_text())   # byte for byte
-            console.print_summary(report, console.make_console(stderr=True), paths)
+            console.print_summary(report, console.make_console(stderr=True), paths, self.verbose)
         elif self.fmt == "md":
             console.print_plain(md)
-            console.print_summary(report, console.make_console(stderr=True), paths)
+            console.print_summary(report, console.make_console(stderr=True), paths, self.verbose)
         else:
-            console.print_summary(report, console.make_console(), paths)
+            console.print_summary(report, console.make_console(), paths, self.verbose)
 
 
 class Deferred:
