@@ -87,6 +87,18 @@ def lr_factor(text: str) -> float:
     return value
 
 
+def probe_budget(text: str) -> float | str:
+    """--probe-budget: a share of the step time in [0, 1] (0.03 or 3%), or "none" (no budget;
+    kept as the word, so that the flag's absence, None, still means the default)."""
+    if text.strip().lower() in ("none", "off"):
+        return "none"
+    value = _number(float, text.strip().rstrip("%")) / (100 if text.strip().endswith("%") else 1)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a share of the step time between 0 "
+                                         f"and 1 (0.03 or 3%), or none")
+    return value
+
+
 def positive_float(text: str) -> float:
     """A finite number > 0 (--lr-factor)."""
     value = _number(float, text)

@@ -10,7 +10,7 @@ import signal
 import sys
 
 from tndebug.commands._args import BATCH, NPROC, SEED, STEPS, THREADS as THREADS_ARG, WARMUP, \
-    HelpFormatter, add_code_options, add_verbose, lr_factor, nonneg_int, out_path
+    HelpFormatter, add_code_options, add_verbose, lr_factor, nonneg_int, out_path, probe_budget
 from tndebug.config import ARCHS, NORM_KINDS, NORMS, POSITIONS, PRESETS, ModelConfig
 from tndebug.errors import SigTerm, UsageError
 from tndebug.faults import FAULTS
@@ -74,6 +74,12 @@ def add_parser(sub) -> None:
                    help="switch on a fault (repeatable, or comma-separated); `tndebug faults` lists them")
     p.add_argument("--probe", default="all", metavar="all|none|a,b",
                    help="probes to attach; `tndebug probes` lists them (default all)")
+    p.add_argument("--probe-budget", type=probe_budget, default=None, metavar="SHARE|none",
+                   help="the share of the measured step time the probed steps may cost: over it, "
+                        "scheduled looks are deferred (each probe still looks once, nan-scores "
+                        "every time it is due, the setup's exact tests and the closing snapshot "
+                        "always run); report.json's run.probe_budget says what was deferred; "
+                        "none: every scheduled look; one process only (default 0.03)")
     p.add_argument("--seed", type=SEED, default=None,
                    help="seed for the model, dropout and data (default 0)")
     p.add_argument("--steps", type=STEPS, default=None,
@@ -161,6 +167,8 @@ def configs(args):
     faults = parse_faults(args.fault)
     given = {k: getattr(args, k) for k in ("batch_size", "warmup", "lr_factor", "save_every")
              if getattr(args, k) is not None}
+    if args.probe_budget is not None:
+        given["probe_budget"] = None if args.probe_budget == "none" else args.probe_budget
     if args.resume is None:
         task, preset, norm = args.task or "copy", args.preset or "small", args.norm or "pre"
         arch = args.arch or "seq2seq"
