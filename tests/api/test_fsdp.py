@@ -81,3 +81,28 @@ def test_a_bug_under_sharding_is_named_as_in_one_process(tmp_path, shard, bug, c
     assert errors == {code}, report["findings"]
     assert all(f["rank"] == 0 for f in report["findings"] if f["code"] == code)   # merged once
     assert not [f for f in report["findings"] if f["code"].endswith("/probe-failed")]
+
+
+LIGHTNING = Path(__file__).with_name("lightning_fsdp_worker.py")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("bug,errors", [("healthy", set()), ("no_scale", {"missing-scale/absent"})])
+def test_lightning_callback_under_fsdp2(tmp_path, bug, errors):
+    """Lightning's ModelParallelStrategy (FSDP2: fully_shard in configure_model), gloo, CPU:
+    the callback's one report, as clean as the loop above or naming the missing scale."""
+    pytest.importorskip("pytorch_lightning")
+    out = tmp_path / "run"
+    proc = torchrun(LIGHTNING, [str(out), bug, STEPS],
+                    before_retry=lambda: [shutil.rmtree(p, ignore_errors=True)
+                                          for p in (out, f"{out}.ranks", f"{out}.pl")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["world_size"] == 2 and report["run"]["sharding"] == "fsdp2"
+    assert {c for c, sev in _serious(report) if sev == "error"} == errors, report["findings"]
+    assert not [f for f in report["findings"] if f["code"].endswith("/probe-failed")]
+    if not errors:
+        assert report["verdict"] == "clean", report["findings"]
+    ranks = [json.loads((tmp_path / "run.ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
