@@ -27,9 +27,10 @@ def sharding_of(model: nn.Module) -> str | None:
 def run_fields(w) -> dict:
     """report.json's `run` fields of a multi-process watch: the sharding ("fsdp2", "ddp", or
     "replicated": each rank holds the whole model, DDP's inner module given, or the user's own
-    all-reduce) and, where the ranks differ, each rank's facts. Empty in one process."""
+    all-reduce) and, where the ranks differ, each rank's facts. In one process: the sharding only
+    when the parameters are DTensors (FSDP2 on a one-rank mesh), else nothing."""
     if w._dist is None or not w._dist.active:
-        return {}
+        return {"sharding": "fsdp2"} if w._sharding == "fsdp2" else {}   # a one-rank mesh
     fields = {"sharding": w._sharding or "replicated", "backend": w._dist.backend}
     differ = differing(getattr(w, "_per_rank", None))
     if differ:
