@@ -5,7 +5,7 @@ block and on the root) or wrapped in DDP, AdamW, `tndebug.watch` around it on ev
     python -m torch.distributed.run --nproc-per-node=2 ... fsdp_watch_worker.py OUT SHARD BUG [STEPS]
     python fsdp_watch_worker.py OUT none BUG [STEPS]          # the same run in one process
 
-SHARD: fsdp | ddp | none. BUG: healthy | no_scale | no_causal | no_zero_grad (the loop never
+SHARD: fsdp | ddp | none (TNDEBUG_TEST_DEVICE=cuda: one GPU per rank, NCCL). BUG: healthy | no_scale | no_causal | no_zero_grad (the loop never
 calls opt.zero_grad(): gradients add up). Every rank draws the same global batch and trains on
 its own half of the rows. Rank 0's watch writes the report into OUT; every rank writes
 OUT.ranks/rank<r>.json (its exit code, world size, verdict, findings, last loss).
@@ -56,12 +56,16 @@ def shard(model, how: str):
 def main(out: str, how: str, bug: str, steps: int = 80) -> int:
     torch.set_num_threads(1)
     multi = how != "none"
+    device = torch.device(os.environ.get("TNDEBUG_TEST_DEVICE", "cpu"))   # cuda: bench/gpu_check.sh
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if multi:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if multi else (0, 1)
     torch.manual_seed(0)                                   # the same initial weights on every rank
     model = nanogpt.build("manual", None if bug in ("healthy", "no_zero_grad") else bug,
-                          vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=32)
+                          vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=32).to(device)
     model = shard(model, how)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)                   # the same global batches on every rank
@@ -70,7 +74,7 @@ def main(out: str, how: str, bug: str, steps: int = 80) -> int:
     with tndebug.watch(model, opt, forward=forward, pad_id=None, out=out, total_steps=steps,
                        probes=probes, quiet=True) as dbg:
         for _ in range(steps):
-            ids = batch(g)[rows]
+            ids = batch(g)[rows].to(device)
             logits = forward(model, ids[:, :-1], None)                              # [B, T-1, V]
             tgt = ids[:, 1:].clone()
             tgt[:, : T // 2 - 1] = -1                      # only the copied half is learnt
