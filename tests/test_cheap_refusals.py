@@ -99,3 +99,48 @@ def test_a_binary_text_file_is_refused_before_the_model_is_built(tmp_path):
     from tndebug.triage.hf_data import load_text
     with pytest.raises(UsageError, match="not UTF-8 text"):  # the loader itself refuses it too
         load_text(str(tmp_path / "pairs.tsv"), tmp_path / "hf", {})
+
+
+# -- names, codes, JSON and foreign files, before torch (issue 47: 11 refusals took 2-7 s) ---------
+@pytest.mark.parametrize("argv, says", [
+    (["triage", "model.pt", "--probe", "bogus"], "unknown probe 'bogus'; valid: nan-scores"),
+    (["triage", "model.pt", "--probe", "all,nan-scores"], "'all' is a selection by itself"),
+    (["triage", "model.pt", "--select", "nope/code"], "--select 'nope/code': no such finding code"),
+    (["triage", "model.pt", "--ignore", "bogus"], "--ignore 'bogus': no such finding code"),
+    (["run", "--select", "nope/code", "--preset", "tiny"], "--select 'nope/code': no such"),
+    (["run", "--ignore", "bogus"], "--ignore 'bogus': no such finding code"),
+    (["check", "m.py:build", "--select", "nope"], "--select 'nope': no such finding code"),
+    (["triage", "model.pt", "--adapter", "fairseq"], "--adapter 'fairseq': not a built-in adapter"),
+    (["check", "m.py:build", "--adapter", "fairseq"], "--adapter 'fairseq': not a built-in adapter"),
+    (["triage", "model.pt", "--config", "{d_model: 3"], "--config is not valid JSON (Expecting"),
+    (["triage", "model.pt", "--config", "missing.json"], "--config: no such file missing.json"),
+    (["check", "m.py:build", "--config", "[1]"], "--config must be a JSON object"),
+    (["triage", "mine.png"], "mine.png is not a PyTorch checkpoint: neither a zip archive "
+                             "(torch.save) nor a pickle; it begins with the bytes 89 50 4e 47"),
+    (["triage", "data.csv"], "it begins with the text 'a,b'"),
+    (["run", "--resume", "data.csv"], "data.csv is not a PyTorch checkpoint"),
+    (["triage", "model.pt", "--data", "data.csv"], "--data data.csv: not a torch.save file: "
+                                                   "neither a zip archive nor a pickle"),
+])
+def test_names_codes_json_and_foreign_files_are_refused_before_torch(tmp_path, argv, says):
+    (tmp_path / "model.pt").write_bytes(b"PK not really")
+    (tmp_path / "m.py").write_text("def build():\n    pass\n")
+    (tmp_path / "mine.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    line = refuse_without_torch(tmp_path, argv)
+    assert says in line, line
+
+
+def test_the_torch_free_code_list_is_the_probes_own():
+    from tndebug.commands.cheap import declared_codes
+    from tndebug.probes.codes import all_codes
+    assert list(declared_codes()) == [c for c, _ in all_codes()]
+
+
+def test_the_torch_free_adapter_names_are_the_built_in_adapters():
+    import inspect
+    import re
+    from tndebug.capture import adapters
+    from tndebug.task_names import ADAPTER_NAMES
+    dispatched = re.findall(r'name == "(\w+)"', inspect.getsource(adapters.builtin_adapter))
+    assert ADAPTER_NAMES == adapters.BUILTIN and sorted(dispatched) == sorted(ADAPTER_NAMES)

@@ -4,10 +4,12 @@ file (a FIFO would block the read, a device never ends), and a --text file that 
 triage's loaders call the same checks, so the library and the CLI say the same line."""
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
 from tndebug.errors import UsageError
+from tndebug.safeload import foreign_head, not_a_checkpoint
 
 CHECKPOINT_NAMES = ("checkpoint.pt", "model.safetensors", "model.pt", "pytorch_model.bin")
 
@@ -49,6 +51,8 @@ def checkpoint_file(path: str | Path) -> Path | None:
         raise UsageError(f"no such file: {path}; pass the path of a checkpoint written by "
                          f"torch.save or safetensors")
     regular_file(p, "the checkpoint file written by torch.save or safetensors")
+    if p.suffix != ".safetensors" and (foreign := not_a_checkpoint(p)):
+        raise UsageError(foreign)            # a PNG, a CSV: said from its first bytes, no torch
     return p
 
 
@@ -83,6 +87,8 @@ def run_checkpoint(path: str | Path) -> Path:
         p = p / RUN_CHECKPOINT
     if not p.is_file():
         raise UsageError(f"no checkpoint at {path} (expected a run directory or a {RUN_CHECKPOINT})")
+    if p.stat().st_size and (foreign := not_a_checkpoint(p)):
+        raise UsageError(foreign)
     return p
 
 
@@ -99,6 +105,29 @@ def data_file(spec: str) -> None:
                          f"{{'src', 'tgt'}} or {{'ids'}}, or FILE.py:FUNCTION")
     if p.stat().st_size == 0:
         raise UsageError(f"--data {p} is empty (0 bytes); the save was probably interrupted")
+    if p.suffix != ".py" and (head := foreign_head(p)):
+        raise UsageError(f"--data {p}: not a torch.save file: neither a zip archive nor a pickle; "
+                         f"it begins with {head}; pass a torch.save file {{'src', 'tgt'}} or "
+                         f"{{'ids'}}, or FILE.py:FUNCTION")
+
+
+def config_json(text: str | None) -> dict | None:
+    """--config: inline JSON or a JSON file -> the dict (capture/user_model.parse_config)."""
+    if text is None:
+        return None
+    p = Path(text)
+    if not text.lstrip().startswith("{") and p.suffix == ".json":
+        if not p.is_file():
+            raise UsageError(f"--config: no such file {text}")
+        text = p.read_text()
+    try:
+        cfg = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"--config is not valid JSON ({e}); pass '{{\"d_model\": 512}}' or a .json "
+                         f"file") from None
+    if not isinstance(cfg, dict):
+        raise UsageError("--config must be a JSON object of keyword arguments")
+    return cfg
 
 
 def hf_only(checkpoint: str, attn: str | None, text: str | None) -> None:

@@ -7,11 +7,10 @@ import pickletools
 import zipfile
 from pathlib import Path
 
-import torch
-
 
 def unsafe_globals(p: Path) -> list[str]:
     """Globals the pickle would import, read statically; nothing is executed."""
+    import torch                     # here: the CLI's cheap checks read this module before torch
     try:
         return list(torch.serialization.get_unsafe_globals_in_checkpoint(str(p)))
     except Exception:  # noqa: BLE001 - legacy (non-zip) format: scan the pickle opcodes
@@ -69,15 +68,29 @@ def describe_load_error(p: Path, e: Exception) -> str:
     if zipfile.is_zipfile(p) or "zip archive" in msg or "central directory" in msg:
         return (f"{p} is truncated or corrupt ({msg}); copy or save it again "
                 f"(torch.save writes the whole file at the end)")
-    head = p.read_bytes()[:64]
+    return not_a_checkpoint(p) or f"{p} is truncated or corrupt ({msg}); copy or save it again"
+
+
+def foreign_head(p: Path) -> str | None:
+    """What `p` begins with ("the text 'a,b'", "the bytes 89 50 4e 47 ..."), when it is neither
+    a zip archive (torch.save's format; TorchScript's too) nor a pickle (the legacy format: it
+    begins with the PROTO opcode 0x80); None when it is one of them. Unpickling such bytes fails
+    with whatever opcode they happen to spell (KeyError: 544502645, pop from empty list), which
+    says nothing to the user; what the bytes are does. Reads 64 bytes, no torch."""
+    with open(p, "rb") as f:
+        head = f.read(64)
     if head[:1] == b"\x80" or head[:2] == b"PK":
-        return f"{p} is truncated or corrupt ({msg}); copy or save it again"
-    # Neither a zip archive (torch.save) nor a pickle: unpickling such bytes fails with
-    # whatever opcode they happen to spell (KeyError: 544502645, pop from empty list), which
-    # says nothing to the user; say what the bytes are instead.
+        return None
+    return _describe_head(head)
+
+
+def not_a_checkpoint(p: Path) -> str | None:
+    """The line for a file that is no torch.save file at all (foreign_head), else None."""
+    head = foreign_head(p)
+    if head is None:
+        return None
     return (f"{p} is not a PyTorch checkpoint: neither a zip archive (torch.save) nor a pickle; "
-            f"it begins with {_describe_head(head)}; pass a file written by torch.save or a "
-            f".safetensors file")
+            f"it begins with {head}; pass a file written by torch.save or a .safetensors file")
 
 
 def _describe_head(head: bytes) -> str:

@@ -11,3 +11,6 @@ TASK_NAMES = tuple(SUMMARIES)
 # each task's vocabulary (source = target): model_config sizes a model from it without torch;
 # tndebug.data builds its tasks from these (tests/test_cheap_refusals.py holds them equal)
 VOCAB = {"copy": 11, "reverse": 11, "sort": 11, "translate": 25}
+# the built-in adapters' names (--adapter NAME): refused before torch when unknown;
+# capture/adapters.py's BUILTIN is this tuple
+ADAPTER_NAMES = ("annotated", "tndebug", "gpt", "bert")

@@ -76,9 +76,20 @@ def test_unsafe_pickle_is_refused_with_its_globals_listed(capsys, tmp_path):
     torch.save({"model": {"w": torch.ones(1)}, "cfg": print}, tmp_path / "u.pt")
     code, out, err = run([tmp_path / "u.pt", "--out", tmp_path / "o", "--format", "json"], capsys)
     assert code == 2 and "builtins.print" in err and "--trust-checkpoint" in err
-    report = json.loads((tmp_path / "o" / "report.json").read_text())
-    (f,) = report["findings"]
-    assert f["probe"] == "checkpoint" and f["evidence"]["unsafe_globals"] == ["builtins.print"]
+    assert len(err.strip().splitlines()) == 1 and not out.strip()
+    assert not (tmp_path / "o").exists()          # a refused input leaves nothing behind
+
+
+def test_unsafe_pickle_with_overwrite_keeps_the_earlier_report(capsys, tmp_path, annotated_ckpt):
+    path, _ = annotated_ckpt()
+    code, _, err = run([path, "--out", tmp_path / "o", "--probe", "none", "--fail-on", "never"], capsys)
+    assert code == 0, err
+    before = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir() if p.is_file()}
+    torch.save({"model": {"w": torch.ones(1)}, "cfg": print}, tmp_path / "u.pt")
+    code, _, err = run([tmp_path / "u.pt", "--out", tmp_path / "o", "--overwrite"], capsys)
+    assert code == 2 and "holds pickled code" in err
+    after = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir() if p.is_file()}
+    assert after == before and "report.json" in after
 
 
 def test_good_run_writes_a_report(capsys, tmp_path, annotated_ckpt):

@@ -48,8 +48,9 @@ from torch import nn
 
 from tndebug.errors import UsageError
 from tndebug.capture.structure import is_attention
+from tndebug.task_names import ADAPTER_NAMES
 
-BUILTIN = ("annotated", "tndebug", "gpt", "bert")
+BUILTIN = ADAPTER_NAMES                 # torch-free there: the CLI refuses an unknown name early
 ARCHS = ("seq2seq", "decoder", "encoder")
 
 

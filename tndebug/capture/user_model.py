@@ -4,31 +4,17 @@ weights loaded strictly, each failure one clear line."""
 from __future__ import annotations
 
 import inspect
-import json
-from pathlib import Path
 
 from torch import nn
 
 from tndebug.capture.adapters import line, load_callable
 from tndebug.errors import UsageError
+from tndebug.paths import config_json
 
 
 def parse_config(text: str | None) -> dict | None:
-    """--config: inline JSON or a JSON file."""
-    if text is None:
-        return None
-    p = Path(text)
-    if not text.lstrip().startswith("{") and p.suffix == ".json":
-        if not p.is_file():
-            raise UsageError(f"--config: no such file {text}")
-        text = p.read_text()
-    try:
-        cfg = json.loads(text)
-    except ValueError as e:
-        raise UsageError(f"--config is not valid JSON ({e}); pass '{{\"d_model\": 512}}' or a .json file") from None
-    if not isinstance(cfg, dict):
-        raise UsageError("--config must be a JSON object of keyword arguments")
-    return cfg
+    """--config: inline JSON or a JSON file (tndebug/paths.py: the CLI checks it before torch)."""
+    return config_json(text)
 
 
 def build_user_model(spec: str, kwargs: dict | None) -> tuple[nn.Module, dict]:

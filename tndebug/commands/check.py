@@ -78,16 +78,19 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from tndebug.capture.adapters import BUILTIN, load_callable
+    from tndebug.commands import cheap   # torch-free: a bad name, code or JSON is one line, fast
+    from tndebug.paths import config_json
+    cheap.codes(args.select, "--select")
+    cheap.codes(args.ignore, "--ignore")
+    cheap.adapter(args.adapter, "")
+    config_json(args.config)
+    from tndebug.capture.adapters import load_callable
     from tndebug.capture.user_model import build_user_model, parse_config
     from tndebug.library.check import check
     from tndebug import driver           # torch: not in the parser (a bad flag is refused before it)
 
     select = driver.codes_option(args.select, "--select")        # before any work
     ignore = driver.codes_option(args.ignore, "--ignore")
-    if args.adapter and ":" not in args.adapter and args.adapter not in BUILTIN:
-        raise UsageError(f"--adapter {args.adapter!r}: not a built-in adapter (built-in: "
-                         f"{', '.join(BUILTIN)}); or pass FILE.py:FUNCTION")
     quiet = args.format != "text"        # stdout is tndebug's: the user's prints go to stderr
     theirs = contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext()
     with theirs:

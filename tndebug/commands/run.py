@@ -255,7 +255,10 @@ class _SigTermAsInterrupt:
 
 
 def main(args) -> int:
+    from tndebug.commands import cheap   # torch-free: a bad code is one line, fast
     check_probes(args.probe)
+    cheap.codes(args.select, "--select")
+    cheap.codes(args.ignore, "--ignore")
     parse_faults(args.fault)
     early = None
     if args.resume is not None:          # a missing run or checkpoint: one line before torch

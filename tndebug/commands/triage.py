@@ -13,9 +13,7 @@ import sys
 from tndebug.commands._args import HelpFormatter, add_code_options, add_verbose, nonneg_int, out_path, pad_id_or_none, \
     positive_int
 from tndebug.errors import UsageError
-from tndebug.findings import Finding
 from tndebug.probes import PROBE_NAMES
-from tndebug.report import Report
 
 OUTPUTS = ("Outputs: --out DIR is refused (exit 2, before any work) when it is a file, lies "
            "under a file, is not writable, is in use by another tndebug, or already holds a "
@@ -146,19 +144,22 @@ def main(args) -> int:
         code_spec(args.model, "--model")
     if args.adapter and ":" in args.adapter:
         code_spec(args.adapter, "--adapter")
+    from tndebug.commands import cheap   # torch-free: a bad name, code or JSON is one line, fast
+    from tndebug.paths import config_json
+    cheap.probes(args.probe)
+    cheap.adapter(args.adapter, " with def forward(model, src, tgt, pad_id) -> logits (decoder- "
+                                "or encoder-only: forward(model, ids, pad_id))")
+    config_json(args.config)
+    cheap.codes(args.select, "--select")
+    cheap.codes(args.ignore, "--ignore")
     hf_files = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
     if found is None and not any((Path(args.checkpoint) / n).is_file() for n in hf_files):
         raise UsageError(f"{args.checkpoint} is a directory with no checkpoint.pt, model.pt or "
                          f"model.safetensors in it; pass the checkpoint file itself")
     resolve_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite, kind="triage")
-    from tndebug.capture.adapters import BUILTIN
+    if found is not None and not args.trust_checkpoint:
+        _refuse_pickled_code(found)          # before --out is claimed (--overwrite clears it)
     from tndebug.triage.run import TriageOptions
-
-    if args.adapter and ":" not in args.adapter and args.adapter not in BUILTIN:
-        raise UsageError(f"--adapter {args.adapter!r}: not a built-in adapter (built-in: "
-                         f"{', '.join(BUILTIN)}); or pass FILE.py:FUNCTION with def "
-                         f"forward(model, src, tgt, pad_id) -> logits (decoder- or encoder-only: "
-                         f"forward(model, ids, pad_id))")
 
     from tndebug import driver           # torch: only once the flags parsed (a bad flag is refused before it)
     args.select = driver.codes_option(args.select, "--select")     # before any work
@@ -173,6 +174,18 @@ def main(args) -> int:
     with claim_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite,
                       kind="triage") as out:                  # checked and locked before any work
         return _triage(opts, out, args, previous)
+
+
+def _refuse_pickled_code(path) -> None:
+    """A torch.save zip whose pickle names code outside torch's weights-only allowlist: refused
+    (one line, exit 2) before the output directory is claimed, so that a refused file leaves
+    nothing behind and clears nothing. torch's own list of those globals, read from the
+    archive's pickle without running it; a legacy (non-zip) pickle is judged by the loader."""
+    import zipfile
+    from tndebug.safeload import unsafe_globals
+    from tndebug.triage.loading import UnsafeCheckpoint
+    if zipfile.is_zipfile(path) and (unsafe := unsafe_globals(path)):
+        raise UnsafeCheckpoint(path, unsafe)
 
 
 def _triage(opts, out, args, previous: str | None = None) -> int:
@@ -193,17 +206,9 @@ def _triage(opts, out, args, previous: str | None = None) -> int:
     try:
         with theirs:
             report = driver.select_codes(triage(opts, sinks=session.sinks), args.select, args.ignore)
-    except UnsafeCheckpoint as e:
-        print(f"tndebug: error: {e}", file=sys.stderr)
-        finding = Finding("checkpoint", "error", f"unsafe pickle: {len(e.globals)} globals outside "
-                          f"torch's weights-only allowlist; not loaded", where=str(e.path),
-                          evidence={"unsafe_globals": e.globals},
-                          fix="re-save as a state_dict or .safetensors, or pass --trust-checkpoint", code="checkpoint/unsafe-pickle")
-        report = Report(run={"mode": "triage", "checkpoint": str(e.path), "status": "refused"},
-                        findings=[finding], probes={"checkpoint": {"status": "fail"}},
-                        first_sign=finding)
-        ReportSession(out, fmt=args.format, tensorboard=False).finish(report, fail_on="never")
-        return 2
+    except UnsafeCheckpoint:
+        raise                 # a refused input: one line, exit 2, nothing written (claim_output
+                              # removes the directory it made)
     from tndebug.memory import give_back_freed
     give_back_freed()            # the model is gone: the figures are drawn without its pages
     return session.finish(report, fail_on=args.fail_on)

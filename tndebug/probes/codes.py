@@ -14,7 +14,6 @@ OTHER_CODES = {
     "checkpoint/config-mismatch": "the saved config disagrees with the weights' shapes",
     "checkpoint/rebuilt-code": "triage rebuilt tndebug's code without the faults the checkpoint was trained with",
     "checkpoint/inferred-config": "what the weights could not say, settled from held-out loss",
-    "checkpoint/unsafe-pickle": "a checkpoint holding pickled code (its globals listed, not run)",
     "checkpoint/tied-head-differs": "HF: the saved head differs from the embedding it is tied to",
     "checkpoint/head-unfit": "HF (--data): an untied head that does not fit the trained body",
     "checkpoint/id-vs-tokenizer": "HF: a config id the saved tokenizer contradicts",
