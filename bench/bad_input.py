@@ -13,8 +13,8 @@ fresh `python -c "tndebug.cli.main(ARGV)"` (its time includes the interpreter an
 a user waits for); a library case is its line of Python run in this process (the import is not
 counted). Met: exit 2 (CLI) or a UsageError (library), exactly one `tndebug: error:` line (one
 line of message), no traceback, no user file changed, nothing new left in the directory. The
-time target (<= 2 s) is for the CLI's bad flags and paths. The one documented exception: an
-unsafe pickle is refused (exit 2) and its report written (docs/bad_input.md says so).
+time target (<= 2 s) is for the CLI's bad flags and paths. An unsafe pickle is no exception:
+it is refused with its globals in the line and nothing written.
 """
 from __future__ import annotations
 
