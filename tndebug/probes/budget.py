@@ -1,4 +1,5 @@
-"""A cost budget for the probes on a user's own loop (`tndebug.watch`): the probed steps may
+"""A cost budget for the probes on a training loop (`tndebug.watch` on the user's, and
+`tndebug run`'s own: TrainConfig.probe_budget, --probe-budget): the probed steps may
 cost at most `fraction` of the user's own step time, the way a sampling profiler bounds its
 overhead, whatever the model's size and the probes' schedules.
 
@@ -84,7 +85,7 @@ class Budget:
                "thinned": dict(self.thinned)}
         if self.thinned:
             each = ", ".join(f"{name} {n}" for name, n in sorted(self.thinned.items()))
-            out["note"] = (f"scheduled looks deferred to keep the probes within {self.fraction:.0%} "
+            out["note"] = (f"scheduled looks deferred to keep the probes within {self.fraction * 100:g}% "
                            f"of the step time: {each} steps skipped; each probe still looked at "
                            "least once, and the exempt probes every time they were due")
         return out
