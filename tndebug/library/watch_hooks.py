@@ -94,8 +94,15 @@ class _WatchHooks:
             return None
         logits = first_tensor(output)
         tgt_in = self._batch[1] if self._batch is not None else None
-        if logits is None or tgt_in is None or logits.dim() != 3 \
-                or logits.shape[-1] != self._subject.tgt_vocab:
+        if logits is None or tgt_in is None or logits.dim() != 3:
+            return None
+        vocab = self._subject.tgt_vocab
+        # a Hugging Face output's `.logits` is the logits by name: its width is the output
+        # layer's, which may hold ids past the content range the subject's vocabulary keeps
+        # (GPT-2's eos 50256: tgt_vocab 50256 of 50257 columns); any other tensor must have
+        # exactly the vocabulary's width (a hidden state [B, T, d] is not logits)
+        named = isinstance(getattr(output, "logits", None), torch.Tensor)
+        if logits.shape[-1] != vocab and not (named and logits.shape[-1] > vocab):
             return None
         if tuple(logits.shape[:2]) == tuple(tgt_in.shape):
             self._logits = logits.detach()
