@@ -1,6 +1,7 @@
 """docs/library.md: every example file in it runs as written, and does what the page says."""
 from __future__ import annotations
 
+import os
 import re
 import runpy
 import sys
@@ -29,7 +30,7 @@ def workdir(tmp_path, monkeypatch):
 
 def test_the_page_has_an_example_per_entry_point():
     assert set(examples()) == {"mymodel.py", "train_plain.py", "train_hf.py", "train_lightning.py",
-                               "check_model.py", "test_mymodel.py", "notebook.py"}
+                               "check_model.py", "test_mymodel.py", "notebook.py", "train_fsdp.py"}
 
 
 def test_plain_loop_and_check(workdir, capsys):
@@ -59,3 +60,19 @@ def test_lightning_example(workdir, capsys):
 def test_pytest_example(workdir, pytester):
     pytester.makepyfile(mymodel=examples()["mymodel.py"], test_mymodel=examples()["test_mymodel.py"])
     pytester.runpytest("-q", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_fsdp2_example_on_two_processes(workdir):
+    """train_fsdp.py under torchrun: rank 0 prints the verdict, writes the one report; rank 1
+    says on stderr that it writes none."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from ddp_launch import ROOT, torchrun
+    path = [str(workdir), *filter(None, [os.environ.get("PYTHONPATH")]), str(ROOT)]   # mymodel
+    proc = torchrun(workdir / "train_fsdp.py", [], env={"PYTHONPATH": os.pathsep.join(path)},
+                    before_retry=lambda: __import__("shutil").rmtree(workdir / "runs", ignore_errors=True))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "clean fsdp2 2"
+    assert (workdir / "runs" / "fsdp" / "report.json").is_file()
+    assert proc.stderr.count("rank 1 of 2: no report here") == 1

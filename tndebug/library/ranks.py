@@ -61,15 +61,39 @@ def keep_sharded(model: nn.Module, busy) -> list:
             if isinstance(m, FSDPModule)]
 
 
-def reshard(model: nn.Module) -> None:
-    """Every FSDP2 module of `model` back to its shards (a no-op where it is already)."""
+def reshard(model: nn.Module | None) -> None:
+    """Every FSDP2 module of `model` back to its shards, when one is not: the topmost FSDP
+    module's `reset_iter_state()` (torch >= 2.13: FSDP2's recovery after a forward that did not
+    finish; `reshard()` alone keeps the root gathered while it thinks it is in a forward), else
+    each module's `reshard()`. Called only between the user's steps, so no gradient in flight
+    is lost."""
+    if model is None:
+        return
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         return
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            m.reshard()
+    if not any(isinstance(p, _dtensor()) for p in model.parameters()) and \
+            not isinstance(model, FSDPModule):
+        return                                 # no FSDP2 here
+    if all(isinstance(p, _dtensor()) for p in model.parameters()):
+        return                                 # already sharded everywhere
+    fsdp = [(n, m) for n, m in model.named_modules() if isinstance(m, FSDPModule)]
+    owners = [n for n, _ in fsdp]
+    tops = [m for n, m in fsdp if not any(o != n and (o == "" or n.startswith(o + "."))
+                                          for o in owners)]      # roots of the FSDP trees
+    for top in tops:
+        try:
+            top.reset_iter_state()
+        except (AttributeError, RuntimeError):  # torch < 2.13, or a tree never run
+            for m in top.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
+
+
+def _dtensor():
+    from torch.distributed.tensor import DTensor
+    return DTensor
 
 
 def working(ref):

@@ -52,6 +52,11 @@ class _Shielded:
         w = self.ref()
         if w is not None and self.name in w._failed:
             return {} if self.what == "observe" else None
+        if w is not None and w._sharding == "fsdp2":
+            # a probe sees the parameters the optimizer holds: FSDP2 leaves modules gathered
+            # after a forward without backward or one the capture stopped (StopForward is a
+            # BaseException: no always_call hook runs for it)
+            ranks.reshard(w._model_ref())
         try:
             return self.fn(*args)
         except Exception as e:
