@@ -153,11 +153,12 @@ def main(args) -> int:
     cheap.codes(args.select, "--select")
     cheap.codes(args.ignore, "--ignore")
     hf_files = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+    hf_dir = Path(args.checkpoint).is_dir() and (Path(args.checkpoint) / "config.json").is_file()
     if found is None and not any((Path(args.checkpoint) / n).is_file() for n in hf_files):
         raise UsageError(f"{args.checkpoint} is a directory with no checkpoint.pt, model.pt or "
                          f"model.safetensors in it; pass the checkpoint file itself")
     resolve_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite, kind="triage")
-    if found is not None and not args.trust_checkpoint:
+    if found is not None and not args.trust_checkpoint and not hf_dir:
         _refuse_pickled_code(found)          # before --out is claimed (--overwrite clears it)
     from tndebug.triage.run import TriageOptions
 
