@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tndebug import driver
+from tndebug import judge
 from tndebug.cli import main
 from tndebug.probes.codes import all_codes
 from tndebug.errors import UsageError
@@ -67,19 +67,19 @@ def test_select_keeps_only_the_named_kinds_and_a_probe_name_means_all_its_codes(
           Finding("missing-scale", "error", "b", code="missing-scale/absent"),
           Finding("missing-scale", "info", "c", code="missing-scale/folded-into-weights")]
     probes = {"mask-broadcast": {"status": "fail"}, "missing-scale": {"status": "fail"}}
-    r = driver.make_report({}, fs, probes, select=["missing-scale"])
+    r = judge.conclude({}, fs, probes, judge.Context(select=["missing-scale"]))
     assert [f.code for f in r.findings] == ["missing-scale/absent", "missing-scale/folded-into-weights"]
     assert r.probes["mask-broadcast"]["status"] == "pass"
-    r = driver.make_report({}, fs, {k: dict(v) for k, v in probes.items()},
-                           ignore=["missing-scale/absent"])
+    r = judge.conclude({}, fs, {k: dict(v) for k, v in probes.items()},
+                       judge.Context(ignore=["missing-scale/absent"]))
     assert [f.code for f in r.findings] == ["mask-broadcast/causal-leak",
                                             "missing-scale/folded-into-weights"]
 
 
 def test_bad_codes_are_a_usage_error():
     with pytest.raises(UsageError, match="no such finding code or probe"):
-        driver.codes_option("mask-broadcast/nope")
-    assert driver.codes_option("mask-broadcast, missing-scale/absent") == [
+        judge.codes_option("mask-broadcast/nope")
+    assert judge.codes_option("mask-broadcast, missing-scale/absent") == [
         "mask-broadcast", "missing-scale/absent"]
 
 

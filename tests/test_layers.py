@@ -25,9 +25,8 @@ LAYERS = {
     "inject": 1,                      # the notes' faults, put into that model from outside
     "capture": 2, "subject": 2,       # a Trace from any model; the model as the probes call it
     "probes": 3, "harness": 3,        # the probes (harness: the probes on our model, for tests)
-    "driver": 4,                      # drives the probes once, builds a Report
-    "at_init": 4,                     # design judged on a fresh initialisation (triage, library)
-    "judge_collateral": 4,            # symptoms of a broken update re-judged as its consequences
+    "driver": 4,                      # drives the probes once (probe_once)
+    "judge": 4,                       # every re-judgement after the probes; conclude() -> Report
     "reporters": 5,                   # console, markdown, plots, TensorBoard
     # front-ends
     "train": 6, "triage": 6, "library": 6, "commands": 6, "integrations": 6, "cli": 7,
@@ -98,3 +97,17 @@ def test_the_check_sees_function_local_imports(tmp_path, monkeypatch):
     assert _violations() == [
         "tndebug/capture/x.py:2: capture (layer 2) imports triage (layer 6)",
         "tndebug/library/y.py:1: library imports triage"]
+
+
+FRONT_ENDS = ("triage/run.py", "triage/hf.py", "library/check.py", "library/watch.py", "train/loop.py")
+
+
+def test_every_front_end_ends_in_the_judge_and_only_the_judge_builds_a_report():
+    """One tail (issue 46): each front-end hands its findings to `judge.conclude`, and no module
+    but the judge assembles a Report from findings (a hand-built tail would skip its passes)."""
+    import re
+    for name in FRONT_ENDS:
+        assert "judge.conclude(" in (PKG / name).read_text(), f"{name} does not end in judge.conclude"
+    builders = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                      if re.search(r"(?<![\w.])Report\(", p.read_text()))
+    assert builders == ["judge/stage.py"], builders

@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "thresholds.md"
-AUDITED = ("tndebug/probes/*.py", "tndebug/triage/*.py", "tndebug/library/live.py",
+AUDITED = ("tndebug/probes/*.py", "tndebug/triage/*.py", "tndebug/judge/*.py", "tndebug/library/live.py",
            "tndebug/capture/*.py")
 
 # Constants that decide nothing by comparison: sizes of a test batch or a sample, seeds,
@@ -42,8 +42,8 @@ NOT_THRESHOLDS = {
     ("tndebug/probes/budget.py", "MIN_PLAIN"): "plain steps timed before the budget judges",
     ("tndebug/probes/budget.py", "WINDOW"): "steps the budget's medians are taken over",
     ("tndebug/capture/recording.py", "MAX_RECOMPUTED"): "memory cap on recomputed SDPA scores",
-    ("tndebug/at_init.py", "SEED"): "the fresh initialisation's seed",
-    ("tndebug/at_init.py", "NO_SCALE"): "missing-scale's diagnosis text, matched",
+    ("tndebug/judge/fresh.py", "SEED"): "the fresh initialisation's seed",
+    ("tndebug/judge/scale.py", "NO_SCALE"): "missing-scale's diagnosis text, matched",
     ("tndebug/triage/hf.py", "PROBE_VOCAB"): "logit columns the probes see (exact for those ids)",
     ("tndebug/triage/hf.py", "HELD_OUT"): "rows of the probes' random batch",
     ("tndebug/triage/hf.py", "SRC_LEN"): "source length of the probes' random batch",

@@ -1,31 +1,27 @@
-"""The probe driver: the one place that drives the probe engine over a model and turns what the
-probes concluded into a `Report`.
+"""The probe driver: the one place that drives the probe engine over a model once.
 
     result = probe_once(subject, names, batch, compute_dtype=dtype)   # triage, HF triage, check
-    report = make_report(run, findings, statuses, history=...)        # every front-end
+    report = judge.conclude(run, result.findings, result.statuses, context)   # every front-end
 
 `tndebug run` and `tndebug.watch` step the engine themselves (their steps are the user's or the
-trainer's), then build their report here; triage and `check` probe one forward and backward
-through `probe_once`. The rules that every front-end shares live here once: which finding is the
-first sign, one finding per (probe, place, severity), the statuses of triage's own checks, and
-(in `Report.verdict`) what the verdict is.
+trainer's); triage and `check` probe one forward and backward through `probe_once`. What happens
+to the findings after the probes (re-judgements, dedupe, statuses, --select) is the judge's
+(tndebug/judge/), and what the verdict is, `Report.verdict`'s.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
 
-from tndebug.findings import Finding, select as choose, severity_rank
-from tndebug.judge_collateral import explained_by_update_fault
+from tndebug.findings import Finding
 from tndebug.memory import give_back_freed  # noqa: F401 - triage calls it as driver.give_back_freed
 from tndebug.probes import make_probes
 from tndebug.probes.base import RunContext, StepInfo
 from tndebug.probes.engine import ProbeEngine
-from tndebug.report import Report
 from tndebug.subject import Subject
 
 PROBE_BATCH = 8          # sequences of the held-out batch the probes' forward and backward see
@@ -112,161 +108,3 @@ def norms_as_freed(model: torch.nn.Module, norms: dict[int, torch.Tensor]):
     finally:
         for h in handles:
             h.remove()
-
-
-# -- findings -------------------------------------------------------------------------------------
-def dedupe(findings: list[Finding]) -> list[Finding]:
-    """One finding per (probe, where, severity); the first stays (a probe's own beats a hygiene
-    check's copy, which comes after it)."""
-    seen, out = set(), []
-    for f in findings:
-        key = (f.probe, f.where, f.severity)
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(f)
-    return out
-
-
-NAN_FORWARD = "nan-scores/nonfinite-forward"
-DOWNSTREAM_OF_NAN = ("gradient-flow/nonfinite-grad", "loss-health/nonfinite-loss")
-
-
-def after_nan_forward(findings: list[Finding], statuses: dict[str, dict]):
-    """One story per NaN. A gradient or a loss that is non-finite at or after the step whose
-    forward nan-scores found non-finite (its first op named, an error) is that NaN carried on (a
-    NaN in a padded row is multiplied by a zero weight in the loss, and the product is NaN):
-    gradient-flow's and loss-health's errors there are info that says so, with nan-scores' fix,
-    not second and third defects with an initialisation or learning-rate fix (the real-bug
-    corpus' fully masked query rows got the gradient one; sample_runs/neg_inf_fill_all_masked
-    both, "NaN to lr/warmup" among them). A gradient that goes non-finite before any forward
-    does (an exploding update) stays an error.
-    Returns (findings, statuses), the demoted probes' status following their own findings."""
-    nan = [f for f in findings if f.code == NAN_FORWARD and f.severity == "error"]
-    if not nan:
-        return findings, statuses
-    first = min(nan, key=lambda f: f.step or 0)
-    out, touched = [], set()
-    for f in findings:
-        if f.code in DOWNSTREAM_OF_NAN and f.severity in ("warning", "error") \
-                and (f.step or 0) >= (first.step or 0):
-            f = replace(f, severity="info",
-                        message=f"{f.message}: carried back from the non-finite forward at step "
-                                f"{first.step or 0} ({first.where or 'the model'}; nan-scores)",
-                        evidence={**f.evidence, "follows": NAN_FORWARD, "follows_where": first.where},
-                        fix=first.fix)
-            touched.add(f.probe)
-        out.append(f)
-    for name in touched:
-        restatus(statuses, out, name)
-    return out, statuses
-
-
-def first_sign(findings: list[Finding]) -> Finding | None:
-    """The earliest warning or error by step (a step-less one counts as step 0), as the schema
-    defines it; on a tie the more severe, then the one listed first."""
-    signs = [(f.step or 0, -severity_rank(f.severity), i, f) for i, f in enumerate(findings)
-             if f.severity in ("warning", "error")]
-    return min(signs, key=lambda s: s[:3])[3] if signs else None
-
-
-STATUS_ORDER = ("skipped", "no verdict", "pass", "internal error", "warn", "fail")
-
-
-def status_of(findings: list[Finding], name: str) -> str:
-    """A check's status from its own findings: "fail" with an error, "warn" with a warning,
-    else "pass"."""
-    mine = [f.severity for f in findings if f.probe == name]
-    return "fail" if "error" in mine else "warn" if "warning" in mine else "pass"
-
-
-def restatus(statuses: dict[str, dict], findings: list[Finding], name: str) -> None:
-    """In place: a probe whose findings were re-judged (demoted, dropped, judged at init) gets
-    its failing status again from the findings kept; a pass, a no verdict or a skip stays."""
-    st = statuses.get(name)
-    if st and st.get("status") in ("fail", "warn"):
-        st["status"] = status_of(findings, name)
-
-
-def checks_statuses(findings: list[Finding], statuses: dict[str, dict]) -> dict[str, dict]:
-    """Statuses for the checks that are not probes (triage's `checkpoint` hygiene, duplicate
-    heads read from the weights, ...), and upgrades of a probe's status by such a check's
-    finding: name -> entry, only for the names whose entry changes. `checkpoint` is always
-    listed: the file was examined. Only a warning or an error raises a probe's own status: an
-    info finding (a note that a sweep was skipped) is no check, and "no verdict" stays."""
-    out = {}
-    for name in {f.probe for f in findings} | {"checkpoint"}:
-        st = status_of(findings, name)
-        prev = statuses.get(name, {}).get("status")
-        if st == "pass" and prev is not None:
-            continue            # an info note checks nothing: a probe's no verdict stays
-        if prev is None or STATUS_ORDER.index(st) > STATUS_ORDER.index(prev):
-            out[name] = {**statuses.get(name, {}), "status": st}
-    return out
-
-
-def part_not_run(statuses: dict[str, dict], name: str, part: str, why: str) -> None:
-    """Record in place that `part` of probe or check `name` applies to this model and did not
-    run (`why` says what it needs): the verdict then cannot be clean (Report.incomplete)."""
-    entry = statuses.setdefault(name, {"status": "pass"})
-    entry.setdefault("not_run", {})[part] = why
-
-
-def make_report(run: dict, findings: list[Finding], statuses: dict[str, dict], *,
-                history: dict | None = None, sign: Finding | None = None,
-                select=None, ignore=None) -> Report:
-    """The Report every front-end returns. `sign`: the first sign when the caller knows better
-    than the findings' steps (none does today); else `first_sign(findings)`. `select` /
-    `ignore`: see `select_codes`."""
-    findings, statuses = after_nan_forward(findings, statuses)
-    findings, touched = explained_by_update_fault(findings)
-    for name in touched:
-        restatus(statuses, findings, name)
-    report = Report(run=run, findings=findings, probes=statuses,
-                    first_sign=sign if sign is not None else first_sign(findings),
-                    history=history or {})
-    return select_codes(report, select, ignore)
-
-
-def codes_option(value, who: str = "--select") -> list[str]:
-    """Finding codes or probe names ("a/b,c" or a list), each known to `tndebug probes
-    --codes`; a UsageError names an unknown one."""
-    from tndebug.probes.codes import all_codes
-    from tndebug.errors import UsageError
-    if value is None:
-        return []
-    if not isinstance(value, str) and not (isinstance(value, (list, tuple, set, frozenset))
-                                           and all(isinstance(v, str) for v in value)):
-        raise UsageError(f"{who.rstrip('=')}={value!r}: expected finding codes or probe names, a string "
-                         f"'a/b,c' or a list of strings")
-    items = [v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip()]
-    known = [c for c, _ in all_codes()]
-    for item in items:
-        if not any(c == item or c.startswith(item.rstrip("/") + "/") or c.startswith("<probe>/")
-                   and item.endswith("/" + c.split("/", 1)[1]) for c in known):
-            raise UsageError(f"{who} {item!r}: no such finding code or probe; `tndebug probes "
-                             f"--codes` lists them")
-    return items
-
-
-def select_codes(report: Report, select=None, ignore=None) -> Report:
-    """The report with only the `select`ed finding kinds (codes or probe names; None: all) and
-    without the `ignore`d ones, as ruff's --select / --ignore. A probe whose warnings or errors
-    were all dropped keeps its checks ("pass") and lists the codes dropped (`ignored`);
-    run["codes"] records the selection and how many findings it dropped."""
-    if not select and not ignore:
-        return report
-    kept = choose(report.findings, select, ignore)
-    dropped = [f for f in report.findings if f not in kept]
-    statuses = {k: dict(v) for k, v in report.probes.items()}
-    for name, st in statuses.items():
-        gone = sorted({f.code for f in dropped if f.probe == name})
-        if not gone:
-            continue
-        restatus(statuses, kept, name)
-        st["ignored"] = gone
-    run = {**report.run, "codes": {"select": list(select or []), "ignore": list(ignore or []),
-                                   "dropped": len(dropped)}}
-    sign = report.first_sign if report.first_sign in kept else first_sign(kept)
-    return Report(run=run, findings=kept, probes=statuses, first_sign=sign,
-                  history=report.history)

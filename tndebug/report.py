@@ -61,6 +61,16 @@ class Report:
             return "unchecked"
         return "incomplete" if self.incomplete() else "clean"
 
+    def status(self, name: str) -> str:
+        """The one status rule that every reader shows (console, report.md, report.json's
+        `verdict`, `assert_clean`): the probe's own status ("pass" | "warn" | "fail" | "no
+        verdict" | "internal error" | "skipped"), as the judge left it, except that a pass with a
+        part that applies and did not run (`not_run`) is "not run" -- never "passed" beside NOT
+        CHECKED (issue 44: missing-scale was passed, partly checked and NOT CHECKED at once)."""
+        st = self.probes.get(name, {})
+        status = st.get("status", "pass")
+        return "not run" if status == "pass" and st.get("not_run") else status
+
     def unchecked(self) -> list[str]:
         """Why the verdict cannot be clean: the probes that needed training steps and observed
         none, or, when no probe passed, every probe ([] when the report's probes are unknown)."""

@@ -1,8 +1,8 @@
-"""driver.after_nan_forward: a non-finite gradient at or after the step whose forward went
+"""judge/nan.py after_nan_forward: a non-finite gradient at or after the step whose forward went
 non-finite is that NaN carried back (info); one that comes first stays an error."""
 from __future__ import annotations
 
-from tndebug.driver import after_nan_forward
+from tndebug.judge.nan import after_nan_forward
 from tndebug.findings import Finding
 
 

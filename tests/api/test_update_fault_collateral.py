@@ -1,4 +1,4 @@
-"""judge_collateral.explained_by_update_fault (issue 44): the dynamic symptoms of a found update
+"""judge/collateral.py explained_by_update_fault (issue 44): the dynamic symptoms of a found update
 fault (gradients carried across steps, an lr whose step rewrites the weights) are that fault's
 consequences, info that cites it, and the fault keeps the worst severity; a structural symptom,
 one present at initialisation, or one seen before the fault was in effect keeps its own.
@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 import tndebug
-from tndebug.driver import make_report
+from tndebug.judge import conclude
 from tndebug.findings import Finding
-from tndebug.judge_collateral import explained_by_update_fault
+from tndebug.judge.collateral import explained_by_update_fault
 
 import chargpt
 
@@ -61,7 +61,7 @@ def _statuses(findings):
 
 
 def _judge(findings):
-    report = make_report({}, findings, _statuses(findings))
+    report = conclude({}, findings, _statuses(findings))
     return report, {f.code: f for f in report.findings}
 
 

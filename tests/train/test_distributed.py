@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tndebug import driver
+from tndebug import judge
 from tndebug.data import Batch, data_generator, get_task
 from tndebug.findings import Finding
 from tndebug.inject import make_model
@@ -66,7 +66,7 @@ def test_findings_merge_keeps_rank_and_drops_repeats():
     merged = merge_findings([[Finding(**{**f.to_dict(), "rank": 0})],
                              [Finding(**{**f.to_dict(), "rank": 1}), Finding(**{**only1.to_dict(), "rank": 1})]])
     assert [(x.probe, x.rank) for x in merged] == [("missing-scale", 0), ("nan-scores", 1)]
-    assert driver.first_sign(merged).step == 0
+    assert judge.first_sign(merged).step == 0
 
 
 def test_ddp_checkpoint_keys_load_in_one_process():

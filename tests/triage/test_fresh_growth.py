@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tndebug.driver import ProbeResult
 from tndebug.findings import Finding
-from tndebug.triage.fresh import growth_at_init
+from tndebug.judge.fresh import growth_at_init
 
 
 def growth(g: float, where: str = "model") -> Finding:

@@ -2,7 +2,7 @@
 is dominated by one learned vector, so that the model gives one answer at every position (HF LED
 after 150 copy steps, Megatron-BERT on masked random ids: bench/hf_unseen.py HELD-OUT), are info;
 the same stream made by the code at initialisation is the code's rank collapse, an error.
-Triage's fresh-init re-judge (tndebug/triage/fresh.py rank_at_init) tells the two apart."""
+Triage's fresh-init re-judge (tndebug/judge/fresh.py rank_at_init) tells the two apart."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -13,7 +13,7 @@ from torch import nn
 from tndebug import driver
 from tndebug.capture.trace import StreamPoint
 from tndebug.subject import Subject
-from tndebug.triage.fresh import rank_at_init, seeded
+from tndebug.judge.fresh import rank_at_init, seeded
 
 V, D = 11, 32
 

@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tndebug.triage.fresh import seeded                                         # noqa: E402
+from tndebug.judge.fresh import seeded                                          # noqa: E402
 from tndebug.triage.hf import build_model, load_config                          # noqa: E402
 from tndebug.triage.hf_weights import init_missing, load_tied, read_weights, renamed, weight_files  # noqa: E402
 

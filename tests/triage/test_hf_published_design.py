@@ -11,7 +11,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tndebug.triage.hf import scale_switches, triage_hf                 # noqa: E402
+from tndebug.judge.hf import scale_switches                        # noqa: E402
+from tndebug.triage.hf import triage_hf                                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

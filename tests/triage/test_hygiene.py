@@ -10,6 +10,7 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug.inject import make_model
+from tndebug.judge.status import sweep_not_run
 from tndebug.probes._head_weights import duplicate_heads
 from tndebug.report import Report
 from tndebug.triage import hygiene
@@ -157,11 +158,11 @@ def test_temperature_sweep_is_inconclusive_on_an_unsolved_task():
     found, ev = sweep(FakeModel(1.0, solved=False))
     assert found == [] and ev["verdict"] == "inconclusive" and "--data" in ev["reason"]
     statuses = {"missing-scale": {"status": "pass"}}
-    hygiene.sweep_not_run(statuses, ev)
+    sweep_not_run(statuses, ev)
     assert statuses["missing-scale"]["not_run"] == {"temperature sweep": ev["reason"]}
     report = Report(run={}, probes=statuses)
     assert report.verdict == "incomplete" and report.exit_code() == 4
-    hygiene.sweep_not_run(only := {"nan-scores": {"status": "pass"}}, ev)   # missing-scale not run
+    sweep_not_run(only := {"nan-scores": {"status": "pass"}}, ev)   # missing-scale not run
     assert only == {"nan-scores": {"status": "pass"}}
 
 

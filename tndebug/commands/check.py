@@ -87,10 +87,10 @@ def main(args) -> int:
     from tndebug.capture.adapters import load_callable
     from tndebug.capture.user_model import build_user_model, parse_config
     from tndebug.library.check import check
-    from tndebug import driver           # torch: not in the parser (a bad flag is refused before it)
+    from tndebug import judge            # torch: not in the parser (a bad flag is refused before it)
 
-    select = driver.codes_option(args.select, "--select")        # before any work
-    ignore = driver.codes_option(args.ignore, "--ignore")
+    select = judge.codes_option(args.select, "--select")        # before any work
+    ignore = judge.codes_option(args.ignore, "--ignore")
     quiet = args.format != "text"        # stdout is tndebug's: the user's prints go to stderr
     theirs = contextlib.redirect_stdout(sys.stderr) if quiet else contextlib.nullcontext()
     with theirs:

@@ -269,9 +269,9 @@ def main(args) -> int:
         resolve_output(args.out, "runs/run", overwrite=args.overwrite, kind="run")   # claimed below
         early = configs(args)            # torch-free without --resume (ModelConfig, TrainConfig)
     from tndebug.train.loop import autocast_factory, resolve_device
-    from tndebug import driver           # torch: only once the flags parsed (a bad flag is refused before it)
-    args.select = driver.codes_option(args.select, "--select")     # bad codes: one line, before work
-    args.ignore = driver.codes_option(args.ignore, "--ignore")
+    from tndebug import judge            # torch: only once the flags parsed (a bad flag is refused before it)
+    args.select = judge.codes_option(args.select, "--select")     # bad codes: one line, before work
+    args.ignore = judge.codes_option(args.ignore, "--ignore")
     autocast_factory(resolve_device(args.device), args.amp)   # bad --device/--amp: one line, no output yet
     mcfg, tcfg, state, default, resumed = early or configs(args)
     if args.nproc > 1:                   # before any directory is made (claimed below)
@@ -351,8 +351,8 @@ def _train(mcfg, tcfg, state, out, args, dist, signals=None) -> int:
             print(f"tndebug run: {dist.world} processes ({dist.backend}), global batch "
                   f"{tcfg.batch_size}", file=sys.stderr)
         result = run_training(mcfg, tcfg, probes=args.probe, session=session, resume=state, dist=dist)
-        from tndebug import driver
-        report = driver.select_codes(result.report, args.select, args.ignore)
+        from tndebug import judge
+        report = judge.select_codes(result.report, args.select, args.ignore)
         missing = [n for n, s in report.probes.items() if s.get("reason", "").startswith("not available")]
         if missing:
             print(f"tndebug: note: {len(missing)} probes not installed, skipped: {', '.join(missing)}",

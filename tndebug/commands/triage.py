@@ -162,9 +162,9 @@ def main(args) -> int:
         _refuse_pickled_code(found)          # before --out is claimed (--overwrite clears it)
     from tndebug.triage.run import TriageOptions
 
-    from tndebug import driver           # torch: only once the flags parsed (a bad flag is refused before it)
-    args.select = driver.codes_option(args.select, "--select")     # before any work
-    args.ignore = driver.codes_option(args.ignore, "--ignore")
+    from tndebug import judge            # torch: only once the flags parsed (a bad flag is refused before it)
+    args.select = judge.codes_option(args.select, "--select")     # before any work
+    args.ignore = judge.codes_option(args.ignore, "--ignore")
     opts = TriageOptions(args.checkpoint, model=args.model, config=args.config,
                          adapter=args.adapter, task=args.task, pad_id=args.pad_id,
                          bos_id=args.bos_id, heads=args.heads, norm=args.norm, probes=args.probe,
@@ -190,7 +190,7 @@ def _refuse_pickled_code(path) -> None:
 
 
 def _triage(opts, out, args, previous: str | None = None) -> int:
-    from tndebug import driver
+    from tndebug import judge
     from tndebug.memory import map_large_blocks
     from tndebug.reporters.oneshot import tensorboard_place
     from tndebug.reporters.session import ReportSession
@@ -206,7 +206,7 @@ def _triage(opts, out, args, previous: str | None = None) -> int:
     theirs = contextlib.redirect_stdout(sys.stderr) if args.format != "text" else contextlib.nullcontext()
     try:
         with theirs:
-            report = driver.select_codes(triage(opts, sinks=session.sinks), args.select, args.ignore)
+            report = judge.select_codes(triage(opts, sinks=session.sinks), args.select, args.ignore)
     except UnsafeCheckpoint:
         raise                 # a refused input: one line, exit 2, nothing written (claim_output
                               # removes the directory it made)

@@ -15,6 +15,7 @@ gradients are cleared (`zero_grad(set_to_none=True)`) and its train/eval mode re
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -22,9 +23,11 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from tndebug import driver
+from tndebug import driver, judge
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, severity_rank, SEVERITIES
+from tndebug.judge.fresh import SEED, seeded
+from tndebug.judge.hf import package_code, scale_switches
 from tndebug.one_stack import one_stack_batch
 from tndebug.library import args as A
 from tndebug.library.live import live_subject, set_max_len, unwrap
@@ -87,36 +90,20 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     with torch.random.fork_rng(devices=[subject.device] if subject.device.type == "cuda" else []):
         probed = driver.probe_once(subject, names, batch, compute_dtype=dtype, sinks=sinks)
-    findings, statuses, seconds = probed.findings, probed.statuses, probed.seconds
-    if info["hf"]:                         # a missing scale judged where the design is (issue 19)
-        findings, statuses = hf_scale_at_init(model, forward, subject, findings, statuses, batch,
-                                              dtype, pad_id=pad_id, bos_id=bos_id,
-                                              src_vocab=src_vocab, tgt_vocab=tgt_vocab, arch=arch)
     # weights ported from code that repeats grouped-query kv heads the other way (triage's test)
     kv, kv_evidence = kv_order(lambda s, t: subject.logits(s, t), subject.capture, batch,
                                subject.pad_id, subject.tgt_vocab,
                                data="data=" if data is not None else "random ids")
-    findings += kv
-    if kv_undecided(kv_evidence):          # applied to trained weights, decided nothing: no pass
-        driver.part_not_run(statuses, "checkpoint", "grouped-query head order",
-                            kv_undecided(kv_evidence))
+    undecided = kv_undecided(kv_evidence)  # applied to trained weights, decided nothing: no pass
     if info["hf"]:
         from tndebug.capture.hf import attention_weights
-        from tndebug.probes.hf_fixes import hf_fix, hf_where
-        findings += duplicate_heads(attention_weights(model))
-        from tndebug.at_init import scale_switches, with_switches
-        findings = driver.dedupe([hf_where(hf_fix(f), model) for f in findings])
-        switches = scale_switches(model.config) if hasattr(model, "config") else {}
-        if switches:                       # a scale field set away from its default: the fix names it
-            findings = [with_switches(f, switches) for f in findings]
+        heads = duplicate_heads(attention_weights(model))
     else:
-        findings += duplicate_heads(projection_weights(model))
-        findings = driver.dedupe(findings)
-    if info.get("adapter_note"):
-        findings.append(Finding("mask-broadcast", "info", f"{info['adapter_note']}; the mask tests "
-                                f"judged tndebug's masks, not yours: pass forward= that calls "
-                                f"your own mask code", step=0, evidence={"adapter": info["adapter"]}, code="mask-broadcast/tndebug-masks"))
-    statuses.update(driver.checks_statuses(findings, statuses))
+        heads = duplicate_heads(projection_weights(model))
+    notes = [] if not info.get("adapter_note") else [Finding(
+        "mask-broadcast", "info", f"{info['adapter_note']}; the mask tests judged tndebug's masks, "
+        f"not yours: pass forward= that calls your own mask code", step=0,
+        evidence={"adapter": info["adapter"]}, code="mask-broadcast/tndebug-masks")]
     run = {"mode": "check", "model": type(model).__name__, "adapter": info["adapter"],
            "arch": subject.kind, **({"arch_from": info["arch_from"]} if info.get("arch_from") else {}),
            "pad_id": subject.pad_id if subject.padded else None,     # None: no padding in the data
@@ -126,37 +113,47 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
            "compute_dtype": str(dtype).removeprefix("torch."),
            "attention_modules": info["attention_modules"], "probes_run": names,
            "probe_inputs": subject.inputs(), "kv_head_order": kv_evidence,
-           "probe_seconds": seconds, "wall_s": round(time.perf_counter() - t0, 3),
+           "probe_seconds": probed.seconds, "wall_s": round(time.perf_counter() - t0, 3),
            "status": "completed"}
-    return driver.make_report(run, findings, statuses, select=driver.codes_option(select, "select="),
-                              ignore=driver.codes_option(ignore, "ignore="))
+    context = judge.Context(
+        one_pass=True, checks=kv + heads, notes=notes,
+        not_run=[("checkpoint", "grouped-query head order", undecided)] if undecided else [],
+        select=judge.codes_option(select, "select="), ignore=judge.codes_option(ignore, "ignore="),
+        started=t0)
+    if info["hf"]:                         # findings in its terms, a missing scale judged where
+        context = hf_context(context, model, forward, subject, batch, dtype,   # the design is
+                             pad_id=pad_id, bos_id=bos_id, src_vocab=src_vocab,
+                             tgt_vocab=tgt_vocab, arch=arch)
+    return judge.conclude(run, probed.findings, probed.statuses, context)
 
 
-def hf_scale_at_init(model, forward, subject, findings, statuses, batch=None, dtype=torch.float32,
-                     **kw):
-    """A Hugging Face model's missing-scale error re-judged on a fresh `_from_config` model of
-    its class, as `tndebug triage DIR` does (triage/fresh.scale_at_init); `check` and `watch`
-    both call it. Folded into the initialisation (T5) or the installed package's own unmodified
-    code (GPT-Neo) is the architecture's design, an info; else the error stays. The fresh model
-    is built only for such an error; `batch` None: random ids as `check` draws them."""
-    from tndebug.at_init import (SEED, runs_package_code, scale_at_init, scale_switches, seeded,
-                                 unscaled_error)
+def hf_context(context: judge.Context, model, forward, subject, batch=None,
+               dtype=torch.float32, wording: bool = True, **kw) -> judge.Context:
+    """`context` for a Hugging Face model: its fixes and module paths (judge/hf.py), and its
+    missing-scale error re-judged on a fresh `_from_config` model of its class, as `tndebug
+    triage DIR` does (judge/scale.py): folded into the initialisation (T5) or the installed
+    package's own unmodified code (GPT-Neo) is the architecture's design, an info; else the
+    error stays. `check` and `watch` both call it. The fresh model is built only for such an
+    error; `batch` None: random ids as `check` draws them. `wording` False: tndebug's own
+    fixes and module names (watch's findings have never been reworded)."""
     config = getattr(model, "config", None)
     build = getattr(type(model), "_from_config", None)
-    if config is None or build is None or not any(unscaled_error(f) for f in findings):
-        return findings, statuses
-    batch = _batch(subject, None) if batch is None else batch
+    if wording:
+        context = dataclasses.replace(context, hf_model=model, hf_switches=scale_switches(config)
+                                      if config is not None else {})
+    if config is None or build is None:
+        return context
 
     def probe_fresh(wanted):
+        fresh_batch = _batch(subject, None) if batch is None else batch
         fresh = seeded(lambda: build(config)).to(subject.device).eval()
         sub, _ = live_subject(fresh, forward, **kw)
         with torch.random.fork_rng(devices=[subject.device] if subject.device.type == "cuda" else []):
-            return driver.probe_once(sub, list(wanted), batch, compute_dtype=dtype)
-    import transformers as tf
-    library = ("" if scale_switches(config) or not runs_package_code(model)
-               else f"transformers {tf.__version__}'s {type(model).__name__}")
-    how = f"{type(model).__name__}._from_config(model.config), seed {SEED}"
-    return scale_at_init(list(findings), statuses, probe_fresh, how, library)
+            return driver.probe_once(sub, list(wanted), fresh_batch, compute_dtype=dtype)
+    return dataclasses.replace(
+        context, probe_fresh=probe_fresh, at_init=("missing-scale",),
+        fresh_how=f"{type(model).__name__}._from_config(model.config), seed {SEED}",
+        package_code=lambda: package_code(model, config))
 
 
 def _names(spec) -> list[str]:

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from tndebug import driver
+from tndebug import judge
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library import args as A
@@ -113,8 +113,8 @@ class Watch(_WatchHooks):
         self._print_report = bool(print_report)
         self._vocab = (src_vocab, tgt_vocab)
         self._max_len = max_len
-        self._codes = (driver.codes_option(select, "watch: select="),
-                       driver.codes_option(ignore, "watch: ignore="))
+        self._codes = (judge.codes_option(select, "watch: select="),
+                       judge.codes_option(ignore, "watch: ignore="))
         self._hook_optimizer = hook_optimizer and self._optimizer is not None
         self._dist = dist
         # -- results
@@ -355,17 +355,15 @@ class Watch(_WatchHooks):
                                     fix="A tndebug bug: training went on without probes; please "
                                         "report it with this traceback", code="watch/stopped"))
         statuses = engine.statuses(findings)
+        context = judge.Context(failed=dict(self._failed), history=self._history,
+                                select=self._codes[0], ignore=self._codes[1])
         if self._info.get("hf") and status == "completed":   # a missing scale judged where the
-            from tndebug.library.check import hf_scale_at_init     # design is (check does too)
-            findings, statuses = hf_scale_at_init(self._model, self._forward, self._subject,
-                                                  findings, statuses, pad_id=self._pad_id,
-                                                  bos_id=self._bos_id, arch=self._arch)
-        for name, why in self._failed.items():
-            statuses[name] = {**statuses.get(name, {}), "status": "no verdict",
-                              "reason": f"failed: {why}"}
+            from tndebug.library.check import hf_context            # design is (check does too)
+            context = hf_context(context, self._model, self._forward, self._subject,
+                                 wording=False, pad_id=self._pad_id, bos_id=self._bos_id,
+                                 arch=self._arch)
         run = run_record(self, engine, status, error)
-        self.report = driver.make_report(run, findings, statuses, history=self._history,
-                                         select=self._codes[0], ignore=self._codes[1])
+        self.report = judge.conclude(run, findings, statuses, context)
         if self._session is not None:
             self.exit_code = self._session.finish(self.report, self.fail_on)
         else:

@@ -1,7 +1,7 @@
 """Every finding code tndebug can report, with its meaning: each probe's declared kinds
 (`Probe.codes`) and the codes of findings no probe makes (triage's checks of the file and
 weights, the front-ends'). `tndebug probes --codes` lists them; `--select`/`--ignore` and the
-library's `select=`/`ignore=` are checked against them (driver.codes_option)."""
+library's `select=`/`ignore=` are checked against them (judge.codes_option)."""
 from __future__ import annotations
 
 from tndebug.probes import PROBE_NAMES, probe_class

@@ -217,7 +217,7 @@ class LabelShiftProbe(Probe):
           ids, tndebug's decoder-only after 300 steps of lm_labels_unshifted), so it is judged
           on whatever batch triage has. A tied head predicts its input at initialisation too
           (self 1.0 on a fresh tied tndebug decoder-only and GPT-2): triage re-judges this error
-          on a fresh initialisation of the same code (triage/fresh.py shift_at_init).
+          on a fresh initialisation of the same code (judge/fresh.py shift_at_init).
         * `shifted-twice`: predicting the token after next needs the model's own kind of data;
           judged only where the model predicts this batch at one offset or the other (next or
           after next at AFTER_NEXT_RATE or more), else no verdict: the data is not its own."""

@@ -20,7 +20,7 @@ How it decides (tensors only; FAILURE_MODES 5a-5b):
   collapsed too, else a warning; in trained weights (a later step, or triage) it is info, a
   statistic of a model still learning or of its data (collapsed logits included: a model on
   the plateau of its targets' prior gives one answer whatever its input). Triage judges it
-  again on a fresh initialisation of the same code (tndebug/triage/fresh.py).
+  again on a fresh initialisation of the same code (tndebug/judge/fresh.py).
 * one finding per module (the stronger); triage's words say "in the trained weights".
 * growth G = max RMS of the block outputs / RMS of the stack's input (post-LN: of the first
   block's output when that is larger), against the healthy envelope of the placement
@@ -259,7 +259,7 @@ class VarianceDrift(Probe):
     def at_init(ev: dict) -> tuple[str, str] | None:
         """(severity, cause) that a rank finding's evidence `ev` earns at initialisation (the
         first check: the code, no training), or None where it is no finding there. Triage's
-        fresh-init re-judge (tndebug/triage/fresh.py) reads the fresh model's findings by it."""
+        fresh-init re-judge (tndebug/judge/fresh.py) reads the fresh model's findings by it."""
         r, kept, rho, lr_ = (float("nan") if ev.get(k) is None else float(ev[k])
                              for k in ("r", "kept", "retention", "logits_r"))
         abrupt = not math.isnan(kept) and kept < DROP

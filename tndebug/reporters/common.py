@@ -129,16 +129,13 @@ def first_sign_text(report: Report) -> str | None:
 
 def probe_groups(report: Report) -> dict[str, list[tuple[str, str]]]:
     """status -> [(probe, reason)] for pass | warn | fail | internal error | no verdict | skipped
-    | not run. A probe that passed what it checked while a part of it that applies did not run
-    (`not_run`: the temperature sweep) is "not run", said once by the NOT CHECKED line, never
-    also "passed" (issue 44: missing-scale was passed, partly checked and NOT CHECKED at once)."""
+    | not run, as `Report.status` says (the one status rule): a probe that passed what it
+    checked while a part of it that applies did not run is "not run", said once by the NOT
+    CHECKED line, never also "passed"."""
     out: dict[str, list[tuple[str, str]]] = {"pass": [], "warn": [], "fail": [], "internal error": [],
                                              "no verdict": [], "skipped": [], "not run": []}
     for name, st in report.probes.items():
-        status = st.get("status", "pass")
-        if status == "pass" and st.get("not_run"):
-            status = "not run"
-        out.setdefault(status, []).append((name, st.get("reason", "")))
+        out.setdefault(report.status(name), []).append((name, st.get("reason", "")))
     return out
 
 

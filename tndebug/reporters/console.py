@@ -414,10 +414,9 @@ def _partly_checked(report: Report) -> list[tuple[str, str]]:
         places, reason = no_verdict_places(st), st.get("reason", "")
         # the reason is the NOT CHECKED line's, printed above: named here, not repeated
         unrun = "; ".join(f"{part} not run (see NOT CHECKED)" for part in st.get("not_run", {}))
-        if st.get("status") not in ("pass", "warn", "fail") or not (places or reason or unrun):
-            continue
-        if st.get("status") == "pass" and unrun:
-            continue                # NOT CHECKED says it, once (common.probe_groups: "not run")
+        status = report.status(name)                    # the one status rule
+        if status not in ("pass", "warn", "fail") or not (places or reason or unrun):
+            continue                # "not run": NOT CHECKED says it, once
         parts = []
         if places:
             c = coverage_counts(st)

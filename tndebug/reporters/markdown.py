@@ -55,9 +55,8 @@ def render(report: Report, plots: list[Plot] = (), *, fig_prefix: str = "figures
 
     out += ["", "## Probes", "", "| probe | status | reason |", "|---|---|---|"]
     for name, st in report.probes.items():
-        status, reason = st.get("status", "pass"), st.get("reason", "")
-        if status == "pass" and st.get("not_run"):           # one status: NOT CHECKED's
-            status = "not run"
+        status, reason = report.status(name), st.get("reason", "")      # the one status rule
+        if status == "not run":                                  # NOT CHECKED's reason
             reason = "; ".join(f"{part} not run: {why}" for part, why in st["not_run"].items())
         out.append(f"| `{name}` | {STATUS_MARK.get(status, status)} | {_md(reason)} |")
     out += _coverage(report)

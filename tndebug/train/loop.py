@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from tndebug.config import ModelConfig
-from tndebug import driver
+from tndebug import judge
 from tndebug.data import as_lm, data_generator, eval_set, get_task, misshift
 from tndebug.errors import UsageError
 from tndebug.inject import make_model
@@ -360,8 +360,8 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
         "probe_budget": budget.summary() if budget is not None else None,
     }
     statuses = engine.statuses(findings)      # every rank's findings under DDP
-    statuses.update({n: {"status": "skipped", "reason": why} for n, why in unavailable.items()})
-    report = driver.make_report(run_info, findings, statuses, history=history)
+    report = judge.conclude(run_info, findings, statuses,
+                            judge.Context(skipped=unavailable, history=history))
     return TrainResult(report, model, opt, engine, path)
 
 

@@ -17,7 +17,7 @@
    ids from the model's vocabulary (special ids excluded); the exact tests build their own
    inputs. The temperature sweep needs in-distribution data and is skipped, with a note,
    without it; the axis tokens of the figures are the saved tokenizer's where DIR has one;
-5. findings keep HF's module naming; fixes are rewritten for HF code (probes/hf_fixes.py).
+5. findings keep HF's module naming; fixes are rewritten for HF code (judge/hf.py).
    --text / --data: hf_data.py.
 
 transformers is imported only inside functions: the core package never needs it.
@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 from tndebug.data import Batch
-from tndebug.at_init import runs_package_code, scale_switches, with_switches  # noqa: F401
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
@@ -188,17 +187,17 @@ def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
 def triage_hf(opts, patch=None, sinks=()):
     """Triage a save_pretrained directory. `patch(model, adapter)` (tests): change the loaded
     model in place, or return (forward, encode) to call it differently."""
-    from tndebug import driver
+    from tndebug import driver, judge
+    from tndebug.judge.hf import package_code, scale_switches
     from tndebug.triage import hygiene
     from tndebug.probes._head_weights import duplicate_heads
     from tndebug.triage import run as R
     from tndebug.capture import GenericCapture
-    from tndebug.triage.fresh import SEED, apart_from_weights, seeded
+    from tndebug.judge.fresh import SEED, seeded
     from tndebug.triage import hf_checks, hf_shift
     from tndebug.triage.hf_data import held_out, mask_token_id, token_names, tokenizer_specials
     from tndebug.triage.hf_encoder import masked_lm_batch
     from tndebug.driver import PROBE_BATCH
-    from tndebug.probes.hf_fixes import hf_fix, hf_where
     from tndebug.triage.hf_findings import resume_state
     from tndebug.triage.userdata import check_vocab
 
@@ -340,21 +339,12 @@ def triage_hf(opts, patch=None, sinks=()):
                                    token_names=names)
     if shift:
         probed = with_shift(probed, subject)
-    statuses, probe_seconds = probed.statuses, probed.seconds
+    probe_seconds = probed.seconds
     auto = ("AutoModelForCausalLM" if decoder else "AutoModelForMaskedLM" if encoder
             else "AutoModelForSeq2SeqLM")
     how = f"{auto}.from_config(config), seed {SEED}, attn {attn or 'from config'}"
-    # the fresh model runs the installed package's unmodified code with its class defaults for
-    # every scale switch (else the config chose the scale: the error stays, its fix names them);
-    # a patch, or a function swapped into the package's modules, is not the package's code
-    switches = scale_switches(config)
-    library = ("" if patch is not None or switches or not runs_package_code(model)
-               else f"transformers {tf.__version__}'s {type(model).__name__}")
-    checked, statuses = apart_from_weights(probed, probe_fresh, probe_names + [hf_shift.NAME] * shift,
-                                           sd, how, library)
-    findings += checked
     lap("probes")
-    findings += duplicate_heads(attention_weights(model))
+    heads = duplicate_heads(attention_weights(model))
     swept, reason = data, ""
     if data is not None and encoder:                  # scored as trained: masked positions
         mask_id = mask_token_id(folder, config)
@@ -374,16 +364,7 @@ def triage_hf(opts, patch=None, sinks=()):
             "or --data FILE.pt") + "; random ids cannot say whether the checkpoint was trained "
             "with the scale its code applies")
         sweep, sweep_ev = [], {"verdict": "skipped", "reason": reason}   # recorded as not run
-    findings += sweep
     lap("hygiene")
-
-    findings = driver.dedupe([hf_where(with_switches(hf_fix(f), switches), model) for f in findings])
-    statuses.update(driver.checks_statuses(findings, statuses))
-    hygiene.sweep_not_run(statuses, sweep_ev)
-    if head_unrun:
-        driver.part_not_run(statuses, "checkpoint", "the untied-head test", head_unrun)
-    order = {n: i for i, n in enumerate(probe_names)}         # a stable order for the console
-    statuses = {k: statuses[k] for k in sorted(statuses, key=lambda k: (order.get(k, len(order)), k))}
     run = {"mode": "triage", "checkpoint": str(folder), "format": "huggingface",
            "container": "save_pretrained", "layout": "huggingface", "model_type": config.model_type,
            "model": type(model).__name__, "adapter": "huggingface",
@@ -421,7 +402,17 @@ def triage_hf(opts, patch=None, sinks=()):
            "probe_inputs": subject.inputs(),
            "temperature_sweep": sweep_ev, "timings_s": timings, "probe_seconds": probe_seconds,
            "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
-    return driver.make_report(run, findings, statuses)
+    # the fresh model runs the installed package's unmodified code with its class defaults for
+    # every scale switch (else the config chose the scale: the error stays, its fix names them);
+    # a patch, or a function swapped into the package's modules, is not the package's code
+    return judge.conclude(run, probed.findings, probed.statuses, judge.Context(
+        one_pass=True, probe_fresh=probe_fresh, fresh_how=how,
+        package_code=package_code(model, config, patched=patch is not None),
+        probe_names=probe_names + [hf_shift.NAME] * shift,
+        weights_finite=hygiene.weights_finite(sd), first=findings, checks=heads + sweep,
+        hf_model=model, hf_switches=scale_switches(config), sweep=sweep_ev,
+        not_run=[("checkpoint", "the untied-head test", head_unrun)] if head_unrun else [],
+        order=probe_names, started=t0))
 
 
 def _shape(model_type: str, raw: dict, causal: dict, masked: dict) -> str:

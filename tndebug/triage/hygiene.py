@@ -19,7 +19,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tndebug.driver import part_not_run
 from tndebug.findings import Finding
 # the paired comparison of held-out losses, shared with the kv-order test (probes/_paired.py)
 from tndebug.probes._paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS,  # noqa: F401
@@ -54,6 +53,13 @@ def all_finite(t: torch.Tensor) -> bool:
     flat = t.reshape(-1)
     return all(bool(torch.isfinite(flat[i:i + FINITE_BLOCK]).all())
                for i in range(0, flat.numel(), FINITE_BLOCK))
+
+
+def weights_finite(state_dict) -> bool:
+    """Every floating-point tensor of the file finite (one bool reduction each): the judge
+    withdraws what the probes measured through non-finite weights (Context.weights_finite)."""
+    return all(all_finite(t) for t in state_dict.values()
+               if isinstance(t, torch.Tensor) and t.is_floating_point())
 
 
 def non_finite(sd: dict[str, torch.Tensor]) -> list[Finding]:
@@ -230,7 +236,7 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
     `data`: where the held-out batch came from ("--task", or "--data" for the user's own).
     Returns (findings, evidence); evidence["verdict"] "inconclusive" (with its "reason") when
     the checkpoint does not solve the data: no verdict, which the caller records
-    (`driver.part_not_run`), not a finding.
+    (the judge's `sweep`: a part of missing-scale not run), not a finding.
     """
     src, tgt_in, tgt_out = batch
     losses, per_seq = {}, {}
@@ -292,16 +298,6 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
                f"scaled by alpha={best:.3g} ({finite[best]:.3f} vs {losses[1.0]:.3f} at alpha=1, "
                f"lower on {test['share_better']:.0%} of {test['n']} sequences; "
                f"healthy: alpha in [0.71, 1.41])", where=where, evidence=evidence, fix=FIX_SCALE, code="missing-scale/sweep-mismatch")], evidence
-
-
-def sweep_not_run(statuses: dict[str, dict], evidence: dict) -> None:
-    """Record a sweep that decided nothing (skipped for want of data, inconclusive, every loss
-    non-finite) as a part of missing-scale that did not run, so that the verdict is not clean;
-    nothing when missing-scale is not among the probes run."""
-    verdict = evidence.get("verdict")
-    if "missing-scale" in statuses and verdict in ("skipped", "inconclusive", "non-finite"):
-        part_not_run(statuses, "missing-scale", "temperature sweep", evidence.get("reason") or
-                     "the held-out loss is non-finite at every alpha")
 
 
 @contextmanager

@@ -29,17 +29,16 @@ from tndebug.data import get_task, eval_set
 from tndebug.errors import UsageError
 from tndebug.paths import text_file
 from tndebug.report import Report
-from tndebug import driver
+from tndebug import driver, judge
 from tndebug.findings import Finding
 from tndebug.triage.rebuilt import rebuilt_code
 from tndebug.probes import PROBE_NAMES, TRIAGE_PROBES, parse_probe_spec
-from tndebug.probes.base import COVERAGE, ProbeError
+from tndebug.probes.base import ProbeError
 from tndebug.probes._head_weights import duplicate_heads
 from tndebug.subject import Subject, tndebug_subject
 from tndebug.triage import hygiene, layouts, own_decoder
 from tndebug.capture.adapters import GUESSED
 from tndebug.capture.user_model import parse_config
-from tndebug.triage.fresh import apart_from_weights
 from tndebug.probes._kv_order import kv_order, undecided as kv_undecided
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.target import Target, check_ids, check_task_vocab
@@ -133,29 +132,16 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
 
     probed = driver.probe_once(subject, probe_names, batch,
                                compute_dtype=weights_dtype(ckpt.state_dict), sinks=sinks)
-    checked, statuses = apart_from_weights(probed, target.fresh, probe_names, ckpt.state_dict,
-                                           target.run.get("fresh_init", ""))
-    findings += _arch_hint(checked, subject.kind, target.run)
     probe_seconds = probed.seconds
     lap("probes")
-    findings += duplicate_heads(target.attention_weights)
+    checks = duplicate_heads(target.attention_weights)
     sweep, sweep_evidence = hygiene.temperature_sweep(
         lambda s, t: subject.logits(s, t), target.scaled, batch, data_pad, subject.tgt_vocab,
         own_code=bool(opts.model), data="--data" if opts.data else "--task")
-    findings += sweep
     kv, kv_evidence = kv_order(lambda s, t: subject.logits(s, t), subject.capture, batch,
                                data_pad, subject.tgt_vocab,
                                data="--data" if opts.data else "--task")
-    findings += kv
-    if kv_undecided(kv_evidence):          # applied to trained weights, decided nothing: no pass
-        driver.part_not_run(statuses, "checkpoint", "grouped-query head order",
-                            kv_undecided(kv_evidence))
     lap("hygiene")
-
-    findings = driver.dedupe([_rename(f, target.user_path) for f in findings])
-    _rename_coverage(statuses, target.user_path)
-    statuses.update(driver.checks_statuses(findings, statuses))
-    hygiene.sweep_not_run(statuses, sweep_evidence)
     run = {"mode": "triage", "checkpoint": str(ckpt.path), "format": ckpt.fmt,
            "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
            "task": None if opts.data else task.name,
@@ -172,19 +158,26 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
            "probe_inputs": subject.inputs(),
            "temperature_sweep": sweep_evidence, "kv_head_order": kv_evidence, **target.run,
            "timings_s": timings, "probe_seconds": probe_seconds, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
-    return driver.make_report(run, findings, statuses)
+    undecided = kv_undecided(kv_evidence)     # applied to trained weights, decided nothing: no pass
+    return judge.conclude(run, probed.findings, probed.statuses, judge.Context(
+        one_pass=True, probe_fresh=target.fresh, fresh_how=target.run.get("fresh_init", ""),
+        probe_names=probe_names, weights_finite=hygiene.weights_finite(ckpt.state_dict),
+        first=findings, checks=checks + sweep + kv, rename=target.user_path,
+        fix_hints=_arch_hint(subject.kind, target.run), sweep=sweep_evidence,
+        not_run=[("checkpoint", "grouped-query head order", undecided)] if undecided else [],
+        started=t0))
 
 
-def _arch_hint(findings: list[Finding], kind: str, run: dict) -> list[Finding]:
+def _arch_hint(kind: str, run: dict) -> dict[str, str]:
     """A model read as decoder-only by a guess (adapters.GUESSED) whose attention sees the future:
     the causal-leak finding's fix also says how to triage it as the encoder-only model it may be
     on purpose (a BERT-style model and a GPT without its causal mask behave alike)."""
     if kind != "decoder" or not str(run.get("arch_from", "")).startswith(GUESSED):
-        return findings
-    hint = (" If this model is encoder-only on purpose (BERT-style: every position sees every "
-            "other), rerun with --arch encoder.")
-    return [dataclasses.replace(f, fix=f.fix.rstrip(". ") + "." + hint) if f.code == "mask-broadcast/causal-leak" else f
-            for f in findings]
+        return {}
+    return {"mask-broadcast/causal-leak": (
+        " If this model is encoder-only on purpose (BERT-style: every position sees every "
+        "other), rerun with --arch encoder.")}
+
 
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -362,30 +355,5 @@ def _config(conv, values: dict) -> ModelConfig:
 
 
 # -- with --model: the user's code -----------------------------------------------------------------
-def _rename(f: Finding, user_path) -> Finding:
-    if not f.where:
-        return f
-    new = user_path(f.where)
-    if new == f.where:
-        return f
-    from dataclasses import replace
-    return replace(f, where=new, evidence={**f.evidence, "tndebug_where": f.where})
-
-
-def _rename_coverage(statuses: dict, user_path) -> None:
-    """Coverage in the user's module names, like the findings (the stronger entry where two
-    names meet)."""
-    for st in statuses.values():
-        if not st.get("coverage"):
-            continue
-        merged: dict[str, dict] = {}
-        for where, c in st["coverage"].items():
-            new = user_path(where) if where else where
-            old = merged.get(new)
-            if old is None or COVERAGE.index(c["status"]) > COVERAGE.index(old["status"]):
-                merged[new] = c
-        st["coverage"] = merged
-
-
 def output_name(checkpoint: str) -> str:
     return f"triage-{Path(checkpoint).stem}"

@@ -18,7 +18,7 @@ from tndebug.data import Batch, as_lm
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
-from tndebug.triage.fresh import SEED, seeded
+from tndebug.judge.fresh import SEED, seeded
 from tndebug.triage.hf_encoder import MLM_LOSS
 from tndebug.triage.loading import Checkpoint
 from tndebug.triage.target import Target, check_task_vocab

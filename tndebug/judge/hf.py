@@ -1,11 +1,21 @@
 """Findings in Hugging Face terms, for every front-end that probes a transformers model (`tndebug
 triage DIR`, `check`/`watch` on a transformers model): fixes that speak of config fields,
 `attention_mask` and `decoder_input_ids` instead of Annotated-Transformer code, and a whole
-stack named by its module path. Chosen by the finding's probe and code, never its wording."""
+stack named by its module path. Chosen by the finding's probe and code, never its wording.
+
+    f = hf_where(with_switches(hf_fix(f), scale_switches(config)), model)   # the judge's wording
+
+And the facts about a transformers model that the judge's fresh-initialisation pass needs:
+whether its modules run the installed package's own code (`runs_package_code`,
+`package_code`), and the config fields that set a scale away from their defaults
+(`scale_switches`). transformers is imported only inside functions.
+"""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
+import torch
 from torch import nn
 
 from tndebug.findings import Finding
@@ -86,3 +96,73 @@ def hf_where(f: Finding, model: nn.Module) -> Finding:
     if f.probe == "positional-encoding" and hasattr(stack, "embed_positions"):
         path += ".embed_positions"
     return replace(f, where=path, evidence={**f.evidence, "tndebug_where": f.where})
+
+
+def runs_package_code(model: nn.Module) -> bool:
+    """Whether every function the model's modules run is the installed package's own: each
+    module class comes from transformers (or torch), and no function in the namespaces of
+    those transformers modules, nor any forward, was defined outside an installed package (a
+    user's or a test's monkeypatch, e.g. Falcon's apply_rotary_pos_emb replaced by one that
+    undoes the scale). Only then can an unscaled attention be the package's published design."""
+    import sys
+    import sysconfig
+
+    import transformers as tf   # lazy: an optional dependency
+    roots = {Path(p).resolve() for p in (sysconfig.get_paths()["purelib"],
+                                          sysconfig.get_paths()["platlib"])}
+    roots |= {Path(tf.__file__).resolve().parent, Path(torch.__file__).resolve().parent}
+
+    def installed(fn) -> bool:
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            return True                                        # builtin, C or a class
+        where = Path(code.co_filename).resolve()
+        return any(where.is_relative_to(r) for r in roots)
+
+    names = {type(m).__module__ for m in model.modules()}
+    if any(not n.startswith(("transformers.", "torch.")) for n in names):
+        return False
+    for n in names:
+        if n.startswith("transformers.") and not all(
+                installed(v) for v in vars(sys.modules.get(n, object())).values()):
+            return False
+    return all(installed(getattr(type(m).forward, "__func__", type(m).forward))
+               for m in model.modules())
+
+
+def scale_switches(config) -> dict[str, tuple]:
+    """{field: (saved, class default)} for the config's fields whose names say they set an
+    attention scale (GPT-2's scale_attn_weights, Gemma-2's query_pre_attn_scalar, Granite's
+    attention_multiplier) and whose saved value differs from the config class's default. Names
+    are a hint: they keep an error and point its fix at the field, never clear one."""
+    try:
+        saved, default = config.to_dict(), type(config)().to_dict()
+    except Exception:  # noqa: BLE001 - a config class that cannot build its defaults: no hint
+        return {}
+    words = ("scale", "scaling", "multiplier", "scalar")
+    return {k: (v, default.get(k)) for k, v in saved.items()
+            if any(w in k.lower() for w in words) and isinstance(v, (bool, int, float))
+            and k in default and default[k] != v}
+
+
+def with_switches(f, switches: dict):
+    """A missing-scale error whose config sets a scale switch away from its default: the fix
+    names the field first."""
+    if f.probe != "missing-scale" or f.severity != "error":
+        return f
+    said = ", ".join(f"{k}={v!r} (the default is {d!r})" for k, (v, d) in switches.items())
+    return replace(f, fix=f"config.json sets {said}: that field sets this scale in transformers' "
+                          f"code. " + (f.fix or ""),
+                   evidence={**f.evidence, "config_scale_fields": {k: v for k, (v, _) in switches.items()}})
+
+
+def package_code(model: nn.Module, config, patched: bool = False) -> str:
+    """"transformers 4.x's GPTNeoForCausalLM" when the model runs the installed package's
+    unmodified code with its class defaults for every scale switch (scale_at_init's `library`:
+    no scale there is the architecture's published design); "" when a patch (`patched`), a
+    function swapped into the package's modules, or a scale field set away from its default
+    (the config chose the scale: the error stays, its fix names the field) makes it not so."""
+    import transformers as tf
+    if patched or scale_switches(config) or not runs_package_code(model):
+        return ""
+    return f"transformers {tf.__version__}'s {type(model).__name__}"

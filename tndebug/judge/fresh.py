@@ -1,10 +1,11 @@
 """Code judged apart from weights (issue 19): what is a property of the code is judged on a fresh
 initialisation from the model's own constructor, the trained weights only for what training does.
 
-    findings, statuses = scale_at_init(findings, statuses, probe_fresh)      # missing-scale
+    findings, statuses = scale_at_init(findings, statuses, probe_fresh)      # judge/scale.py
     findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names)  # NaN weights
     findings, statuses = rank_at_init(findings, statuses, probe_fresh)      # variance-drift
     findings, statuses = growth_at_init(findings, statuses, probe_fresh)    # variance-drift
+    findings, statuses = shift_at_init(findings, statuses, probe_fresh)     # label-shift
 
 `probe_fresh(names) -> ProbeResult` runs the probes `names` on a model built again by its own
 constructor, seeded, with no weights loaded: for a Hugging Face directory
@@ -34,73 +35,39 @@ they re-judged carries `evidence["judged_on"]`: "checkpoint" or "fresh init".
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 import torch
 
-from tndebug.at_init import (NO_SCALE, SEED, _on_fresh, judged_on, scale_at_init,  # noqa: F401
-                             seeded, unscaled_error)
-from tndebug.driver import status_of
 from tndebug.findings import Finding
-from tndebug.triage.hygiene import all_finite
+from tndebug.judge.nan import CODE_PROBES
+from tndebug.judge.status import status_of
+from tndebug.probes.variance_drift import VarianceDrift
 
-CODE_PROBES = ("nan-scores", "missing-scale", "mask-broadcast")   # exact tests of the code
-# nan-scores' findings that a forward through non-finite weights makes whatever the code
-NAN_CARRIED = ("nan-scores/nonfinite-forward", "nan-scores/nonfinite-grad", "nan-scores/nonfinite-loss")
-
-
-def apart_from_weights(probed, probe_fresh, names, state_dict, how: str = "", library: str = ""):
-    """The checkpoint's probe findings and statuses, with the code judged on a fresh
-    initialisation where the weights cannot show it: every exact test of the code when the
-    weights hold NaN/Inf (and the statistics measured through them withdrawn: not_judged_on_nan),
-    the 1/sqrt(d_k) fold whenever the checkpoint has no scale. Returns
-    (findings, statuses). `probe_fresh` None: nothing to build, the checkpoint's alone.
-    `library`: the installed package whose unmodified code the fresh model runs ("transformers
-    4.x, GPTNeoForCausalLM"), "" for the user's own code (see scale_at_init)."""
-    finite = weights_finite(state_dict)
-    findings, statuses = (list(probed.findings), probed.statuses) if finite else \
-        not_judged_on_nan(list(probed.findings), probed.statuses)
-    if probe_fresh is None:
-        return findings, statuses
-    if not finite:
-        findings, statuses = code_on_fresh(findings, statuses, probe_fresh, names, how)
-    findings, statuses = scale_at_init(findings, statuses, probe_fresh, how, library)
-    findings, statuses = shift_at_init(findings, statuses, probe_fresh, how)
-    findings, statuses = growth_at_init(findings, statuses, probe_fresh, how)
-    return rank_at_init(findings, statuses, probe_fresh, how)
+SEED = 0                                              # the fresh initialisation's seed
 
 
-def weights_finite(state_dict) -> bool:
-    """Every floating-point tensor of the file finite (one bool reduction each)."""
-    return all(all_finite(t) for t in state_dict.values()
-               if isinstance(t, torch.Tensor) and t.is_floating_point())
+def seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """build() under torch.manual_seed(SEED), the caller's RNG state untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        return build()
 
 
-def not_judged_on_nan(findings: list[Finding], statuses: dict) -> tuple[list, dict]:
-    """Statistics of a forward and backward through non-finite weights (non-finite gradients,
-    dead units, rank, norms) say only that the weights are NaN, which checkpoint/nonfinite-
-    weights says; their fixes (an init, a residual) would send the user the wrong way. Their
-    warnings and errors are withdrawn, each such probe "no verdict" with the reason. The exact
-    tests of the code (CODE_PROBES, judged on a fresh initialisation too) and the file's own
-    findings stay. Called only when the weights are not finite (weights_finite). Returns
-    (findings, statuses)."""
-    keep = set(CODE_PROBES) | {"checkpoint", "lr-schedule"}
-    out, withdrawn = [], {}
-    for f in findings:
-        # the first NaN of the forward (or backward) reads the NaN weights: the file's finding,
-        # not an op's (the code's own NaNs are looked for on the fresh initialisation)
-        carried = f.code in NAN_CARRIED and f.evidence.get("judged_on") != "fresh init"
-        if not carried and (f.probe in keep or f.severity == "info"
-                            or f.evidence.get("judged_on") == "fresh init"):
-            out.append(f)
-        else:
-            withdrawn.setdefault(f.probe, []).append(f.code or f.probe)
-    for name, codes in withdrawn.items():
-        statuses[name] = {**statuses.get(name, {}), "status": "no verdict",
-                          "reason": "the checkpoint's weights are non-finite (checkpoint/"
-                                    "nonfinite-weights): what this probe measured through them "
-                                    f"({', '.join(sorted(set(codes)))}) says only that",
-                          "withdrawn": sorted(set(codes))}
-    return out, statuses
+def judged_on(f: Finding, where: str) -> Finding:
+    return replace(f, evidence={**f.evidence, "judged_on": where})
+
+
+def on_fresh(probe_fresh, name: str, statuses: dict) -> list | None:
+    """Probe `name`'s findings on the fresh initialisation, or None when it cannot be built (the
+    user's constructor may raise anything), which statuses[name]["fresh_init"] then says."""
+    statuses.setdefault(name, {})
+    try:
+        return probe_fresh([name]).findings
+    except Exception as e:  # noqa: BLE001 - the user's constructor may raise anything
+        statuses.setdefault(name, {})["fresh_init"] = (f"not built ({type(e).__name__}: "
+                                                       f"{str(e).strip()[:120]}); judged on the checkpoint")
+        return None
 
 
 def code_on_fresh(findings: list[Finding], statuses: dict, probe_fresh, names, how: str = ""):
@@ -145,7 +112,7 @@ def shift_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str
     target = [f for f in findings if f.code == "label-shift/unshifted"]
     if not target:
         return findings, statuses
-    init = _on_fresh(probe_fresh, "label-shift", statuses)
+    init = on_fresh(probe_fresh, "label-shift", statuses)
     if init is None:
         return findings, statuses
     built = how or "the model's own constructor, seed 0"
@@ -182,8 +149,6 @@ def rank_at_init(findings: list[Finding], statuses: dict, probe_fresh, how: str 
     token differences) on the fresh initialisation: where the same module collapses there, the
     code does it, and the finding takes the severity of a first check (VarianceDrift.at_init);
     elsewhere it stays info and says the fresh init is clean. Returns (findings, statuses)."""
-    from tndebug.probes.variance_drift import VarianceDrift
-
     def rejudge(f: Finding, g: Finding | None, ev: dict) -> Finding:
         judged = VarianceDrift.at_init(g.evidence) if g is not None else None
         ev = {**ev, "init_r": None if g is None else g.evidence.get("r"),
@@ -241,7 +206,7 @@ def _drift_at_init(findings, statuses, probe_fresh, how, is_target, code, rejudg
     targets = [f for f in findings if is_target(f)]
     if not targets:
         return findings, statuses
-    init = _on_fresh(probe_fresh, "variance-drift", statuses)
+    init = on_fresh(probe_fresh, "variance-drift", statuses)
     if init is None:
         return findings, statuses
     at_init = {f.where: f for f in init if f.code == code}

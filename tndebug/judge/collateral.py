@@ -1,8 +1,8 @@
 """One story per broken update: symptoms of training dynamics that follow a found fault in the
 optimizer's updates are that fault's consequences, not defects of their own.
 
-A re-judgement after the probes (the driver applies it in `make_report`, beside
-`after_nan_forward`). Two findings say the updates themselves are wrong:
+A re-judgement after the probes (the judge's update-story pass, after the nan-story pass:
+judge/stage.py). Two findings say the updates themselves are wrong:
 
 * zero-grad/grads-accumulate: every update follows the running sum of all earlier gradients,
   not the current one (an exact test on the `.grad` tensors);
