@@ -71,8 +71,10 @@ def main(out: str, how: str, bug: str, steps: int = 80) -> int:
     g = torch.Generator().manual_seed(0)                   # the same global batches on every rank
     rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     probes = os.environ.get("TNDEBUG_TEST_PROBES", "all")     # a subset, when reproducing one probe
+    # "none": every scheduled look in one process too (several processes never thin them)
+    budget = {"budget": None} if os.environ.get("TNDEBUG_TEST_BUDGET") == "none" else {}
     with tndebug.watch(model, opt, forward=forward, pad_id=None, out=out, total_steps=steps,
-                       probes=probes, quiet=True) as dbg:
+                       probes=probes, quiet=True, **budget) as dbg:
         for _ in range(steps):
             ids = batch(g)[rows].to(device)
             logits = forward(model, ids[:, :-1], None)                              # [B, T-1, V]
