@@ -14,6 +14,11 @@ Two ways to read one, chosen per probe (its docstring says which):
   all-reduce a call.
 
 `local(t)` is this rank's shard, for what stays per rank (zero-grad's identity test).
+
+The other probes read activations only (the forward computes them from gathered weights, so
+they are the one-process values), or the optimizer's lr (train-mode, loss-health, label-shift,
+missing-scale, mask-broadcast, nan-scores, variance-drift, lm-decoding, label-smoothing); their
+per-rank statistics are averaged over the ranks by the engine's reducer, as under DDP.
 """
 from __future__ import annotations
 
