@@ -15,10 +15,11 @@ Two ways to read one, chosen per probe (its docstring says which):
 
 `local(t)` is this rank's shard, for what stays per rank (zero-grad's identity test).
 
-The other probes read activations only (the forward computes them from gathered weights, so
-they are the one-process values), or the optimizer's lr (train-mode, loss-health, label-shift,
-missing-scale, mask-broadcast, nan-scores, variance-drift, lm-decoding, label-smoothing); their
-per-rank statistics are averaged over the ranks by the engine's reducer, as under DDP.
+The other probes (missing-scale, mask-broadcast, nan-scores, variance-drift, loss-health,
+label-shift, lm-decoding, label-smoothing, train-mode) read activations, the loss, the lr or the
+modules' train/eval mode, never a parameter: the forward computes the activations from gathered
+weights, so they are the one-process values; per-rank statistics are averaged over the ranks by
+the engine's reducer, as under DDP.
 """
 from __future__ import annotations
 
