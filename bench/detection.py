@@ -127,6 +127,7 @@ def run_job(job: dict) -> dict:
     import torch
     torch.set_num_threads(1)
     from tndebug.faults import FAULTS
+    from tndebug.probes.budget import DEFAULT_FRACTION
     from tndebug.train import TrainConfig, model_config, run_training
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -151,7 +152,7 @@ def run_job(job: dict) -> dict:
         mcfg = model_config(job["task"], job["preset"], job["norm"], faults, **kw)
         two_legs = job["variant"] == "resume" or (job["fault"] and FAULTS[job["fault"]].needs == "resume")
         tcfg = TrainConfig(task=job["task"], steps=job["steps"], seed=job["seed"], device="cpu",
-                           eval_size=job["eval_size"],
+                           eval_size=job["eval_size"], probe_budget=DEFAULT_FRACTION,   # tndebug run's
                            **({k: DECODER_RUN[k] for k in ("warmup", "lr_factor")} if decoder else {}))
         findings, statuses, leg1 = [], {}, None
         if two_legs:

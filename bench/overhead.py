@@ -42,6 +42,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import Provenance  # noqa: E402
+from tndebug.probes.budget import DEFAULT_FRACTION  # noqa: E402  (`tndebug run`'s default)
 
 RESULT = Path(__file__).parent / "results" / "overhead.json"
 ARMS = ("none", "default", "every1")
@@ -114,10 +115,10 @@ def make_arm_probes(arm: str, only: str | None = None):
 
 def one_arm(arm: str, args, only: str | None = None) -> dict:
     from tndebug.train import TrainConfig, model_config, run_training
-    # default: the run's own probe budget (TrainConfig.probe_budget); every1: every probe on
-    # every step, so no budget may defer a look
+    # default: `tndebug run`'s default probe budget; every1: every probe on every step, so no
+    # budget may defer a look
     tcfg = TrainConfig(task="copy", steps=args.steps, seed=args.seed, device=args.device,
-                       **({"probe_budget": None} if arm == "every1" else {}))
+                       probe_budget=None if arm == "every1" else DEFAULT_FRACTION)
     mcfg = model_config("copy", args.preset, "pre")
     probes, costs = make_arm_probes(arm, only)
     clock = StepClock()
@@ -167,7 +168,7 @@ def memory_arm(arm: str, args) -> dict:
     from tndebug.train import TrainConfig, model_config, run_training
     import resource
     tcfg = TrainConfig(task="copy", steps=args.memory_steps, seed=args.seed, device=args.device,
-                       **({"probe_budget": None} if arm == "every1" else {}))
+                       probe_budget=None if arm == "every1" else DEFAULT_FRACTION)
     mcfg = model_config("copy", args.preset, "pre")
     probes, _ = make_arm_probes(arm)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import Provenance  # noqa: E402
+from tndebug.probes.budget import DEFAULT_FRACTION  # noqa: E402
 from tndebug.reporters.session import ReportSession  # noqa: E402
 from tndebug.train import TrainConfig, model_config, run_training  # noqa: E402
 
@@ -130,7 +131,8 @@ def one_run(full: bool, preset: str, steps: int, probes: str, out: Path) -> dict
     t0, c0 = time.perf_counter(), time.process_time()
     session = TimedSession(out, fmt="text") if full else PlainSession(out)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        result = run_training(model_config("copy", preset), TrainConfig(steps=steps),
+        result = run_training(model_config("copy", preset),      # `tndebug run`'s probe budget
+                              TrainConfig(steps=steps, probe_budget=DEFAULT_FRACTION),
                               probes=probes, session=session)
         session.finish(result.report)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -41,7 +41,7 @@ def test_the_budget_loses_no_finding(fault):
 
 
 def test_the_budget_is_a_share_or_none():
-    assert TrainConfig().probe_budget == 0.03
+    assert TrainConfig().probe_budget is None                    # tndebug run passes 0.03
     for bad in (-0.1, 1.5, "3%"):
         with pytest.raises(ValueError, match="probe_budget"):
             TrainConfig(probe_budget=bad)
@@ -59,6 +59,9 @@ def test_the_flag_reaches_the_run(tmp_path, capsys):
     out = tmp_path / "r"
     main(["run", "--preset", "tiny", "--steps", "3", "--probe-budget", "5%", "--out", str(out)])
     assert json.loads((out / "report.json").read_text())["run"]["probe_budget"]["fraction"] == 0.05
+    out3 = tmp_path / "r3"                                        # no flag: 3%, as watch's
+    main(["run", "--preset", "tiny", "--steps", "3", "--out", str(out3)])
+    assert json.loads((out3 / "report.json").read_text())["run"]["probe_budget"]["fraction"] == 0.03
     out2 = tmp_path / "r2"
     main(["run", "--preset", "tiny", "--steps", "3", "--probe-budget", "none", "--out", str(out2)])
     assert json.loads((out2 / "report.json").read_text())["run"].get("probe_budget") is None

@@ -14,6 +14,7 @@ from tndebug.commands._args import BATCH, NPROC, SEED, STEPS, THREADS as THREADS
 from tndebug.config import ARCHS, NORM_KINDS, NORMS, POSITIONS, PRESETS, ModelConfig
 from tndebug.errors import SigTerm, UsageError
 from tndebug.faults import FAULTS
+from tndebug.probes.budget import DEFAULT_FRACTION       # statistics only: no torch
 from tndebug.task_names import SUMMARIES as TASKS
 from tndebug.train.config import AMPS, DECODER_DROPOUT, DECODER_RUN, DEVICES, TrainConfig, model_config, \
     preset_name
@@ -74,12 +75,13 @@ def add_parser(sub) -> None:
                    help="switch on a fault (repeatable, or comma-separated); `tndebug faults` lists them")
     p.add_argument("--probe", default="all", metavar="all|none|a,b",
                    help="probes to attach; `tndebug probes` lists them (default all)")
-    p.add_argument("--probe-budget", type=probe_budget, default=None, metavar="SHARE|none",
+    p.add_argument("--probe-budget", type=probe_budget, default=DEFAULT_FRACTION, metavar="SHARE|none",
                    help="the share of the measured step time the probed steps may cost: over it, "
                         "scheduled looks are deferred (each probe still looks once, nan-scores "
                         "every time it is due, the setup's exact tests and the closing snapshot "
                         "always run); report.json's run.probe_budget says what was deferred; "
-                        "none: every scheduled look; one process only (default 0.03)")
+                        "none: every scheduled look, and a run that repeats bit for bit; one "
+                        "process only (default %(default)s)")
     p.add_argument("--seed", type=SEED, default=None,
                    help="seed for the model, dropout and data (default 0)")
     p.add_argument("--steps", type=STEPS, default=None,
@@ -167,8 +169,8 @@ def configs(args):
     faults = parse_faults(args.fault)
     given = {k: getattr(args, k) for k in ("batch_size", "warmup", "lr_factor", "save_every")
              if getattr(args, k) is not None}
-    if args.probe_budget is not None:
-        given["probe_budget"] = None if args.probe_budget == "none" else args.probe_budget
+    budget = getattr(args, "probe_budget", DEFAULT_FRACTION)
+    given["probe_budget"] = None if budget == "none" else budget
     if args.resume is None:
         task, preset, norm = args.task or "copy", args.preset or "small", args.norm or "pre"
         arch = args.arch or "seq2seq"

@@ -48,10 +48,12 @@ class TrainConfig:
     save_every: int = 100         # steps between periodic checkpoints (0: only at the end); a save
                                   # of the small preset is ~0.008 s CPU, a step ~0.035 s (1 CPU
                                   # thread): 100 keeps saving < 1% of training time
-    probe_budget: float | None = 0.03   # the probed steps may cost this share of the measured
-                                  # step time (probes/budget.py, DEFAULT_FRACTION: <= 1.03x, as
-                                  # in `watch`); None: every scheduled look (one process only:
-                                  # under DDP the ranks must probe the same steps, so no budget)
+    probe_budget: float | None = None   # the probed steps may cost this share of the measured
+                                  # step time (probes/budget.py); None: every scheduled look, and
+                                  # a run that repeats bit for bit (which steps a budget defers
+                                  # depends on the machine's timing). `tndebug run` passes its
+                                  # --probe-budget, default DEFAULT_FRACTION (0.03, as watch's).
+                                  # One process only: under DDP the ranks must probe the same steps
 
     def __post_init__(self) -> None:
         if self.task not in TASK_NAMES:      # tndebug.data (torch) is not imported: the CLI's parser reads _D
