@@ -13,6 +13,25 @@ def severity_rank(severity: str) -> int:
     return _RANK[severity]
 
 
+# Attributes that wrappers put between a user's modules and never appear in the model the user
+# wrote: activation checkpointing, FSDP1, torch.compile, TransformerLens's bridge.
+WRAPPERS = ("_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod", "_original_component")
+_WRAPPED = re.compile(r"(?<![\w.])(?:%s)\.|\.(?:%s)(?![\w])" % ("|".join(WRAPPERS), "|".join(WRAPPERS)))
+
+
+def user_path(value):
+    """Module paths as the user's model prints them, wrappers' attributes dropped
+    (`transformer.h.0._checkpoint_wrapped_module.attn` -> `transformer.h.0.attn`), in a string or
+    in the strings and keys of a dict or list."""
+    if isinstance(value, str):
+        return _WRAPPED.sub("", value) if "_" in value else value
+    if isinstance(value, dict):
+        return {user_path(k): user_path(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(user_path(v) for v in value)
+    return value
+
+
 @dataclass(frozen=True)
 class Finding:
     """One thing a probe concluded.
@@ -39,6 +58,10 @@ class Finding:
     def __post_init__(self) -> None:
         if self.severity not in _RANK:
             raise ValueError(f"severity {self.severity!r}; expected one of {SEVERITIES}")
+        for name in ("where", "message", "fix", "evidence"):        # the user's module paths
+            value = getattr(self, name)
+            if (new := user_path(value)) != value:
+                object.__setattr__(self, name, new)
 
     def at_least(self, severity: str) -> bool:
         return _RANK[self.severity] >= _RANK[severity]

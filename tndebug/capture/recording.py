@@ -21,6 +21,13 @@ if TYPE_CHECKING:                       # annotations only: no import circle
 MAX_RECOMPUTED = 1 << 25     # score entries recomputed for a fused SDPA call (128 MiB in fp32)
 
 
+def in_backward() -> bool:
+    """Whether autograd's engine is running (a backward pass): a module called then is
+    activation checkpointing re-running a forward the recording has already seen; recording it
+    again would make every site of the checkpointed blocks a second one (`attn#1`)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 @dataclass
 class _AttnCall:
     path: str
@@ -100,6 +107,8 @@ class _State(_Streams):
         cap = self.cap
 
         def hook(module, args, kwargs):
+            if in_backward():            # activation checkpointing's recompute: seen once already
+                return None
             if name == self.stop_before:
                 raise HeadReached
             if name in cap.attention and (self.follow_attention or self.alpha is not None
@@ -130,6 +139,8 @@ class _State(_Streams):
         cap = self.cap
 
         def hook(module, args, kwargs, output):
+            if in_backward():
+                return None
             if name in cap.attention and self.calls and self.calls[-1].path == name:
                 call = self.calls.pop()
                 if self.trace is not None:

@@ -141,3 +141,65 @@ def context_lines(src: dict, around: int = 2) -> list[tuple[int, str]]:
     lo = max(1, src["line"] - around)
     rows = [(n, linecache.getline(src["file"], n).rstrip("\n")) for n in range(lo, src["line"] + around + 1)]
     return [(n, t) for n, t in rows if t or n <= src["line"]]
+
+
+def call_site(model, path: str) -> dict | None:
+    """The line of the model's own code that calls the module at `path`, for a finding on a
+    module no recorded op located (an embedding, a norm, a block, a feed-forward layer): the
+    forward of each ancestor, the innermost first, is searched for the call by the path below
+    that ancestor (`self.ln_1(`, `self.transformer.wte(`), or, for a layer of a list, for the loop
+    over the list (`for block in self.h`). Only the user's code and transformers' are read (as
+    `user_line`); None when no ancestor's forward names it."""
+    if not path:
+        return None
+    modules = dict(model.named_modules())
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        owner = modules.get(".".join(parts[:cut]))
+        if owner is None:
+            continue
+        rest = parts[cut:]
+        loc = _call_in(type(owner), ".".join(rest))
+        if loc is None and rest[-1].isdigit() and len(rest) > 1:      # a layer of a ModuleList
+            loc = _call_in(type(owner), ".".join(rest[:-1]), call=False)
+        if loc is not None:
+            return dict(loc)
+    return None
+
+
+@lru_cache(maxsize=1024)
+def _call_in(cls, attr: str, call: bool = True) -> dict | None:
+    """The first line of `cls.forward` that calls `self.<attr>(` (with `call`) or names
+    `self.<attr>` (a loop over a list of layers), as a location; None when there is none or the
+    forward is not the user's or transformers' code."""
+    fn = getattr(cls, "forward", None)
+    try:
+        fn = inspect.unwrap(fn)            # transformers decorates forwards (functools.wraps)
+        file = inspect.getsourcefile(fn)
+        lines, first = inspect.getsourcelines(fn)
+    except (TypeError, OSError):
+        return None
+    kind = _kind(file) if file else None
+    if kind is None:
+        return None
+    needle = f"self.{attr}" + ("(" if call else "")
+    for i, text in enumerate(lines):
+        code = text.split("#")[0]
+        if needle in code and (call or not code[code.index(needle) + len(needle):][:1].isidentifier()):
+            return location(file, first + i, getattr(fn, "__qualname__", "forward"), kind)
+    return None
+
+
+def module_place(model, path: str, modules: dict | None = None) -> dict | None:
+    """Where a finding on the module at `path` sits in the model's code: the module's own
+    forward (its def line, marked `def`) when that is the user's or transformers' code; else,
+    for torch's modules (an embedding, a norm, a Linear), the line that calls it (`call_site`);
+    else the forward def wherever it is."""
+    module = (modules if modules is not None else dict(model.named_modules())).get(path)
+    if module is None or not path:
+        return None
+    own = _forward_def(type(module))
+    if own is not None and _kind(own["file"]) is not None:
+        return dict(own)
+    site = call_site(model, path)
+    return site if site is not None else (dict(own) if own else None)

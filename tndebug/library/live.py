@@ -34,10 +34,16 @@ def is_hf_seq2seq(model: nn.Module) -> bool:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """DistributedDataParallel / DataParallel -> the module it runs."""
-    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        model = model.module
-    return model
+    """DistributedDataParallel / DataParallel, torch.compile's OptimizedModule -> the module it
+    runs (the probes read the eager model: compiled, every capture would recompile it)."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module) \
+                and type(model).__name__ == "OptimizedModule":
+            model = model._orig_mod
+        else:
+            return model
 
 
 def _embedding_vocab(model: nn.Module) -> int | None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 import torch
 
+from tndebug.capture.source import module_place
 from tndebug.findings import Finding
 from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
@@ -193,12 +195,30 @@ class ProbeEngine:
             if self.steps_run:
                 p.steps_run = self.steps_run          # what a schedule that needs more can say
             self._guard(p, "finish", p.finish, self.run)
+        self._locate()
         self._note_findings()
         self._drain_metrics()
         return self.findings()
 
     def findings(self) -> list[Finding]:
         return [f for p in self.probes for f in p.findings]
+
+    def _locate(self) -> None:
+        """A finding on a module that no recorded op located gets a place in the model's code:
+        the module's own forward where that is the user's (or transformers') code (its def line,
+        marked so), else, for torch's modules (an embedding, a norm, a Linear), the line of the
+        model's code that calls it (capture/source.module_place)."""
+        model = getattr(getattr(self.run, "subject", None), "model", None)
+        if model is None:
+            return
+        modules = dict(model.named_modules())
+        for p in self.probes:
+            for i, f in enumerate(p.findings):
+                if f.source or f.where not in modules or not f.where:
+                    continue
+                source = module_place(model, f.where, modules)
+                if source is not None:
+                    p.findings[i] = replace(f, source=source)
 
     def statuses(self, findings: list[Finding] | None = None) -> dict[str, dict]:
         """probe name -> {"status", "reason"?, "steps_observed"?, "coverage"?}.
