@@ -50,3 +50,19 @@ def test_incomplete_triage_at_80_columns(gpt2_at_init, tmp_path, monkeypatch, ca
     assert order == sorted(order), order
     assert not re.search(r"\((tok|out)\)|\bcapture\b", text), \
         [ln for ln in lines if re.search(r"\((tok|out)\)|\bcapture\b", ln)]
+
+
+def test_verbose_triage_shows_the_evidence_in_full(gpt2_at_init, tmp_path, monkeypatch, capsys):
+    """-v on triage as on check (tests/reporters/test_console_80.py): nothing left to report.md."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("NO_COLOR", "1")
+    main(["triage", str(gpt2_at_init), "--out", "short"])
+    short = " ".join(capsys.readouterr().out.split())
+    assert main(["triage", str(gpt2_at_init), "--out", "full", "-v"]) == 4
+    lines = capsys.readouterr().out.splitlines()
+    assert not [ln for ln in lines if len(ln.rstrip()) > 80]
+    full = " ".join(" ".join(lines).split())
+    assert re.search(r"\(\+\d+ more\)|\(in report\.md\)", short)          # without -v: cut
+    assert not re.search(r"\(\+\d+ more\)|\(in report\.md\)", full)       # with -v: all of it
+    assert len(re.findall(r"\w=", full)) > len(re.findall(r"\w=", short))
