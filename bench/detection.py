@@ -177,7 +177,10 @@ def run_job(job: dict) -> dict:
             exact_match=run["exact_match"], token_accuracy=run["token_accuracy"],
             final_loss=run["final_loss"], run_status=run["status"],
             stopped_at_step=run["stopped_at_step"], train_s=run["train_s"], probe_s=run["probe_s"],
-            dropout=mcfg.dropout, tie_embeddings=mcfg.tie_embeddings, dtype=run["dtype"])
+            dropout=mcfg.dropout, tie_embeddings=mcfg.tie_embeddings, dtype=run["dtype"],
+            # what tndebug run's budget deferred (the last leg's): a finding kept with looks
+            # deferred is the evidence that the budget loses none
+            budget_thinned=(run.get("probe_budget") or {}).get("thinned"))
     except Exception as e:  # noqa: BLE001 - one broken configuration must not stop the benchmark
         rec.update(ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-2000:])
     rec.update(wall_s=round(time.perf_counter() - t0, 2), cpu_s=round(time.process_time() - c0, 2),
