@@ -10,6 +10,7 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug.inject import make_model
+from tndebug.judge.scale import sweep_findings
 from tndebug.judge.status import sweep_not_run
 from tndebug.probes._head_weights import duplicate_heads
 from tndebug.report import Report
@@ -114,7 +115,8 @@ class SplitModel(FakeModel):
 
 def sweep(model, n=16, **kw):
     src = torch.randint(3, 11, (n, 6), generator=torch.Generator().manual_seed(1))
-    return hygiene.temperature_sweep(model.forward, model.scaled, (src, src, src), 0, 11, **kw)
+    ev = hygiene.temperature_sweep(model.forward, model.scaled, (src, src, src), 0, 11, **kw)
+    return sweep_findings(ev), ev             # the judge names the sweep's outcome (judge/scale.py)
 
 
 def test_temperature_sweep_matched_checkpoint():

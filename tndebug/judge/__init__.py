@@ -13,7 +13,8 @@ statuses of the front-end's own checks, --select / --ignore -- is judged here, b
     scale-at-init                     judge/scale.py                 (missing-scale)
     shift-at-init, growth-at-init,    judge/fresh.py                 (label-shift, variance-drift)
       rank-at-init
-    gather                            the front-end's own checks join
+    gather                            the front-end's own checks join; the temperature
+                                      sweep's findings (judge/scale.py, missing-scale)
     wording                           judge/hf.py (Hugging Face), the user's paths, fix hints
     dedupe                            judge/status.py
     statuses                          judge/status.py                (checks, parts not run)

@@ -19,7 +19,7 @@ from tndebug.findings import Finding
 from tndebug.judge import fresh, nan, status
 from tndebug.judge.collateral import explained_by_update_fault
 from tndebug.judge.hf import hf_fix, hf_where, with_switches
-from tndebug.judge.scale import scale_at_init, unscaled_error
+from tndebug.judge.scale import scale_at_init, sweep_findings, unscaled_error
 from tndebug.probes.base import COVERAGE
 from tndebug.report import Report
 
@@ -54,7 +54,7 @@ class Context:
     fix_hints: dict[str, str] = field(default_factory=dict)  # code -> a sentence its fix ends with
     # -- statuses
     not_run: list[tuple[str, str, str]] = field(default_factory=list)   # (name, part, why)
-    sweep: dict | None = None                 # the temperature sweep's evidence
+    sweep: dict | None = None                 # the temperature sweep's evidence (its findings)
     failed: dict[str, str] = field(default_factory=dict)    # probe -> why it was switched off
     skipped: dict[str, str] = field(default_factory=dict)   # probe -> why it never ran
     order: Sequence[str] | None = None        # the statuses' order (the console's)
@@ -121,8 +121,9 @@ def rank(j: Judged, ctx: Context) -> None:
 
 
 def gather(j: Judged, ctx: Context) -> None:
-    """The front-end's own checks join the probes' findings: the file's first, the rest after."""
-    j.findings = [*ctx.first, *j.findings, *ctx.checks]
+    """The front-end's own checks join the probes' findings: the file's first, the rest after,
+    then the temperature sweep's, judged under missing-scale's name (judge/scale.py)."""
+    j.findings = [*ctx.first, *j.findings, *ctx.checks, *sweep_findings(ctx.sweep)]
 
 
 def wording(j: Judged, ctx: Context) -> None:

@@ -218,7 +218,7 @@ class VarianceDrift(Probe):
             #   Any model on the plateau of its prior, or on targets its input does not predict,
             #   is there, whatever its code: what shows a defect is the same code collapsing at
             #   initialisation (run's first check above; triage re-judges a fresh init of the
-            #   user's code, tndebug/triage/fresh.py rank_at_init) or a sublayer that forgets
+            #   user's code, tndebug/judge/fresh.py rank_at_init) or a sublayer that forgets
             #   its input (retention < RETAIN).
             cause, fix, sev = "statistic", "", "info"
         where = ds.module_path(name)

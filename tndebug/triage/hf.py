@@ -353,7 +353,7 @@ def triage_hf(opts, patch=None, sinks=()):
         reason = ("" if mask_id is not None else "the masked-LM objective needs the mask id, "
                   "which neither config.json (mask_token_id) nor a tokenizer in DIR gives")
     if swept is not None:
-        sweep, sweep_ev = hygiene.temperature_sweep(
+        sweep_ev = hygiene.temperature_sweep(
             lambda s, t: subject.logits(s, t), subject.capture.scaling, swept, ids["pad"], tgt_v,
             data="--data")
     else:
@@ -363,7 +363,7 @@ def triage_hf(opts, patch=None, sinks=()):
             "pass --text FILE (source<TAB>target per line, tokenised with the tokenizer in DIR) "
             "or --data FILE.pt") + "; random ids cannot say whether the checkpoint was trained "
             "with the scale its code applies")
-        sweep, sweep_ev = [], {"verdict": "skipped", "reason": reason}   # recorded as not run
+        sweep_ev = {"verdict": "skipped", "reason": reason}   # recorded as not run
     lap("hygiene")
     run = {"mode": "triage", "checkpoint": str(folder), "format": "huggingface",
            "container": "save_pretrained", "layout": "huggingface", "model_type": config.model_type,
@@ -409,7 +409,7 @@ def triage_hf(opts, patch=None, sinks=()):
         one_pass=True, probe_fresh=probe_fresh, fresh_how=how,
         package_code=package_code(model, config, patched=patch is not None),
         probe_names=probe_names + [hf_shift.NAME] * shift,
-        weights_finite=hygiene.weights_finite(sd), first=findings, checks=heads + sweep,
+        weights_finite=hygiene.weights_finite(sd), first=findings, checks=heads,
         hf_model=model, hf_switches=scale_switches(config), sweep=sweep_ev,
         not_run=[("checkpoint", "the untied-head test", head_unrun)] if head_unrun else [],
         order=probe_names, started=t0))

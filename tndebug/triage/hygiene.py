@@ -6,8 +6,9 @@ Each check returns `Finding`s (probe "checkpoint", or the probe whose failure mo
 * no optimizer state or no step counter: a resume restarts the warmup      -> lr-schedule, info
 * the checkpoint's config and its weights disagree                         -> checkpoint, error
 * attention heads duplicated in the weights, or W_Q = W_K                  -> head-collapse, error
-* trained without the 1/sqrt(d_k) scale: the temperature sweep (FAILURE_MODES 2.2), on the
-  layout path only, with a paired significance test  -> missing-scale, error (else info or none)
+* trained without the 1/sqrt(d_k) scale: the temperature sweep (FAILURE_MODES 2.2), with a
+  paired significance test, measured here -> its evidence; the judge names it (judge/scale.py
+  sweep_findings: missing-scale, error; on the user's own code info or none)
 * a stored PE table that is not the paper's sinusoids                      -> positional-encoding, warning
 """
 from __future__ import annotations
@@ -32,9 +33,6 @@ ALPHA_LOW, ALPHA_HIGH = 2 ** -0.5, 2 ** 0.5
 
 FIX_RESUME = ("save {'model': model.state_dict(), 'optimizer': opt.state_dict(), 'step': step} "
               "and restore all three, so the warmup and Adam's moments continue [note 000]")
-FIX_SCALE = ("the checkpoint was trained by code without the 1/sqrt(d_k) scale (or with another "
-             "one): evaluate it with the code it was trained with, or fix the code and retrain / "
-             "fine-tune; do not load it into correctly scaled code")
 
 
 def _f(probe, severity, message, where="", evidence=None, fix="", *, code: str) -> Finding:
@@ -225,18 +223,19 @@ def held_out_loss(forward: Callable, src, tgt_in, tgt_out, pad_id: int) -> float
                                  ignore_index=pad_id))
 
 
-def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, vocab: int,
-                      where: str = "", *, own_code: bool = False,
-                      data: str = "--task") -> tuple[list[Finding], dict]:
+def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, vocab: int, *,
+                      own_code: bool = False, data: str = "--task") -> dict:
     """Scale every attention's scores by alpha and find the alpha that minimises held-out loss.
 
     A checkpoint that matches its code gives alpha ~ 1; one trained without 1/sqrt(d_k) and
     loaded into scaled code gives alpha ~ sqrt(d_k). `own_code`: the checkpoint runs with the
     code it was trained with (--model), where a mismatch cannot show (at most an info).
     `data`: where the held-out batch came from ("--task", or "--data" for the user's own).
-    Returns (findings, evidence); evidence["verdict"] "inconclusive" (with its "reason") when
-    the checkpoint does not solve the data: no verdict, which the caller records
-    (the judge's `sweep`: a part of missing-scale not run), not a finding.
+    Returns the evidence, run["temperature_sweep"]: the losses, the best alpha, the paired test
+    and the verdict ("matched", "not significant", "mismatch", "not applicable", or
+    "inconclusive" with its "reason" when the checkpoint does not solve the data, "non-finite").
+    The judge turns it into missing-scale's findings (judge/scale.py `sweep_findings`: an error
+    on "mismatch") and a verdict that decided nothing into a part not run (Context.sweep).
     """
     src, tgt_in, tgt_out = batch
     losses, per_seq = {}, {}
@@ -252,7 +251,7 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
     if own_code:
         evidence["reason"] = NOT_APPLICABLE
     if not finite:
-        return [], {**evidence, "verdict": "not applicable" if own_code else "non-finite"}
+        return {**evidence, "verdict": "not applicable" if own_code else "non-finite"}
     best = min(finite, key=finite.get)
     test = paired_gain(per_seq[1.0], per_seq[best]) if best != 1.0 else {"n": int(src.shape[0])}
     gain = losses[1.0] - finite[best] if math.isfinite(losses[1.0]) else math.inf
@@ -269,35 +268,17 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
     solved = finite[best] < SOLVED * ln_v
     if own_code:
         evidence["verdict"] = "not applicable"
-        if outside and significant and solved:
-            return [_f("missing-scale", "info",
-                       f"temperature sweep (not applicable on your own code): held-out loss is "
-                       f"lowest at alpha={best:.3g} ({finite[best]:.3f} vs {losses[1.0]:.3f} at "
-                       f"alpha=1); the code runs the scale it was trained with, so this says the "
-                       f"held-out data or the attention temperature differ from training, not "
-                       f"that a scale is missing", where=where, evidence=evidence, code="missing-scale/sweep-not-applicable")], evidence
-        return [], evidence
-    if not solved:
+    elif not solved:
         hint = ("an under-trained checkpoint (or one given other data than its own) is flat in "
                 "alpha, so the sweep cannot judge it" if data == "--data" else
                 "pass --data with your own held-out batches, or the --task it was trained on")
         evidence.update(verdict="inconclusive", reason=(
             f"the checkpoint does not solve the held-out data ({data}; best loss "
             f"{finite[best]:.2f} >= {SOLVED} ln V = {SOLVED * ln_v:.2f}): {hint}"))
-        return [], evidence            # no verdict (the caller records the part not run)
-    if not outside:
-        evidence["verdict"] = "matched"
-        return [], evidence
-    if not significant:
-        evidence["verdict"] = "not significant"
-        return [], evidence
-    evidence["verdict"] = "mismatch"
-    what = "without the 1/sqrt(d_k) scale" if best > 1 else "with a larger scale than this code's"
-    return [_f("missing-scale", "error",
-               f"the checkpoint was trained {what}: held-out loss is lowest with the scores "
-               f"scaled by alpha={best:.3g} ({finite[best]:.3f} vs {losses[1.0]:.3f} at alpha=1, "
-               f"lower on {test['share_better']:.0%} of {test['n']} sequences; "
-               f"healthy: alpha in [0.71, 1.41])", where=where, evidence=evidence, fix=FIX_SCALE, code="missing-scale/sweep-mismatch")], evidence
+    else:
+        evidence["verdict"] = ("matched" if not outside else "not significant" if not significant
+                               else "mismatch")
+    return evidence
 
 
 @contextmanager

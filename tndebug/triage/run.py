@@ -135,7 +135,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     probe_seconds = probed.seconds
     lap("probes")
     checks = duplicate_heads(target.attention_weights)
-    sweep, sweep_evidence = hygiene.temperature_sweep(
+    sweep_evidence = hygiene.temperature_sweep(
         lambda s, t: subject.logits(s, t), target.scaled, batch, data_pad, subject.tgt_vocab,
         own_code=bool(opts.model), data="--data" if opts.data else "--task")
     kv, kv_evidence = kv_order(lambda s, t: subject.logits(s, t), subject.capture, batch,
@@ -162,7 +162,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     return judge.conclude(run, probed.findings, probed.statuses, judge.Context(
         one_pass=True, probe_fresh=target.fresh, fresh_how=target.run.get("fresh_init", ""),
         probe_names=probe_names, weights_finite=hygiene.weights_finite(ckpt.state_dict),
-        first=findings, checks=checks + sweep + kv, rename=target.user_path,
+        first=findings, checks=checks + kv, rename=target.user_path,
         fix_hints=_arch_hint(subject.kind, target.run), sweep=sweep_evidence,
         not_run=[("checkpoint", "grouped-query head order", undecided)] if undecided else [],
         started=t0))
