@@ -200,7 +200,7 @@ def _zoo(tmp: Path, name: str, bugs: dict) -> dict:
     path = train.save(tmp / f"{name}.pt", model, opt, ZOO_STEPS, config)
     code = _cli(["triage", str(path), "--model", f"{ZOO / name}.py:{factory}", "--adapter", adapter,
                  "--no-figures", "--format", "json", "--out", str(tmp / "out")])
-    if code not in (0, 1):
+    if code not in (0, 1, 4):           # 4: incomplete (a part not run) is a verdict, not a crash
         raise RuntimeError(f"tndebug triage exited {code}")
     return _of_json(tmp / "out")
 
@@ -235,7 +235,7 @@ def _hf(tmp: Path, arch: str) -> dict:
     torch.manual_seed(0)
     auto.from_config(_hf_config(arch)).save_pretrained(tmp / arch)
     code = _cli(["triage", str(tmp / arch), "--no-figures", "--format", "json", "--out", str(tmp / "out")])
-    if code not in (0, 1):
+    if code not in (0, 1, 4):           # 4: incomplete (a part not run) is a verdict, not a crash
         raise RuntimeError(f"tndebug triage exited {code}")
     return _of_json(tmp / "out")
 
