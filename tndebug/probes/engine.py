@@ -154,7 +154,7 @@ class ProbeEngine:
             kept = [p for p in due if not p.reads or p.observed_steps == 0
                     or getattr(p, "budget_exempt", False)]
             for p in due:
-                if p not in kept:
+                if p not in kept and p.skipped is None:     # a skipped probe defers nothing
                     self.budget.thin(p.name)
             due = kept
         return due
