@@ -4,6 +4,8 @@ attribute of activation checkpointing (`_checkpoint_wrapped_module`), FSDP1, tor
 checkpointed block's recompute inside backward is not recorded as a second site (`attn#1`)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -46,6 +48,8 @@ def test_checkpointed_blocks_read_as_the_plain_model():
     assert wrapped.verdict == plain.verdict and places(wrapped) == places(plain)
     assert plain.findings and not [f for f in wrapped.findings
                                    if "_checkpoint_wrapped_module" in f.where + f.message or "#" in f.where]
+    assert "_checkpoint_wrapped_module" not in json.dumps(wrapped.to_dict())     # coverage, run too
+    assert wrapped.probes["missing-scale"]["coverage"] == plain.probes["missing-scale"]["coverage"]
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tndebug.errors import UsageError
-from tndebug.findings import Finding
+from tndebug.findings import Finding, user_path
 from tndebug.library.args import forward_vocab, ids_in_vocabulary
 from tndebug.capture.adapters import ARCHS, Adapter, adapter_kind, as_logits, first_tensor, floating_logits, \
     guess_adapter, resolve_adapter
@@ -236,7 +236,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         first_content=first_content, padded=padded,
         max_len=getattr(getattr(model, "config", None), "max_position_embeddings", None)
         or getattr(getattr(model, "cfg", None), "max_len", None))
-    info.update(adapter=adapter.name, attention_modules=sorted(capture.attention),
+    info.update(adapter=adapter.name, attention_modules=sorted(user_path(list(capture.attention))),
                 logits_module=logits_module.get("path"), pad_id=pad_id if padded else None,
                 bos_id=bos_id,
                 src_vocab=src_v, tgt_vocab=tgt_v)

@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from tndebug.findings import Finding
+from tndebug.findings import Finding, user_path
 from tndebug.probes.schedule import Schedule, every
 from tndebug.subject import Subject
 from tndebug.capture.trace import Trace, check_reads
@@ -210,6 +210,7 @@ class Probe:
         """
         if status not in COVERAGE:
             raise ProbeError(f"{self.name}: coverage status {status!r}; valid: {', '.join(COVERAGE)}")
+        where, reason = user_path(where), user_path(reason)        # as the user's model prints it
         old = self.coverage.get(where)
         rank = COVERAGE.index(status)
         if old is None or rank > COVERAGE.index(old["status"]):

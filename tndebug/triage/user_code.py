@@ -16,7 +16,7 @@ from tndebug.capture.user_model import build_user_model, load_weights, parse_con
 from tndebug.capture.subjects import fed_tables, make_subject, vocab_rule
 from tndebug.data import Batch, as_lm
 from tndebug.errors import UsageError
-from tndebug.findings import Finding
+from tndebug.findings import Finding, user_path
 from tndebug.subject import Subject
 from tndebug.judge.fresh import SEED, seeded
 from tndebug.triage.hf_encoder import MLM_LOSS
@@ -60,7 +60,7 @@ def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
     run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
            "model_kwargs": {k: v for k, v in used.items() if isinstance(v, (int, float, str, bool))},
            "config_source": "--config" if given is not None else (ckpt.config_key or None),
-           "attention_modules": sorted(capture.attention), "arch_from": adapter.kind_from}
+           "attention_modules": sorted(user_path(list(capture.attention))), "arch_from": adapter.kind_from}
     if encoder:
         run["calls"] = ("forward(model, ids, pad_id) -> logits [B, T, V] (encoder-only: "
                         "bidirectional, no target side)")
