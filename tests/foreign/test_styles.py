@@ -106,3 +106,11 @@ def test_a_healthy_style_in_16_bits_is_clean(tmp_path, dtype):
     report, _, _ = _check(tmp_path, "head_modules", dtype=dtype)
     loud = [(f.code, f.message[:120]) for f in report.findings if f.severity in ("warning", "error")]
     assert not loud, loud
+
+
+def test_gptj_style_rotary_never_applied_is_named(tmp_path):
+    """rope_interleaved's sin/cos table is GPT-J's `embed_positions` buffer: missed (read as
+    NoPE) at 7bc89fd, bench/results/foreign_styles.md."""
+    report, _, _ = _check(tmp_path, "rope_interleaved", "rope_unapplied")
+    assert "positional-encoding/positions-not-applied" in {
+        f.code for f in report.findings if f.severity == "error"}, report.findings

@@ -65,3 +65,18 @@ def test_hugging_face_rotary_never_applied_is_named(monkeypatch):
     assert _pe(tndebug.check(model)) == []
     monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", lambda q, k, *a, **kw: (q, k))
     assert ("error", CODE) in _pe(tndebug.check(model))
+
+
+def test_hugging_face_gptj_rotary_never_applied_is_named(monkeypatch):
+    """GPT-J keeps its sin/cos table in a buffer named `embed_positions` (plural): read as no
+    mechanism declared (NoPE, info) until `positions` was a declared name (issue 45's user-style
+    corpus, tests/foreign/styles/rope_interleaved.py, missed at 7bc89fd)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gptj import modeling_gptj
+    cfg = transformers.GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=8, vocab_size=64,
+                                  n_positions=64)
+    torch.manual_seed(0)
+    model = transformers.GPTJForCausalLM(cfg)
+    assert _pe(tndebug.check(model)) == []
+    monkeypatch.setattr(modeling_gptj, "apply_rotary_pos_emb", lambda t, sin, cos: t)
+    assert ("error", CODE) in _pe(tndebug.check(model))

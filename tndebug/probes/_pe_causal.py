@@ -36,8 +36,10 @@ from tndebug.probes._float64 import in_float64
 from tndebug.probes._misc_stats import rel_diff
 from tndebug.subject import Subject
 
-# names of parameters/buffers that declare a position mechanism (hints; behaviour decides)
-DECLARED = re.compile(r"(^|[._])(w?pe|pos|position|positional|posemb|pos_emb|wpe|rotary|rope|"
+# names of parameters/buffers that declare a position mechanism (hints; behaviour decides);
+# `positions` too: GPT-J's sin/cos table is the buffer `embed_positions` (issue 45's user-style
+# corpus, rotary never applied: read as NoPE, info, before)
+DECLARED = re.compile(r"(^|[._])(w?pe|pos|positions?|positional|posemb|pos_emb|wpe|rotary|rope|"
                       r"inv_freq|freqs?(_cis)?|cos_cached|sin_cached|cos|sin|alibi|slopes|"
                       r"rel_pos|relative_attention_bias)([._\d]|$)", re.I)
 
