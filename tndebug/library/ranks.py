@@ -45,20 +45,27 @@ def say_not_writing(rank: int, world: int, out) -> None:
 
 
 def keep_sharded(model: nn.Module, busy) -> list:
-    """Forward hooks that put an FSDP2 model back in its sharded state after the watch's own
-    calls (`busy()` true): after a forward that raised (FSDP2 reshards only after one that
-    returns) and after one without gradients (FSDP2 keeps the root's parameters gathered until
-    the backward that then never comes). Left so, the model hands the probes its gathered
-    parameters, not the ones the optimizer holds, and FSDP frees their memory at the next
-    backward (a probe reading them then crashed in torch). Returns the handles (none for a
-    model without FSDP2)."""
+    """Forward hooks on the roots of the FSDP2 trees in `model` that put the model back to its
+    shards after the watch's own calls (`busy()` true) that ran without gradients or raised:
+    FSDP2 keeps the root's parameters gathered after a forward until the backward that then
+    never comes, and reshards nothing after a forward that raised. Left so, the model hands
+    the probes its gathered parameters, not the ones the optimizer holds, and FSDP frees their
+    memory at the next backward (a probe reading them then crashed in torch). A forward the
+    capture stopped (StopForward, a BaseException) runs no hook: the watch also calls
+    `reshard` before each probe moment. Returns the handles (none without FSDP2)."""
+    hook = _Reshard(busy)
+    return [m.register_forward_hook(hook, always_call=True) for m in _fsdp_roots(model)]
+
+
+def _fsdp_roots(model: nn.Module) -> list[nn.Module]:
+    """The FSDP2 modules of `model` that no other FSDP2 module of it contains."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         return []
-    hook = _Reshard(busy)
-    return [m.register_forward_hook(hook, always_call=True) for m in model.modules()
-            if isinstance(m, FSDPModule)]
+    owners = [n for n, m in model.named_modules() if isinstance(m, FSDPModule)]
+    return [model.get_submodule(n) for n in owners
+            if not any(o != n and (o == "" or n.startswith(o + ".")) for o in owners)]
 
 
 def reshard(model: nn.Module | None) -> None:
@@ -78,17 +85,18 @@ def reshard(model: nn.Module | None) -> None:
         return                                 # no FSDP2 here
     if all(isinstance(p, _dtensor()) for p in model.parameters()):
         return                                 # already sharded everywhere
-    fsdp = [(n, m) for n, m in model.named_modules() if isinstance(m, FSDPModule)]
-    owners = [n for n, _ in fsdp]
-    tops = [m for n, m in fsdp if not any(o != n and (o == "" or n.startswith(o + "."))
-                                          for o in owners)]      # roots of the FSDP trees
-    for top in tops:
-        try:
-            top.reset_iter_state()
-        except (AttributeError, RuntimeError):  # torch < 2.13, or a tree never run
-            for m in top.modules():
-                if isinstance(m, FSDPModule):
-                    m.reshard()
+    for top in _fsdp_roots(model):
+        _reset(top)
+
+
+def _reset(top: nn.Module) -> None:
+    from torch.distributed.fsdp import FSDPModule
+    try:
+        top.reset_iter_state()
+    except (AttributeError, RuntimeError):      # torch < 2.13, or a tree never run
+        for m in top.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
 
 
 def _dtensor():
@@ -110,8 +118,8 @@ class _Reshard:
 
     def __call__(self, module, args, output):
         raised = sys.exc_info()[0] is not None        # called from the forward's exception path
-        if raised or (not torch.is_grad_enabled() and self.busy()):
-            module.reshard()
+        if self.busy() and (raised or not torch.is_grad_enabled()):
+            _reset(module)                            # the whole tree: this is its root
         return None
 
 
