@@ -25,7 +25,6 @@ transformers is imported only inside functions: the core package never needs it.
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -43,10 +42,10 @@ from tndebug.capture import subjects
 from tndebug.capture.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
 from tndebug.capture.hf_encoder import MLM_CALLS, make_mlm_adapter
 from tndebug.triage.hf_encoder import MLM_LOSS, mlm_ids_note
-from tndebug.triage.hf_weights import (WEIGHTS, _line, init_missing, load_tied,  # noqa: F401
+from tndebug.triage.hf_weights import (INSTALL, WEIGHTS, _line, init_missing, load_tied,  # noqa: F401
                                        read_weights, renamed, sliced_output, weight_files)
+from tndebug.triage.hf_weights import transformers_offline as _transformers  # noqa: F401 - tests
 
-INSTALL = "pip install 'tndebug[hf]'"
 OWN_CHECKPOINTS = ("checkpoint.pt", "model.pt")     # tndebug's (and plain torch) files win
 HELD_OUT, SRC_LEN, TGT_LEN = 16, 12, 12             # the random batch for the probes' pass
 # The probes see the logits of ids [0, PROBE_VOCAB) of a larger vocabulary (exact for those ids):
@@ -61,17 +60,6 @@ def is_hf_dir(path: str) -> bool:
     if not p.is_dir() or any((p / n).is_file() for n in OWN_CHECKPOINTS):
         return False
     return (p / "config.json").is_file() or any((p / n).is_file() for n in WEIGHTS)
-
-
-def _transformers():
-    os.environ["HF_HUB_OFFLINE"] = "1"               # read at import: nothing is fetched
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    try:
-        import transformers
-    except ImportError:
-        raise UsageError(f"triaging a Hugging Face directory needs transformers: {INSTALL}") from None
-    transformers.logging.set_verbosity_error()
-    return transformers
 
 
 # -- config and model --------------------------------------------------------------------------
@@ -191,7 +179,8 @@ def triage_hf(opts, patch=None, sinks=()):
     from tndebug.judge.hf import package_code, scale_switches
     from tndebug.triage import hygiene
     from tndebug.probes._head_weights import duplicate_heads
-    from tndebug.triage import run as R
+    from tndebug.probes import TRIAGE_PROBES
+    from tndebug.triage.options import OWN_CODE_PROBES, probes_of, refuse_longer, weights_dtype
     from tndebug.capture import GenericCapture
     from tndebug.judge.fresh import SEED, seeded
     from tndebug.triage import hf_checks, hf_shift
@@ -216,7 +205,7 @@ def triage_hf(opts, patch=None, sinks=()):
     decoder, encoder = kind == "decoder", kind == "encoder"
     # a decoder-only model is also asked which labels it learnt from (label-shift), in a pass of
     # its own over the whole vocabulary (hf_shift): the probes' pass sees a sliced output layer
-    wanted = R._probe_names(opts.probes, R.OWN_CODE_PROBES if decoder else R.TRIAGE_PROBES)
+    wanted = probes_of(opts.probes, OWN_CODE_PROBES if decoder else TRIAGE_PROBES)
     shift = decoder and hf_shift.NAME in wanted
     probe_names = [n for n in wanted if not (shift and n == hf_shift.NAME)]
     one_stack = decoder or encoder                  # called with one sequence of ids
@@ -245,7 +234,7 @@ def triage_hf(opts, patch=None, sinks=()):
     src_v = model.get_input_embeddings().num_embeddings
     out_emb = model.get_output_embeddings()
     tgt_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or src_v
-    keep = PROBE_VOCAB if tgt_v > PROBE_VOCAB and set(probe_names) <= set(R.TRIAGE_PROBES) else None
+    keep = PROBE_VOCAB if tgt_v > PROBE_VOCAB and set(probe_names) <= set(TRIAGE_PROBES) else None
     ids = choose_lm_ids(config, min(src_v, tgt_v), keep) if one_stack else choose_ids(config, min(src_v, tgt_v))
     lo, hi = ids["content"]
     if keep:
@@ -328,8 +317,8 @@ def triage_hf(opts, patch=None, sinks=()):
     from tndebug.probes.lm_decoding import tokenizer_padding_side
     subject.padding_side = tokenizer_padding_side(folder)   # lm-decoding: does it pad left
     if data is not None:
-        R.refuse_longer(subject, (data.src, data.tgt_in), source)
-    dtype = R.weights_dtype(sd)           # the saved dtype: decides fp16 hazards (compute: fp32)
+        refuse_longer(subject, (data.src, data.tgt_in), source)
+    dtype = weights_dtype(sd)           # the saved dtype: decides fp16 hazards (compute: fp32)
     lap("model")
 
     findings = hygiene.non_finite(sd) + hygiene.implausible(sd) + checks + data_checks + resume_state(folder)

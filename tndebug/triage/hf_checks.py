@@ -234,8 +234,8 @@ def _show(ids: set[int]) -> str:
 def _tokenizer(folder: Path):
     if not ((folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()):
         return None
-    from tndebug.triage.hf import _transformers
-    tf = _transformers()
+    from tndebug.triage.hf_weights import transformers_offline
+    tf = transformers_offline()
     try:
         if (folder / "tokenizer_config.json").is_file():
             from tndebug.triage.hf_data import load_saved_tokenizer

@@ -28,7 +28,7 @@ from tndebug.errors import UsageError
 from tndebug.paths import text_file
 from tndebug.findings import Finding
 from tndebug.one_stack import one_stack_batch
-from tndebug.triage.hf import _line, _transformers
+from tndebug.triage.hf_weights import _line, transformers_offline as _transformers
 
 TEXT_MAX_TOKENS = 64                                 # --text: longer lines are truncated
 

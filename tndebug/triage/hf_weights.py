@@ -3,6 +3,7 @@ them, reading them, loading them tie-aware, and the output layer sliced for the 
 from __future__ import annotations
 
 import json
+import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tndebug.errors import UsageError
+
+INSTALL = "pip install 'tndebug[hf]'"
 
 WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
            "pytorch_model.bin")
@@ -243,6 +246,19 @@ def sliced_output(model: nn.Module, keep: int | None, check=None):
             model.final_logits_bias = bias
         for m in tables:
             m.sparse = False
+
+
+def transformers_offline():
+    """transformers, imported with the hub offline (nothing is ever fetched); a UsageError
+    naming the extra to install when it is missing. Lazy: an optional dependency."""
+    os.environ["HF_HUB_OFFLINE"] = "1"               # read at import: nothing is fetched
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError(f"triaging a Hugging Face directory needs transformers: {INSTALL}") from None
+    transformers.logging.set_verbosity_error()
+    return transformers
 
 
 def _line(e: Exception) -> str:

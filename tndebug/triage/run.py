@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,10 +31,9 @@ from tndebug.report import Report
 from tndebug import driver, judge
 from tndebug.findings import Finding
 from tndebug.triage.rebuilt import rebuilt_code
-from tndebug.probes import PROBE_NAMES, TRIAGE_PROBES, parse_probe_spec
-from tndebug.probes.base import ProbeError
+from tndebug.probes import TRIAGE_PROBES  # noqa: F401 - tndebug.triage exports it
 from tndebug.probes._head_weights import duplicate_heads
-from tndebug.subject import Subject, tndebug_subject
+from tndebug.subject import tndebug_subject
 from tndebug.triage import hygiene, layouts, own_decoder
 from tndebug.capture.adapters import GUESSED
 from tndebug.capture.user_model import parse_config
@@ -44,28 +42,10 @@ from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.target import Target, check_ids, check_task_vocab
 from tndebug.triage.user_code import user_target
 from tndebug.triage.userdata import for_kind, load_data, pad_ids
+from tndebug.triage.options import (OWN_CODE_PROBES, TriageOptions, probes_of,  # noqa: F401
+                                     refuse_longer, weights_dtype)
 
 HELD_OUT = 16           # held-out sequences for the loss comparisons (heads, norm, sweep)
-
-
-@dataclass
-class TriageOptions:
-    checkpoint: str
-    model: str | None = None            # FILE.py:FACTORY
-    config: str | None = None           # JSON or a .json file
-    adapter: str | None = None          # annotated | tndebug | FILE.py:FUNCTION
-    task: str = "copy"
-    pad_id: int | None = 0              # None (--pad-id none): the data hold no padding
-    max_len: int | None = None          # the longest sequence the model takes (--max-len)
-    bos_id: int = 1
-    heads: int | None = None
-    norm: str | None = None
-    probes: str | None = None           # None: TRIAGE_PROBES
-    trust: bool = False
-    data: str | None = None             # FILE.pt or FILE.py:FUNCTION: the user's held-out batches
-    attn: str | None = None             # Hugging Face dir: eager | sdpa (default: its config's)
-    text: str | None = None             # Hugging Face dir: source<TAB>target lines
-    arch: str | None = None             # --model: seq2seq | decoder | encoder (None: told from it)
 
 
 def triage(opts: TriageOptions, sinks=()) -> Report:
@@ -86,7 +66,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     if opts.arch and not opts.model:
         raise UsageError(f"--arch {opts.arch} applies with --model (your own code); tndebug's "
                          f"layouts and a Hugging Face directory say their shape")
-    probe_names = _probe_names(opts.probes, OWN_CODE_PROBES)
+    probe_names = probes_of(opts.probes, OWN_CODE_PROBES)
     task = _task(opts.task)
     ckpt = load_checkpoint(opts.checkpoint, trust=opts.trust)
     findings = (hygiene.non_finite(ckpt.state_dict) + hygiene.implausible(ckpt.state_dict, ckpt.optimizer)
@@ -181,51 +161,12 @@ def _arch_hint(kind: str, run: dict) -> dict[str, str]:
 
 
 # -- inputs ---------------------------------------------------------------------------------------
-def refuse_longer(subject: Subject, tensors, what: str) -> None:
-    """UsageError when the held-out batches are longer than the model takes (its position table,
-    its config's limit, or --max-len): every comparison would index past the table."""
-    width = max(int(t.shape[1]) for t in tensors)
-    fits = subject.fit(width)
-    if fits < width:
-        known = (f"max_len {subject.max_len} (its config, or --max-len)" if subject.max_len
-                 else "the model raised on longer sequences")
-        raise UsageError(f"{what}: rows are {width} positions long, but the model takes at most "
-                         f"{fits} ({known}): pass shorter sequences, or --max-len if the limit "
-                         f"is wrong")
-
-
-# Triage of a model's own code also asks which labels the trained weights learnt from (label-
-# shift's one-pass judgement; `tndebug.check`, often of an untrained model, does not: a tied head
-# predicts its input at initialisation, which only triage's fresh re-judgement tells apart).
-# A Hugging Face decoder-only directory gets it too, in a pass of its own over the whole
-# vocabulary (hf_shift: its probes see a sliced output layer, hf.PROBE_VOCAB).
-OWN_CODE_PROBES = tuple(n for n in PROBE_NAMES if n in TRIAGE_PROBES or n == "label-shift")
-
-
-def _probe_names(spec: str | None, default: tuple[str, ...] = TRIAGE_PROBES) -> list[str]:
-    if spec is None:
-        return list(default)
-    try:
-        return parse_probe_spec(spec)
-    except ProbeError as e:
-        raise UsageError(str(e)) from None
-
 
 def _task(name: str):
     try:
         return get_task(name)
     except ValueError as e:
         raise UsageError(str(e)) from None
-
-
-def weights_dtype(sd: dict[str, torch.Tensor]) -> torch.dtype:
-    """The floating dtype holding most of the checkpoint's weights: what the model computes in
-    (RunContext.compute_dtype), float32 when there are none."""
-    count: dict[torch.dtype, int] = {}
-    for t in sd.values():
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            count[t.dtype] = count.get(t.dtype, 0) + t.numel()
-    return max(count, key=count.get) if count else torch.float32
 
 
 # -- without --model: tndebug's model --------------------------------------------------------------

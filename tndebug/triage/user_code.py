@@ -25,7 +25,7 @@ from tndebug.triage.target import Target, check_task_vocab
 from tndebug.triage.userdata import OneStack, for_kind, pad_ids, check_vocab as check_data_vocab
 
 if TYPE_CHECKING:
-    from tndebug.triage.run import TriageOptions
+    from tndebug.triage.options import TriageOptions
 
 
 def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
