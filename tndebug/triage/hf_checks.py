@@ -238,7 +238,7 @@ def _tokenizer(folder: Path):
     tf = transformers_offline()
     try:
         if (folder / "tokenizer_config.json").is_file():
-            from tndebug.triage.hf_data import load_saved_tokenizer
+            from tndebug.triage.hf_weights import load_saved_tokenizer
             return load_saved_tokenizer(tf, folder)
         return tf.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
     except Exception:  # noqa: BLE001 - an unreadable tokenizer: --text says so when used

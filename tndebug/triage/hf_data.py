@@ -28,7 +28,8 @@ from tndebug.errors import UsageError
 from tndebug.paths import text_file
 from tndebug.findings import Finding
 from tndebug.one_stack import one_stack_batch
-from tndebug.triage.hf_weights import _line, transformers_offline as _transformers
+from tndebug.triage.hf_weights import (GENERIC_TOKENIZERS, _line, load_saved_tokenizer,  # noqa: F401
+                                       transformers_offline as _transformers)
 
 TEXT_MAX_TOKENS = 64                                 # --text: longer lines are truncated
 
@@ -101,27 +102,6 @@ def _tokenizer(folder: Path, spec: str):
 
 
 _TOKENIZERS: dict = {}                 # folder -> the tokenizer loaded (--text, then the labels)
-
-
-# tokenizer_config.json classes that say "the tokenizer is tokenizer.json, nothing of the model's
-# own": transformers 5 writes TokenizersBackend for any tokenizers-library tokenizer, and its
-# AutoTokenizer then maps the directory's model_type to that model's class (Qwen2Tokenizer), which
-# rebuilds its own pre-tokenizer and reads a WordLevel vocabulary as no tokens at all (measured:
-# `w5 w9 w10` -> []; the generic class gives [5, 9, 10]). Those load as the generic class.
-GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
-
-
-def load_saved_tokenizer(tf, folder: Path):
-    """transformers' tokenizer for `folder`: the generic fast class when tokenizer_config.json
-    names a generic class and tokenizer.json is there, else AutoTokenizer (raises as they do)."""
-    import json
-    try:
-        named = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
-        named = None
-    if named in GENERIC_TOKENIZERS and (folder / "tokenizer.json").is_file():
-        return tf.PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
-    return tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def _saved_tokenizer(folder: Path, spec: str):
