@@ -121,6 +121,8 @@ def test_a_binary_text_file_is_refused_before_the_model_is_built(tmp_path):
     (["run", "--resume", "data.csv"], "data.csv is not a PyTorch checkpoint"),
     (["triage", "model.pt", "--data", "data.csv"], "--data data.csv: not a torch.save file: "
                                                    "neither a zip archive nor a pickle"),
+    (["triage", "model.pt", "--model", "data.csv:make"], "--model: cannot import data.csv "
+                                                         "(not a Python file?)"),
 ])
 def test_names_codes_json_and_foreign_files_are_refused_before_torch(tmp_path, argv, says):
     (tmp_path / "model.pt").write_bytes(b"PK not really")

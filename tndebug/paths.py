@@ -4,6 +4,7 @@ file (a FIFO would block the read, a device never ends), and a --text file that 
 triage's loaders call the same checks, so the library and the CLI say the same line."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import stat
 from pathlib import Path
@@ -144,4 +145,7 @@ def code_spec(spec: str, flag: str) -> Path:
         raise UsageError(f"{flag} {spec!r}: expected FILE.py:NAME")
     if not Path(path_s).is_file():
         raise UsageError(f"{flag}: no such file {path_s}")
+    if importlib.util.spec_from_file_location("tndebug_user_check", path_s) is None:
+        # import_file's own test (a CSV, a .txt: no loader for the suffix), before torch
+        raise UsageError(f"{flag}: cannot import {path_s} (not a Python file?)")
     return Path(path_s)
