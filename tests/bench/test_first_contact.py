@@ -23,14 +23,16 @@ def _load():
 
 def test_the_summary_counts_flagged_named_collateral_and_refused():
     fc = _load()
-    recs = [{"kind": "loop", "fault": "healthy", "flagged": True},
-            {"kind": "loop", "fault": "healthy", "flagged": False},
+    recs = [{"kind": "loop", "fault": "healthy", "flagged": True, "verdict": "errors"},
+            {"kind": "loop", "fault": "healthy", "flagged": False, "verdict": "incomplete"},
             {"kind": "loop", "fault": "shifted_twice", "named": True, "collateral": ["x/y"]},
             {"kind": "loop", "fault": "no_zero_grad", "named": True, "collateral": []},
             {"kind": "front-end", "fault": "healthy", "refused": True, "flagged": False}]
     s = fc.summarise(recs)
     assert s["loop"] == {"healthy": 2, "flagged": 1, "bugs": 2, "named": 2, "named_clean": 1,
-                         "refused": 0}
+                         "refused": 0, "not_clean": 2}
+    recs[1]["verdict"] = "clean"
+    assert fc.summarise(recs)["loop"]["not_clean"] == 1
     assert s["front-end"]["refused"] == 1
 
 
