@@ -146,3 +146,31 @@ def test_the_torch_free_adapter_names_are_the_built_in_adapters():
     from tndebug.task_names import ADAPTER_NAMES
     dispatched = re.findall(r'name == "(\w+)"', inspect.getsource(adapters.builtin_adapter))
     assert ADAPTER_NAMES == adapters.BUILTIN and sorted(dispatched) == sorted(ADAPTER_NAMES)
+
+
+@pytest.mark.parametrize("command", [["run"], ["triage", "ckpt.pt"], ["check", "m.py:make"]])
+def test_an_out_that_cannot_be_made_is_refused_before_torch(tmp_path, command):
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "ckpt.pt", "w") as z:     # looks like torch.save's zip
+        z.writestr("ckpt/data.pkl", b"\x80\x02}q\x00.")
+    (tmp_path / "m.py").write_text("def make():\n    pass\n")
+    (tmp_path / "a_file").write_text("mine\n")
+    line = refuse_without_torch(tmp_path, command + ["--out", "a_file/sub/dir"])
+    assert "a_file is a file, so no directory can be made under it" in line
+    assert (tmp_path / "a_file").read_text() == "mine\n"
+
+
+def test_the_out_try_leaves_no_directory_behind(tmp_path):
+    from tndebug.commands.cheap import out_place
+    (tmp_path / "kept").mkdir()
+    out_place(str(tmp_path / "kept" / "new" / "deeper"))
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept"]
+    out_place(str(tmp_path / "kept"))                 # exists: left to the later rules
+    assert (tmp_path / "kept").is_dir()
+
+
+def test_an_out_the_file_system_refuses_is_refused_before_torch(tmp_path):
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here")
+    line = refuse_without_torch(tmp_path, ["run", "--out", "/proc/tndebug-out/x"])
+    assert "--out /proc/tndebug-out/x: cannot create it" in line

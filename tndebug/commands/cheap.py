@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tndebug.errors import UsageError
+from tndebug.outputs import check_place
 from tndebug.probes import _MODULES, ProbeError, parse_probe_spec
 from tndebug.probes.codes import OTHER_CODES
 from tndebug.task_names import ADAPTER_NAMES
@@ -68,3 +69,33 @@ def adapter(name: str | None, advice: str) -> None:
     if name and ":" not in name and name not in ADAPTER_NAMES:
         raise UsageError(f"--adapter {name!r}: not a built-in adapter (built-in: "
                          f"{', '.join(ADAPTER_NAMES)}); or pass FILE.py:FUNCTION{advice}")
+
+
+def out_place(out: str | None) -> None:
+    """--out that does not exist yet and cannot be made (under /proc, below a file, a read-only
+    place): the line tndebug/outputs.claim_output says, before torch. Tried by making the
+    directories and removing at once those this call made (nothing else is touched), because
+    only the file system knows (root passes os.access on /proc, where mkdir still fails)."""
+    if not out:
+        return
+    p = Path(out).expanduser()
+    check_place(p)                        # a file, under a file, not writable: its own line
+    made: list[Path] = []
+    q = p
+    while not q.exists() and q != q.parent:
+        made.append(q)
+        q = q.parent
+    if not made:
+        return                            # exists: the later rules (empty, manifest) apply
+    try:
+        p.mkdir(parents=True)
+    except FileExistsError:
+        return                            # made meanwhile by someone else: not ours to judge
+    except OSError as e:
+        raise UsageError(f"--out {p}: cannot create it ({e.strerror}); pass a directory you "
+                         f"can write") from None
+    for d in made:                        # deepest first: only what this call created
+        try:
+            d.rmdir()
+        except OSError:
+            break

@@ -84,6 +84,7 @@ def main(args) -> int:
     cheap.codes(args.ignore, "--ignore")
     cheap.adapter(args.adapter, "")
     config_json(args.config)
+    cheap.out_place(args.out)
     from tndebug.capture.adapters import load_callable
     from tndebug.capture.user_model import build_user_model, parse_config
     from tndebug.library.check import check

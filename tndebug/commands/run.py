@@ -262,6 +262,7 @@ def main(args) -> int:
     cheap.codes(args.select, "--select")
     cheap.codes(args.ignore, "--ignore")
     parse_faults(args.fault)
+    cheap.out_place(args.out)
     early = None
     if args.resume is not None:          # a missing run or checkpoint: one line before torch
         from tndebug.paths import run_checkpoint

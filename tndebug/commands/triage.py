@@ -152,6 +152,7 @@ def main(args) -> int:
     config_json(args.config)
     cheap.codes(args.select, "--select")
     cheap.codes(args.ignore, "--ignore")
+    cheap.out_place(args.out)
     hf_files = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
     hf_dir = Path(args.checkpoint).is_dir() and (Path(args.checkpoint) / "config.json").is_file()
     if found is None and not any((Path(args.checkpoint) / n).is_file() for n in hf_files):
