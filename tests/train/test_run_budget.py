@@ -35,6 +35,13 @@ def test_a_zero_budget_defers_every_costly_look_but_the_guaranteed_ones():
     assert thin.observed["nan-scores"] == full.observed["nan-scores"] > 1
 
 
+def test_a_probe_that_applies_nowhere_is_not_counted_as_deferred():
+    """lm-decoding is not applicable to an encoder-decoder: the budget deferred none of its
+    looks (by 120 steps a zero budget defers every costly look that applies)."""
+    thinned = _run(0.0, steps=120).run["probe_budget"]["thinned"]
+    assert "gradient-flow" in thinned and "lm-decoding" not in thinned
+
+
 @pytest.mark.parametrize("fault", ["no_scale", "mask_after_softmax"])
 def test_the_budget_loses_no_finding(fault):
     assert _codes(_run(0.0, (fault,))) == _codes(_run(None, (fault,)))

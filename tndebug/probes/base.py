@@ -220,6 +220,11 @@ class Probe:
         if status == "checked":
             self.checked = True
 
+    def applies_nowhere(self) -> bool:
+        """Every place it looked said "not applicable" (lm-decoding on an encoder-decoder)."""
+        return bool(self.coverage) and all(c["status"] == "not applicable"
+                                           for c in self.coverage.values())
+
     def skip(self, reason: str, where: str | None = None) -> None:
         """Nothing could be decided: at `where` (coverage "no verdict"), or, without `where`,
         by the probe as a whole (`self.skipped`, the status's reason)."""

@@ -154,7 +154,8 @@ class ProbeEngine:
             kept = [p for p in due if not p.reads or p.observed_steps == 0
                     or getattr(p, "budget_exempt", False)]
             for p in due:
-                if p not in kept and p.skipped is None:     # a skipped probe defers nothing
+                if p not in kept and p.skipped is None and not p.applies_nowhere():
+                    # a probe that skipped itself, or applies nowhere, defers nothing
                     self.budget.thin(p.name)
             due = kept
         return due
