@@ -94,3 +94,16 @@ def test_sixteen_bit_tolerance_is_wider():
     subject = hand_subject(HandModel(attn_cls=SlightlyOff))
     assert len(run_probe(subject, MissingScale(at(1)), steps=0)) == 1
     assert run_probe(subject, MissingScale(at(1)), steps=0, compute_dtype=torch.float16) == []
+
+
+def test_fix_on_the_users_line_drops_a_one_space_comment():
+    # karpathy's ng-video-lecture writes `wei = q @ k.transpose(-2,-1) # (B, T, hs) @ ...`: the
+    # comment, after one space, was put inside the suggested parentheses (code that does not run)
+    from tndebug.probes.missing_scale import your_line
+    src = {"file": "gpt.py", "line": 83,
+           "code": "wei = q @ k.transpose(-2,-1) # (B, T, hs) @ (B, hs, T) -> (B, T, T)"}
+    fix = your_line(src, 16)
+    assert "`wei = (q @ k.transpose(-2,-1)) / 4`" in fix
+    compile(fix.split("`")[1], "fix", "exec")                       # the suggestion is Python
+    keep = {"file": "gpt.py", "line": 9, "code": "att = einsum('bhid,bhjd->bhij', q, k)  # '#'"}
+    assert "`att = (einsum('bhid,bhjd->bhij', q, k)) / 4`" in your_line(keep, 16)

@@ -1,7 +1,9 @@
 """missing-scale: fit the scale actually applied to QK^T and compare it with 1/sqrt(d_k)."""
 from __future__ import annotations
 
+import io
 import math
+import tokenize
 
 import torch
 from torch import nn
@@ -304,7 +306,7 @@ def your_line(src: dict | None, d_k: int) -> str:
     if not src or src.get("package") or src.get("def") or not src.get("code"):
         return ""
     from tndebug.capture.source import shown_path
-    code = src["code"].split("  #")[0].strip()
+    code = without_comment(src["code"])
     at = f"{shown_path(src['file'])}:{src['line']}"
     if "scaled_dot_product_attention" in code and "scale=" in code:
         return f" In your code ({at}): drop the scale= argument of `{code}` (the default is 1/sqrt(d_k))."
@@ -314,6 +316,18 @@ def your_line(src: dict | None, d_k: int) -> str:
     whole = expr.startswith("(") and expr.endswith(")") and _closes_at_end(expr)
     expr = expr if whole else f"({expr})"
     return f" In your code ({at}): `{name} = {expr} / {math.sqrt(d_k):.4g}`  # sqrt(d_k), d_k = {d_k}."
+
+
+def without_comment(code: str) -> str:
+    """The line's code without its trailing comment, found by Python's tokenizer so that a `#`
+    inside a string stays and a comment after one space goes (`wei = q @ k # (B, T, T)`)."""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            if tok.type == tokenize.COMMENT:
+                return code[:tok.start[1]].strip()
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return code.split("  #")[0].strip()
 
 
 def _closes_at_end(expr: str) -> bool:
