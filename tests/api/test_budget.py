@@ -65,6 +65,55 @@ def _watched(budget, steps=120):
     return dbg.report
 
 
+def _two_ranks(agreeing: bool, steps: int = 300):
+    """Two budgets fed in lockstep (a thread each, as two processes), rank 1's steps and
+    probes slower; `agreeing`: their exchange is the elementwise maximum (Dist.agree_max).
+    Returns each rank's allows() answers, step by step."""
+    import threading
+    barrier, slots = threading.Barrier(2), [None, None]
+
+    def agree_for(rank):
+        def agree(values):
+            slots[rank] = values
+            barrier.wait()
+            out = [max(a, b) for a, b in zip(*slots)]
+            barrier.wait()
+            return out
+        return agree
+    budgets = [Budget(0.2, agree=agree_for(r) if agreeing else None) for r in (0, 1)]
+    answers: list[list[bool]] = [[], []]
+
+    def feed(rank):
+        b = budgets[rank]
+        for step in range(steps):
+            probed = step % 2 == 0 and b.allows()      # a probe due every other step
+            answers[rank].append(probed)
+            b.record((0.010 if rank == 0 else 0.012) + ((0.020 if rank == 0 else 0.080) if probed else 0.0),
+                     probed, own=0.0002)
+    threads = [threading.Thread(target=feed, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return answers, budgets
+
+
+def test_ranks_that_measure_differently_thin_the_same_steps():
+    """Over several processes each rank decides from the ranks' agreed maxima: the same answer
+    on every step, though rank 1 is slower; alone, each would have thinned other steps."""
+    alone, _ = _two_ranks(agreeing=False)
+    assert alone[0] != alone[1]
+    (a0, a1), budgets = _two_ranks(agreeing=True)
+    assert a0 == a1
+    assert a0[:10:2] == [True] * 5                     # nothing agreed before the first exchange
+    assert not all(a0[::2]) and any(a0[100:])          # thinned, and still looking
+    # the agreed cost is rank 1's: its probes (80 ms over a 12 ms step) buy fewer looks than
+    # rank 0's own measurements would (20 ms over 10 ms)
+    assert sum(a0) < sum(alone[0])
+    summary = budgets[0].summary()["ranks_agreed"]
+    assert summary["exchanges"] == 30 and summary["user_step_s"] == pytest.approx(0.012 - 0.0002)
+
+
 def test_a_tight_budget_thins_the_costly_looks_and_keeps_every_verdict():
     """A tiny model's step is a few ms and a captured step tens of ms: at 1% most of the
     scheduled captures are skipped. Every probe still has its verdict, loss-health (which

@@ -3,13 +3,16 @@
     python -m torch.distributed.run --nproc-per-node=2 ... tests/train/ddp_worker.py OUT MODE
 
 MODE: "run" (a clean probed run), "crash" (rank 1 raises at step 2), "nan" (rank 1's loss is
-NaN at step 2). Rank 0 writes OUT/report.json through a ReportSession and OUT/metrics.json
+NaN at step 2), "budget" (40 steps under a 20% probe budget, rank 1's probed steps 60 ms
+slower than rank 0's, so that budgets kept per rank would thin different steps; each rank
+writes OUT/budget-rank{r}.json: its budget's summary and each probe's observed steps). Rank 0 writes OUT/report.json through a ReportSession and OUT/metrics.json
 (every probe metric and training scalar, `tag -> {step: value}`); exit code as `tndebug run`.
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -36,6 +39,16 @@ def sabotage(mode: str, rank: int) -> None:
     (through the loss weight, which only the training loop asks for)."""
     if rank != 1 or mode == "run":
         return
+    if mode == "budget":
+        from tndebug.probes.engine import ProbeEngine
+        end_step = ProbeEngine.end_step
+
+        def slow_end_step(self, info):
+            if self._trace is not None and self._due:     # a probed step: probes cost more here
+                time.sleep(0.06)
+            return end_step(self, info)
+        ProbeEngine.end_step = slow_end_step
+        return
     weight = distributed.Dist.loss_weight
     calls = {"n": 0}
 
@@ -60,7 +73,8 @@ def main(out: str, mode: str, faults: str = "no_dropout", steps: int = 4) -> int
         log = MetricLog()
         session.sinks.append(log)
     cfg = model_config("copy", "tiny", faults=tuple(f for f in faults.split(",") if f))
-    train_cfg = TrainConfig(steps=steps, batch_size=16, eval_size=32, log_every=1, device="cpu")
+    budget = {"steps": 40, "probe_budget": 0.2} if mode == "budget" else {"steps": steps}
+    train_cfg = TrainConfig(batch_size=16, eval_size=32, log_every=1, device="cpu", **budget)
     try:
         result = run_training(cfg, train_cfg, probes="all", session=session, dist=dist)
     except distributed.RankFailed as e:
@@ -68,6 +82,11 @@ def main(out: str, mode: str, faults: str = "no_dropout", steps: int = 4) -> int
         return 3
     if dist.is_main and result.report.run["status"] == "failed":
         print(f"tndebug: error: {result.report.run['error']}", file=sys.stderr)
+    if mode == "budget":
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, f"budget-rank{dist.rank}.json").write_text(json.dumps({
+            "budget": result.engine.budget.summary(),
+            "observed": {p.name: p.observed_steps for p in result.engine.probes}}))
     if not dist.is_main:
         dist.close()
         return 0

@@ -204,6 +204,27 @@ def test_a_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert any(f["probe"] == "nan-scores" and f["step"] == FAIL_STEP for f in report["findings"])
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_the_probe_budget_thins_the_same_steps_on_every_rank(tmp_path):
+    """Under DDP the budget applies (it did not: every scheduled look ran), and the ranks thin
+    the same looks although rank 1's probed steps cost 60 ms more than rank 0's (a budget
+    kept per rank would let rank 0 probe steps that rank 1 skips, and their collectives would
+    no longer pair up: a hang or 'ranks disagree')."""
+    proc, code, out = _torchrun(tmp_path, "budget", "no_dropout")
+    assert proc.returncode == 0 and code == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["status"] == "completed" and report["run"]["world_size"] == 2
+    ranks = [json.loads((out / f"budget-rank{r}.json").read_text()) for r in (0, 1)]
+    budget = report["run"]["probe_budget"]
+    assert budget is not None and budget["thinned"], budget
+    assert budget["ranks_agreed"]["exchanges"] == 4            # 40 steps, every 10
+    assert ranks[0]["budget"]["thinned"] == ranks[1]["budget"]["thinned"] == budget["thinned"]
+    assert ranks[0]["observed"] == ranks[1]["observed"]
+    # the agreed step cost is the slower rank's: rank 1's 60 ms extra shows in the maximum
+    assert budget["ranks_agreed"]["spent_s"] >= ranks[1]["budget"]["spent_s"] - 0.1
+
+
 def test_nproc_relaunch_keeps_every_flag_but_nproc():
     from tndebug.cli import build_parser
     from tndebug.commands.run import relaunch_argv

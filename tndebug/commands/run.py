@@ -80,8 +80,9 @@ def add_parser(sub) -> None:
                         "scheduled looks are deferred (each probe still looks once, nan-scores "
                         "every time it is due, the setup's exact tests and the closing snapshot "
                         "always run); report.json's run.probe_budget says what was deferred; "
-                        "none: every scheduled look, and a run that repeats bit for bit; one "
-                        "process only (default %(default)s)")
+                        "none: every scheduled look, and a run that repeats bit for bit; with "
+                        "--nproc the ranks agree on the measured times, so all thin the same "
+                        "steps (default %(default)s)")
     p.add_argument("--seed", type=SEED, default=None,
                    help="seed for the model, dropout and data (default 0)")
     p.add_argument("--steps", type=STEPS, default=None,

@@ -19,10 +19,22 @@ lr-schedule, label-smoothing, ...: the loss and the lr, a sync at most, so diver
 when it happens), the last step's snapshot for the figures (paid for ahead: `final_reserve` holds back the
 costliest of the last WINDOW probed steps), and the setup's exact tests (they run before the first step,
 outside any budget).
+
+Over several processes (DDP, FSDP2) every rank must probe the same steps, or their
+collectives no longer pair up. Each rank measures its own steps as above, and every
+SYNC_EVERY steps (a count every rank reaches together) the ranks exchange what they measured
+in one all-reduce of a few numbers (`agree`: the elementwise maximum over ranks: the slowest
+rank's step time and the costliest rank's probes, since each step of a synchronous run waits
+for both). Between exchanges `allows()` reads only the agreed numbers and the step count,
+extrapolating what was spent since (each probed step at the agreed expected cost, each plain
+one at the agreed own-hook cost), so every rank reaches the same answer with no collective
+before a step; the next exchange replaces the estimate by what was measured.
 """
 from __future__ import annotations
 
 import statistics
+import time
+from typing import Callable
 
 DEFAULT_FRACTION = 0.03     # issue 20's target for watch: <= 1.03x the user's own loop
 # Steps no probe captured, before the budget judges: the first steps of a loop are slow
@@ -30,13 +42,27 @@ DEFAULT_FRACTION = 0.03     # issue 20's target for watch: <= 1.03x the user's o
 # step time is not known before a few plain steps; until then nothing is thinned.
 MIN_PLAIN = 5
 WINDOW = 50                 # the last plain intervals / probed costs the medians are taken over
+# Over several processes the ranks agree every SYNC_EVERY steps: one all-reduce of 8 host
+# numbers (~0.1-1 ms on gloo) every 10 steps is under 0.1% of any step that takes 10 ms, and
+# a stale view lasts at most 10 steps, during which the spending is extrapolated from the
+# agreed medians rather than ignored.
+SYNC_EVERY = 10
+_AGREED = ("plain", "costs", "step_s", "expected", "worst", "spent_s", "own_s", "reserve")
 
 
 class Budget:
-    def __init__(self, fraction: float = DEFAULT_FRACTION) -> None:
+    def __init__(self, fraction: float = DEFAULT_FRACTION,
+                 agree: Callable[[list[float]], list[float]] | None = None) -> None:
+        """`agree`: over several processes, the elementwise maximum over ranks of a list of
+        numbers (one collective; `Dist.agree_max`); None in one process."""
         self.fraction = fraction
+        self.agree = agree
         self._plain: list[float] = []
         self._costs: list[float] = []
+        self._own: list[float] = []          # tndebug's own time on the last plain steps
+        self._agreed: dict[str, float] | None = None   # the ranks' view at the last exchange
+        self._since = [0, 0]                 # probed, plain steps since that exchange
+        self.syncs = 0
         self.steps = 0               # intervals measured
         self.spent_s = 0.0           # the probed steps' cost beyond the user's own step time
         self.thinned: dict[str, int] = {}
@@ -56,7 +82,34 @@ class Budget:
             self.spent_s += cost
         else:
             self._plain = [*self._plain[-(WINDOW - 1):], max(seconds - own, 0.0)]
+            self._own = [*self._own[-(WINDOW - 1):], own]
             self.spent_s += own
+        if self.agree is not None:
+            self._since[0 if probed else 1] += 1
+            if self.steps % SYNC_EVERY == 0:      # the same steps on every rank
+                self._exchange()
+
+    def _exchange(self) -> None:
+        """One collective: every rank's view replaced by the maximum over ranks."""
+        t0 = time.perf_counter()
+        mine = [len(self._plain), len(self._costs), self.step_s, self._expected(),
+                max(self._costs, default=0.0), self.spent_s,
+                statistics.median(self._own) if self._own else 0.0, float(self.final_reserve)]
+        self._agreed = dict(zip(_AGREED, (float(v) for v in self.agree(mine))))
+        self._since = [0, 0]
+        self.syncs += 1
+        self.spent_s += time.perf_counter() - t0     # the exchange is the budget's own cost
+
+    def _expected(self) -> float:
+        return statistics.median(self._costs[-WINDOW:]) if self._costs else 0.0
+
+    @property
+    def reserves_final(self) -> bool:
+        """Whether the closing snapshot is paid for ahead (over ranks: whether any rank takes
+        it; rank 0 alone writes the figures, and every rank must decide as it does)."""
+        if self.agree is None:
+            return self.final_reserve
+        return bool(self._agreed and self._agreed["reserve"])
 
     @property
     def step_s(self) -> float:
@@ -65,12 +118,23 @@ class Budget:
 
     def allows(self) -> bool:
         """Whether one more probed step fits: spent + its expected cost <= fraction of the
-        user's time over the steps so far and this one."""
+        user's time over the steps so far and this one. Over several processes: from the
+        ranks' agreed view only (the same answer on every rank)."""
+        if self.agree is not None:
+            return self._allows_agreed()
         if len(self._plain) < MIN_PLAIN or not self._costs:
             return True
-        expected = statistics.median(self._costs[-WINDOW:])
+        expected = self._expected()
         reserve = max(self._costs) if self.final_reserve else 0.0
         return self.spent_s + expected + reserve <= self.fraction * self.step_s * (self.steps + 1)
+
+    def _allows_agreed(self) -> bool:
+        a = self._agreed
+        if a is None or a["plain"] < MIN_PLAIN or not a["costs"]:
+            return True
+        spent = a["spent_s"] + self._since[0] * a["expected"] + self._since[1] * a["own_s"]
+        reserve = a["worst"] if a["reserve"] else 0.0
+        return spent + a["expected"] + reserve <= self.fraction * a["step_s"] * (self.steps + 1)
 
     def thin(self, name: str) -> None:
         self.thinned[name] = self.thinned.get(name, 0) + 1
@@ -83,6 +147,11 @@ class Budget:
                "steps_measured": self.steps, "spent_s": round(self.spent_s, 4),
                "spent_fraction": round(self.spent_s / user, 4) if user > 0 else None,
                "thinned": dict(self.thinned)}
+        if self.agree is not None:      # the ranks' maxima at the last exchange decided
+            a = self._agreed or {}
+            out["ranks_agreed"] = {"every_steps": SYNC_EVERY, "exchanges": self.syncs,
+                                   "user_step_s": round(a.get("step_s", 0.0), 6),
+                                   "spent_s": round(a.get("spent_s", 0.0), 4)}
         if self.thinned:
             each = ", ".join(f"{name} {n}" for name, n in sorted(self.thinned.items()))
             out["note"] = (f"scheduled looks deferred to keep the probes within {self.fraction * 100:g}% "

@@ -133,7 +133,7 @@ class ProbeEngine:
         due = [p for p in self.probes if p.schedule(step)]
         final = self._final_snapshot(step)
         if self.budget is not None:
-            due = self._within_budget(due, final)
+            due = self._within_budget(due, final, step)
         self._due = due
         self.host_only = bool(self._due) and not final and all(p.host_only for p in self._due)
         if not self._due and not final:
@@ -145,12 +145,16 @@ class ProbeEngine:
         self._trace = trace
         return trace
 
-    def _within_budget(self, due: list[Probe], final: bool) -> list[Probe]:
+    def _within_budget(self, due: list[Probe], final: bool, step: int) -> list[Probe]:
         """The due probes this step can afford: over budget, only first observations, the
         probes that capture nothing (the loss, the lr: a sync at most) and those whose first
         sight of a bug is the point (`budget_exempt`: nan-scores) stay (budget.py; the
         front-end times the step and records it)."""
-        if not final and any(p.reads for p in due) and not self.budget.allows():
+        # the last step is never thinned where a rank takes the closing snapshot (each rank
+        # asks its budget, whose answer is the ranks' agreed one: rank 0 alone has the sinks)
+        last = final or (self.run.total_steps is not None and self.budget.reserves_final
+                         and step == self.run.total_steps - 1)
+        if not last and any(p.reads for p in due) and not self.budget.allows():
             kept = [p for p in due if not p.reads or p.observed_steps == 0
                     or getattr(p, "budget_exempt", False)]
             for p in due:

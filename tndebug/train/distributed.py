@@ -15,7 +15,8 @@ How a run over N processes stays comparable with the one-process run:
   statistics are averaged over ranks (`reducer`): a ratio of sums stays exact, a per-rank mean
   becomes the mean over ranks, a per-rank maximum the mean of the maxima, and any NaN or
   non-zero count on one rank survives. The schedules are step functions, so every rank probes
-  the same steps and calls the same collectives in the same order.
+  the same steps and calls the same collectives in the same order. A probe budget thins the
+  same steps on every rank: the ranks agree on its measurements every few steps (`agree_max`).
 * losses: read on the host only at sync points (`LossLog`), averaged over ranks there, so a
   NaN on one rank stops every rank at the same step.
 * output: only rank 0 writes TensorBoard, the report and the checkpoint (the inner module's
@@ -138,6 +139,15 @@ class Dist:
                              f"observed something on one rank only")
         tdist.all_reduce(packed)
         return packed.div_(self.world)
+
+    def agree_max(self, values: list[float]) -> list[float]:
+        """The elementwise maximum over ranks of host numbers (one all-reduce on the control
+        group: no device sync); the probe budget's exchange (probes/budget.py)."""
+        if not self.active or self.broken:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=self.control)
+        return t.tolist()
 
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         if self.active and not self.broken:

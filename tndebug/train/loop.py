@@ -213,9 +213,9 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
                      total_steps=end_step)
     probe_list, unavailable = build_probes(probes)
     # the probes' cost within a share of the measured step time, as in watch (probes/budget.py);
-    # not under DDP: every rank must probe the same steps
-    budget = Budget(train_cfg.probe_budget) if train_cfg.probe_budget is not None \
-        and not dist.active else None
+    # under DDP the ranks agree on the measurements, so every rank probes the same steps
+    budget = Budget(train_cfg.probe_budget, agree=dist.agree_max if dist.active else None) \
+        if train_cfg.probe_budget is not None else None
     engine = ProbeEngine(probe_list, run, sinks=getattr(session, "sinks", ()), reducer=dist.reducer,
                          budget=budget)
     train_model = dist.wrap(model)           # probes stay on `model` (ddp.module)
