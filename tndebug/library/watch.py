@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import traceback
 import weakref
 from pathlib import Path
 from typing import Any, Callable
@@ -47,8 +46,8 @@ from tndebug.library import ranks
 from tndebug.library.live import declared_schedule, live_subject, set_max_len, unwrap
 from tndebug.library.watch_hooks import _WatchHooks
 from tndebug.library.watch_parts import (_BACKWARD, _Hook, _Shielded, _StepCapture, _brief,
-                                         _dist_from_env, _inner_optimizer, _quiet, run_record)
-from tndebug.probes._raised import by_tndebug, raised_in
+                                         _dist_from_env, _inner_optimizer, _quiet, optimizes,
+                                         probe_failed_finding, run_record)
 from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext
 from tndebug.probes.budget import DEFAULT_FRACTION, Budget
 from tndebug.probes.engine import ProbeEngine
@@ -99,7 +98,7 @@ class Watch(_WatchHooks):
         self._model_ref = weakref.ref(self._model)
         self._optimizer = _inner_optimizer(optimizer) if optimizer is not None else None
         if self._optimizer is not None:
-            _optimizes(self._optimizer, model, self._model)
+            optimizes(self._optimizer, model, self._model)
         self._forward, self._pad_id, self._bos_id = forward, pad_id, bos_id
         self._arch = arch
         self.out = A.output_dir(out, overwrite=self._overwrite, start_step=start_step,
@@ -260,44 +259,6 @@ class Watch(_WatchHooks):
         elif t is not None and t.device.type == "cpu":   # after it: the step just taken
             self._check_finite(self._step - 1, t, self._prev_batch)   # (no sync on a GPU)
 
-    # -- engine calls ----------------------------------------------------------------------------
-    def _call(self, fn, *args, full: bool = True):
-        """Run engine code: probes' model calls bypass the hooks; RNG, grads (full) and the
-        train/eval mode come back as they were; an error of ours stops probing, not training."""
-        model = self._model_ref()
-        was = model.training if model is not None else None
-        grads = [(p, p.grad) for p in self._params] if full and model is not None else ()
-        self._busy = True
-        try:
-            rng = torch.random.fork_rng(devices=self._rng_devices) if full else contextlib.nullcontext()
-            with rng:
-                return fn(*args)
-        except Exception as e:  # noqa: BLE001
-            self._own_error(getattr(fn, "__name__", "engine"), e)
-            return None
-        finally:
-            for p, g in grads:
-                p.grad = g
-            if self._sharding == "fsdp2" and model is not None:
-                ranks.reshard(model)          # the probes' own forwards leave the root gathered
-            if was is not None and model.training != was:
-                model.train(was)
-            self._busy = False
-
-    def _own_error(self, what: str, e: Exception) -> None:
-        if self._own_failure is None:
-            self._own_failure = f"{what} at step {self._step}: {type(e).__name__}: {e}"
-            self._own_tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:])
-
-    def _stopped(self) -> bool:
-        return self._state != "open" or self._own_failure is not None or self.diverged is not None
-
-    def _optimizer_lr(self) -> float | None:
-        if self._optimizer is None or not self._optimizer.param_groups:
-            return None
-        lr = self._optimizer.param_groups[0].get("lr")
-        return float(lr) if lr is not None else None
-
     # -- probes ------------------------------------------------------------------------------------
     def _make_probes(self) -> list[Probe]:
         from tndebug.probes import make_probes, parse_probe_spec
@@ -323,16 +284,7 @@ class Watch(_WatchHooks):
         self._failed[name] = f"{what} raised {type(e).__name__}: {e}"
         probe = next(p for p in self._engine.probes if p.name == name)
         probe.schedule = never()
-        frames = traceback.format_exception(type(e), e, e.__traceback__)
-        probe.findings.append(Finding(
-            name, "info", f"probe {name} failed at {what} (step {self._step}): "
-            f"{type(e).__name__}: {e}; switched off, training went on", step=self._step,
-            evidence={"moment": what, "error": f"{type(e).__name__}: {e}",
-                      "traceback": "".join(frames[-3:]).strip()},
-            fix=("A tndebug bug, not yours: the rest of the report stands; please report it "
-                 "with this traceback") if by_tndebug(e) else
-                (f"Your model's code raised on the probe's input (at {raised_in(e)}): the "
-                 f"probe could not check it; the rest of the report stands"), code=f"{name}/probe-failed"))
+        probe.findings.append(probe_failed_finding(name, what, e, self._step))
 
     # -- the end -------------------------------------------------------------------------------
     def _finish(self, status: str, error: str | None) -> None:
@@ -390,19 +342,6 @@ class Watch(_WatchHooks):
         self._params = []
         self._batch = self._prev_batch = self._loss = self._logits = None
         self._optimizer = self._model = None
-
-
-def _optimizes(optimizer: torch.optim.Optimizer, *models: nn.Module) -> None:
-    """The optimizer holds at least one parameter of the model (a subset is fine-tuning);
-    none is another model's optimizer: its steps would never change this model (issue 47)."""
-    mine = {id(p) for m in models for p in m.parameters()}
-    held = [p for g in optimizer.param_groups for p in g.get("params", ())]
-    if held and not any(id(p) in mine for p in held):
-        raise UsageError(f"watch: the optimizer holds no parameter of the model ({len(held)} "
-                         f"parameters, none of {type(models[-1]).__name__}'s): it is another "
-                         f"model's, or was built before the model's parameters were replaced "
-                         f"(.to_empty, load_state_dict(assign=True)); pass the optimizer built "
-                         f"from model.parameters()")
 
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kwargs) -> Watch:

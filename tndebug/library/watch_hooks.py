@@ -1,17 +1,21 @@
 """What `tndebug.watch` does on each step of the user's loop (a mixin of `Watch`): the model's
 forward pre-hook opens a recording on a probed step, the output and logits hooks and the backward
 tap find the loss, and the optimizer's step pre-hook is the probes' moment (`end_step`), the NaN
-check and the budget's timing; the step post-hook advances the step.
+check and the budget's timing; the step post-hook advances the step. `_call` runs the engine's
+code so that an error of tndebug's own stops probing, never training.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+import traceback
 
 import torch
 
 from tndebug.errors import UsageError
 from tndebug.library import args as A
+from tndebug.library import ranks
 from tndebug.library.live import default_batch, pad_id_findings
 from tndebug.library.watch_parts import _BACKWARD, _complete
 from tndebug.probes.base import StepInfo
@@ -197,3 +201,41 @@ class _WatchHooks:
             self._batch = self._prev_batch = None
             self._trains_in_eval = False          # steps taken in eval mode (see _moment)
             self._eval_forward: int | None = None  # the last step with a forward in eval mode
+
+    # -- engine calls ----------------------------------------------------------------------------
+    def _call(self, fn, *args, full: bool = True):
+        """Run engine code: probes' model calls bypass the hooks; RNG, grads (full) and the
+        train/eval mode come back as they were; an error of ours stops probing, not training."""
+        model = self._model_ref()
+        was = model.training if model is not None else None
+        grads = [(p, p.grad) for p in self._params] if full and model is not None else ()
+        self._busy = True
+        try:
+            rng = torch.random.fork_rng(devices=self._rng_devices) if full else contextlib.nullcontext()
+            with rng:
+                return fn(*args)
+        except Exception as e:  # noqa: BLE001
+            self._own_error(getattr(fn, "__name__", "engine"), e)
+            return None
+        finally:
+            for p, g in grads:
+                p.grad = g
+            if self._sharding == "fsdp2" and model is not None:
+                ranks.reshard(model)          # the probes' own forwards leave the root gathered
+            if was is not None and model.training != was:
+                model.train(was)
+            self._busy = False
+
+    def _own_error(self, what: str, e: Exception) -> None:
+        if self._own_failure is None:
+            self._own_failure = f"{what} at step {self._step}: {type(e).__name__}: {e}"
+            self._own_tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:])
+
+    def _stopped(self) -> bool:
+        return self._state != "open" or self._own_failure is not None or self.diverged is not None
+
+    def _optimizer_lr(self) -> float | None:
+        if self._optimizer is None or not self._optimizer.param_groups:
+            return None
+        lr = self._optimizer.param_groups[0].get("lr")
+        return float(lr) if lr is not None else None

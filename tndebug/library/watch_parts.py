@@ -1,6 +1,7 @@
 """The pieces `tndebug.watch` hooks into the user's model, optimizer and autograd (watch.py is
 the block and its report, watch_hooks.py what runs on each step): the weak-reference hook and
-probe shield, the step-scoped capture, the one backward tap, and small helpers.
+probe shield, the step-scoped capture, the one backward tap, the checks and findings of the
+block's own (the optimizer is the model's, a probe that raised), and small helpers.
 """
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ import contextlib
 import math
 import sys
 import time
+import traceback
 import weakref
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from tndebug.errors import UsageError
+from tndebug.findings import Finding
 from tndebug.library import ranks
+from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.budget import Budget
-
-if TYPE_CHECKING:
-    from tndebug.library.watch import Watch
 
 
 class _Hook:
@@ -109,7 +110,7 @@ class _BackwardTap:
         self._orig = None
         self._watch = None
 
-    def watch(self, w: Watch) -> None:
+    def watch(self, w) -> None:
         if self._orig is not None:
             return
         self._watch = weakref.ref(w)
@@ -127,7 +128,7 @@ class _BackwardTap:
         self._patched = backward
         torch.autograd.backward = backward
 
-    def unwatch(self, w: Watch | None = None) -> None:
+    def unwatch(self, w=None) -> None:
         if self._orig is None or (w is not None and self._watch is not None and self._watch() is not w):
             return
         if torch.autograd.backward is self._patched:
@@ -149,6 +150,35 @@ def _complete(batch, pad_id: int, kind: str = "seq2seq"):
         from tndebug.library.live import shift_left
         tgt_out = shift_left(tgt_in, pad_id)
     return src, tgt_in, tgt_out
+
+
+def optimizes(optimizer: torch.optim.Optimizer, *models: nn.Module) -> None:
+    """The optimizer holds at least one parameter of the model (a subset is fine-tuning);
+    none is another model's optimizer: its steps would never change this model (issue 47)."""
+    mine = {id(p) for m in models for p in m.parameters()}
+    held = [p for g in optimizer.param_groups for p in g.get("params", ())]
+    if held and not any(id(p) in mine for p in held):
+        raise UsageError(f"watch: the optimizer holds no parameter of the model ({len(held)} "
+                         f"parameters, none of {type(models[-1]).__name__}'s): it is another "
+                         f"model's, or was built before the model's parameters were replaced "
+                         f"(.to_empty, load_state_dict(assign=True)); pass the optimizer built "
+                         f"from model.parameters()")
+
+
+
+def probe_failed_finding(name: str, what: str, e: Exception, step: int) -> Finding:
+    """The info finding of a probe whose `what` moment raised `e` at `step`: switched off, and
+    whose bug it is (tndebug's, or the user's model raising on the probe's input)."""
+    frames = traceback.format_exception(type(e), e, e.__traceback__)
+    return Finding(
+        name, "info", f"probe {name} failed at {what} (step {step}): "
+        f"{type(e).__name__}: {e}; switched off, training went on", step=step,
+        evidence={"moment": what, "error": f"{type(e).__name__}: {e}",
+                  "traceback": "".join(frames[-3:]).strip()},
+        fix=("A tndebug bug, not yours: the rest of the report stands; please report it "
+             "with this traceback") if by_tndebug(e) else
+            (f"Your model's code raised on the probe's input (at {raised_in(e)}): the "
+             f"probe could not check it; the rest of the report stands"), code=f"{name}/probe-failed")
 
 
 def _inner_optimizer(opt):
