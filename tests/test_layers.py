@@ -31,16 +31,35 @@ LAYERS = {
     # front-ends
     "train": 6, "triage": 6, "library": 6, "commands": 6, "integrations": 6, "cli": 7,
     "pytest_plugin": 7, "__main__": 7, "__init__": 7,
+    # the Hugging Face wing (issue 46): one folder, each file at the layer of what it imports
+    "hf": 0,                          # the package itself imports nothing
+    "hf.encoder_decoder": 2, "hf.decoder_only": 2, "hf.encoder_only": 2,  # how a family is called
+    "hf.load": 2,                     # config and weights into a model
+    "hf.checks": 2, "hf.head": 2,     # the head and file checks (findings from tensors)
+    "hf.shift": 4,                    # label-shift's own pass over the whole vocabulary
+    "hf.wording": 4,                  # HF words in findings (a judge pass)
+    "hf.data": 6, "hf.resume": 6, "hf.triage": 6,  # `tndebug triage DIR` and what only it reads
 }
+# triage's side of the front-ends, the HF wing's triage files with it
+TRIAGE_SIDE = ("triage", "hf.triage", "hf.data", "hf.resume")
 # pairs that must not import one another: front-ends (the library and triage share only what lies
 # below), and the healthy model, which knows nothing of its faults
-APART = {("library", "triage"), ("triage", "library"), ("train", "triage"), ("train", "library"),
-         ("model", "inject")}
+APART = ({(a, b) for t in TRIAGE_SIDE for a, b in (("library", t), (t, "library"), ("train", t))}
+         | {("train", "library"), ("model", "inject")})
+
+
+def _module(parts: tuple[str, ...]) -> str:
+    """The LAYERS key of a file or dotted name below tndebug: its top-level module, or for the
+    HF wing `hf.<file>` (`hf` for the package itself)."""
+    top = parts[0].removesuffix(".py")
+    if top == "hf" and len(parts) > 1 and parts[1] != "__init__.py":
+        return "hf." + parts[1].removesuffix(".py")
+    return top
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:
     """(top-level tndebug module imported, line) for every import in the file."""
-    own = path.relative_to(PKG).parts[0].removesuffix(".py")
+    own = _module(path.relative_to(PKG).parts)
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -48,8 +67,8 @@ def _imports(path: Path) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:                   # relative: within its own package
                 names = [f"tndebug.{own}"]
-            elif node.module == "tndebug":   # from tndebug import driver, ...
-                names = [f"tndebug.{a.name}" for a in node.names]
+            elif node.module in ("tndebug", "tndebug.hf"):   # from tndebug import driver, ...
+                names = [f"{node.module}.{a.name}" for a in node.names]
             else:
                 names = [node.module or ""]
         else:
@@ -57,14 +76,14 @@ def _imports(path: Path) -> list[tuple[str, int]]:
         for name in names:
             parts = name.split(".")
             if parts[0] == "tndebug":
-                out.append((parts[1] if len(parts) > 1 else "__init__", node.lineno))
+                out.append((_module(tuple(parts[1:])) if len(parts) > 1 else "__init__", node.lineno))
     return out
 
 
 def _violations() -> list[str]:
     bad = []
     for path in sorted(PKG.rglob("*.py")):
-        own = path.relative_to(PKG).parts[0].removesuffix(".py")
+        own = _module(path.relative_to(PKG).parts)
         for target, line in _imports(path):
             if target == own or target not in LAYERS:
                 continue
@@ -78,7 +97,7 @@ def _violations() -> list[str]:
 
 
 def test_every_top_level_module_has_a_layer():
-    found = {p.relative_to(PKG).parts[0].removesuffix(".py") for p in PKG.rglob("*.py")}
+    found = {_module(p.relative_to(PKG).parts) for p in PKG.rglob("*.py")}
     assert found - set(LAYERS) == set(), "give each new module a layer in LAYERS"
 
 
@@ -99,7 +118,24 @@ def test_the_check_sees_function_local_imports(tmp_path, monkeypatch):
         "tndebug/library/y.py:1: library imports triage"]
 
 
-FRONT_ENDS = ("triage/run.py", "triage/hf.py", "library/check.py", "library/watch.py", "train/loop.py")
+def test_the_hf_wing_has_a_layer_per_file(tmp_path, monkeypatch):
+    """tndebug/hf/ spans layers: each file is its own LAYERS key, so a capture-level HF file that
+    imports HF triage, or the library that imports it, is caught (one key for the folder would
+    let both through)."""
+    fake = tmp_path / "tndebug"
+    (fake / "hf").mkdir(parents=True)
+    (fake / "hf" / "load.py").write_text("from tndebug.hf import triage\n")
+    (fake / "library").mkdir()
+    (fake / "library" / "y.py").write_text("def f():\n    import tndebug.hf.data\n")
+    (fake / "judge").mkdir()
+    (fake / "judge" / "z.py").write_text("from tndebug.hf.wording import hf_fix\n")
+    monkeypatch.setitem(globals(), "PKG", fake)
+    assert _violations() == [
+        "tndebug/hf/load.py:1: hf.load (layer 2) imports hf.triage (layer 6)",
+        "tndebug/library/y.py:2: library imports hf.data"]
+
+
+FRONT_ENDS = ("triage/run.py", "hf/triage.py", "library/check.py", "library/watch.py", "train/loop.py")
 
 
 def test_every_front_end_ends_in_the_judge_and_only_the_judge_builds_a_report():

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "thresholds.md"
 AUDITED = ("tndebug/probes/*.py", "tndebug/triage/*.py", "tndebug/judge/*.py", "tndebug/library/live.py",
-           "tndebug/capture/*.py")
+           "tndebug/capture/*.py", "tndebug/hf/*.py")
 
 # Constants that decide nothing by comparison: sizes of a test batch or a sample, seeds,
 # cadences of memory, display counts. Each says why it is not a threshold.
@@ -29,7 +29,7 @@ NOT_THRESHOLDS = {
     ("tndebug/probes/_depth_stats.py", "GRAD_ROWS"): "rows of the setup gradient pass (memory)",
     ("tndebug/probes/_depth_stats.py", "BLOCK_TOKENS"): "tokens per forward of the wide batch (memory)",
     ("tndebug/triage/hygiene.py", "FINITE_BLOCK"): "elements per isfinite call (memory)",
-    ("tndebug/triage/hf_shift.py", "LOGIT_BYTES"): "logit bytes per forward of label-shift's pass (memory)",
+    ("tndebug/hf/shift.py", "LOGIT_BYTES"): "logit bytes per forward of label-shift's pass (memory)",
     ("tndebug/probes/_depth_stats.py", "THREADED_WIDTH"): "width from which LAPACK keeps torch's threads (cost)",
     ("tndebug/probes/_head_stats.py", "JS_MAX_SEQ"): "sequences sampled for the JS statistic (cost)",
     ("tndebug/probes/_head_stats.py", "JS_MAX_ROWS"): "query rows sampled for the JS statistic (cost)",
@@ -44,12 +44,12 @@ NOT_THRESHOLDS = {
     ("tndebug/capture/recording.py", "MAX_RECOMPUTED"): "memory cap on recomputed SDPA scores",
     ("tndebug/judge/fresh.py", "SEED"): "the fresh initialisation's seed",
     ("tndebug/judge/scale.py", "NO_SCALE"): "missing-scale's diagnosis text, matched",
-    ("tndebug/triage/hf.py", "PROBE_VOCAB"): "logit columns the probes see (exact for those ids)",
-    ("tndebug/triage/hf.py", "HELD_OUT"): "rows of the probes' random batch",
-    ("tndebug/triage/hf.py", "SRC_LEN"): "source length of the probes' random batch",
-    ("tndebug/triage/hf.py", "TGT_LEN"): "target length of the probes' random batch",
-    ("tndebug/triage/hf_data.py", "TEXT_MAX_TOKENS"): "--text truncation length",
-    ("tndebug/triage/hf_encoder.py", "MASK_SHARE"): "masking rate of the encoder-only sweep's batch (BERT's 15%)",
+    ("tndebug/hf/triage.py", "PROBE_VOCAB"): "logit columns the probes see (exact for those ids)",
+    ("tndebug/hf/triage.py", "HELD_OUT"): "rows of the probes' random batch",
+    ("tndebug/hf/triage.py", "SRC_LEN"): "source length of the probes' random batch",
+    ("tndebug/hf/triage.py", "TGT_LEN"): "target length of the probes' random batch",
+    ("tndebug/hf/data.py", "TEXT_MAX_TOKENS"): "--text truncation length",
+    ("tndebug/hf/encoder_only.py", "MASK_SHARE"): "masking rate of the encoder-only sweep's batch (BERT's 15%)",
     ("tndebug/triage/run.py", "HELD_OUT"): "held-out sequences for the loss comparisons",
     ("tndebug/one_stack.py", "MAX_SEQS"): "--data / data= sequences used (cost of 13 sweep forwards)",
     ("tndebug/padding.py", "PLACES_SHOWN"): "(row, position) pairs quoted in a message",

@@ -17,7 +17,7 @@ def one_stack_batch(raw, pad: int, kind: str, spec: str, pad_name: str = "the co
     """{'ids': [N, T]} (and optionally 'attention_mask' [N, T], 1 real, 0 padding: the ids are
     then set to `pad` where it is 0) -> the probes' Batch of a decoder-only model (src [N, 0],
     tgt_in = ids[:, :-1] with pad where tgt_out = ids[:, 1:] is pad) or of an encoder-only one
-    (ids three times, its targets the ids: hf_encoder.MLM_LOSS); every problem one UsageError
+    (ids three times, its targets the ids: hf.encoder_only.MLM_LOSS); every problem one UsageError
     line. `pad` NO_PAD (-1, subject.py): the data hold no padding, every id is real."""
     want = f"{{'ids': LongTensor[N, T]}} (one sequence per row, right-padded with {pad_name})"
     t = raw.get("ids") if isinstance(raw, dict) else None

@@ -16,7 +16,7 @@ import torch
 
 from tndebug import driver
 from tndebug.capture.generic import GenericCapture
-from tndebug.capture.hf_decoder import make_lm_adapter
+from tndebug.hf.decoder_only import make_lm_adapter
 from tndebug.config import ModelConfig
 from tndebug.data import Batch
 from tndebug.inject import make_model

@@ -1,4 +1,4 @@
-"""Hugging Face consistency checks (issue 19, tndebug/triage/hf_checks.py): a head in the file
+"""Hugging Face consistency checks (issue 19, tndebug/hf/checks.py): a head in the file
 that differs from the embedding it is tied to, config ids against the saved tokenizer and
 against --data, two weight files that differ. Each healthy -> no checkpoint finding; each
 broken -> the error (warning for the two files) with its numbers."""
@@ -13,7 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tndebug.triage.hf import triage_hf                               # noqa: E402
+from tndebug.hf.triage import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 from test_hf import _word_tokenizer, config, describe                 # noqa: E402
@@ -158,7 +158,7 @@ def test_safetensors_and_a_different_bin(bart, tmp_path):
     assert warn[0].evidence["triaged"] == ["model.safetensors"] and warn[0].evidence["differing_tensors"] == 8          # fc1 weight and bias, 4 layers
 
 
-# -- an untied head that does not fit the trained body (tndebug/triage/hf_head.py) -----------------
+# -- an untied head that does not fit the trained body (tndebug/hf/head.py) -----------------
 def _untied_copy_bart(steps: int):
     """A tiny untied BART (tie_word_embeddings false) trained `steps` Adam steps on copying, and
     a held-out batch of the same task (src, tgt_in led by decoder start 2, tgt_out)."""
@@ -184,7 +184,7 @@ def _untied_copy_bart(steps: int):
 
 
 def test_untied_head_that_does_not_fit_the_trained_body():
-    from tndebug.triage.hf_head import head_unfit_on_data
+    from tndebug.hf.head import head_unfit_on_data
     model, (src, tgt_in, tgt_out) = _untied_copy_bart(150)
     pad = model.config.pad_token_id
     assert head_unfit_on_data(model, src, tgt_in, tgt_out, pad) == []      # healthy trained
@@ -329,8 +329,8 @@ def test_a_generic_tokenizer_is_read_as_saved_whatever_the_model_type(tmp_path):
     vocabulary as no tokens (every --text line refused as 'only special ids'). tndebug loads the
     generic class there, and the model's own class where the config names one."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from tndebug.triage.hf import _transformers
-    from tndebug.triage.hf_data import load_saved_tokenizer
+    from tndebug.hf.triage import _transformers
+    from tndebug.hf.data import load_saved_tokenizer
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 64)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

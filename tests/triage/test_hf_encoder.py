@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from tndebug.cli import main                                          # noqa: E402
 from tndebug.probes.base import DECODER_ONLY_ON_ENCODER               # noqa: E402
-from tndebug.triage.hf import triage_hf                               # noqa: E402
+from tndebug.hf.triage import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 from conftest import clean_but_for_data                               # noqa: E402
 
@@ -188,7 +188,7 @@ def test_the_feed_forward_split_over_two_modules_is_found(dirs):
 
 @pytest.mark.parametrize("arch", ("bert", "distilbert"))
 def test_duplicated_heads_are_read_from_the_weights(arch):
-    from tndebug.triage.hf import attention_weights
+    from tndebug.hf.triage import attention_weights
     from tndebug.probes._head_weights import duplicate_heads
     torch.manual_seed(0)
     model = transformers.AutoModelForMaskedLM.from_config(config(arch))

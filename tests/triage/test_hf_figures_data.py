@@ -205,9 +205,9 @@ def test_long_rows_get_thinned_labels(tmp_path, drawn):
 
 
 def test_one_stack_text_formats(tmp_path):
-    from tndebug.capture.hf_decoder import choose_lm_ids
-    from tndebug.triage.hf import load_config
-    from tndebug.triage.hf_data import load_text, one_stack_batch
+    from tndebug.hf.decoder_only import choose_lm_ids
+    from tndebug.hf.triage import load_config
+    from tndebug.hf.data import load_text, one_stack_batch
     for arch in ("gpt2", "llama", "bert"):
         folder = save(arch, tmp_path / arch)
         ids = choose_lm_ids(load_config(folder)[1], V)
@@ -246,7 +246,7 @@ def test_one_stack_bad_data_is_one_line(tmp_path, capsys):
 
 def test_encoder_sweep_needs_a_mask_id(tmp_path):
     """BERT's --data without a tokenizer: no mask id (BertConfig has none), the sweep says so."""
-    from tndebug.triage.hf import triage_hf
+    from tndebug.hf.triage import triage_hf
     from tndebug.triage.run import TriageOptions
     folder = save("bert", tmp_path / "bert", tokenizer=False)
     g = torch.Generator().manual_seed(0)
@@ -258,7 +258,7 @@ def test_encoder_sweep_needs_a_mask_id(tmp_path):
 
 def test_masked_lm_batch_masks_ordinary_tokens():
     from tndebug.data import Batch
-    from tndebug.triage.hf_encoder import masked_lm_batch
+    from tndebug.hf.encoder_only import masked_lm_batch
     ids = torch.tensor([[2, 10, 11, 12, 13, 3, 0, 0]] * 20)
     src, tgt_in, tgt_out = masked_lm_batch(Batch(ids, ids, ids), 4, 0, [0, 2, 3])
     picked = src == 4
@@ -282,7 +282,7 @@ def test_one_batch_feeds_every_figure(bug, tmp_path):
     entropy metric the entropy figure reads are of the same step and the same batch. Healthy:
     no warning; the causal mask removed: still named causal-leak (the exact test's own inputs)."""
     from tndebug.reporters.recorder import Recorder
-    from tndebug.triage.hf import triage_hf
+    from tndebug.hf.triage import triage_hf
     from tndebug.triage.run import TriageOptions
     folder = save("llama", tmp_path / "llama")
     text = text_file("llama", tmp_path / "held_out.txt")
@@ -295,7 +295,7 @@ def test_one_batch_feeds_every_figure(bug, tmp_path):
     assert bad == ({"mask-broadcast/causal-leak"} if bug else set()), bad
     assert traces == [0] and len(rec.snapshots) == 1
     snap = rec.snapshots[0]
-    from tndebug.triage.hf_data import load_text
+    from tndebug.hf.data import load_text
     rows = load_text(str(text), folder, {"start": 1, "pad": snap.pad_id, "specials": {}}, "decoder")["ids"]
     for i, r in zip(snap.rows, snap.tgt.tolist()):
         assert r == rows[i, :-1].masked_fill(rows[i, 1:] == snap.pad_id, snap.pad_id).tolist()

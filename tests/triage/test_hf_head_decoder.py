@@ -1,5 +1,5 @@
 """An untied output head that does not fit the trained body of a decoder-only Hugging Face model
-(tndebug/triage/hf_head.py, issue 19): GPT-2 and Llama with tie_word_embeddings false, trained
+(tndebug/hf/head.py, issue 19): GPT-2 and Llama with tie_word_embeddings false, trained
 here on copying after a separator, triaged through the CLI with --data {'ids': [N, T]}."""
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_re_drawn_head_on_a_trained_decoder(arch, tmp_path):
 
 def test_untrained_decoder_gets_nothing(tmp_path):
     """Body and head both at initialisation (every map's A near 1): no verdict on the head."""
-    from tndebug.triage import hf_head
+    from tndebug.hf import head as hf_head
     model, ids = _trained("gpt2", 0)
     t_in, t_out = ids[:, :-1], ids[:, 1:]
     assert hf_head.head_unfit_on_data(model, None, t_in, t_out, 0) == []
@@ -102,7 +102,7 @@ def test_body_under_the_alignment_bar_is_judged_from_behaviour(tmp_path, monkeyp
     bench/hf_unseen.py, 1.85 after 1000 steps) is judged trained when its states predict the
     targets LEARNED_GAP more often than a fresh initialisation's: the bar raised here so that
     only that route is open. A model at initialisation, against another fresh draw: nothing."""
-    from tndebug.triage import hf_head
+    from tndebug.hf import head as hf_head
     monkeypatch.setattr(hf_head, "BODY_TRAINED", 1e9)
     model, ids = _trained("llama", 300)
     t_in, t_out = ids[:, :-1], ids[:, 1:]
@@ -130,7 +130,7 @@ def test_a_head_that_cannot_be_judged_on_the_data_is_not_a_pass(tmp_path):
     """Data too small to refit a head (3 sequences): the untied head's test did not run, and the
     verdict says so (a part not run: INCOMPLETE, exit 4), as it does without data; before
     2026-12-07 this returned nothing and the verdict could be CLEAN."""
-    from tndebug.triage import hf_head
+    from tndebug.hf import head as hf_head
     model, ids = _trained("gpt2", 300)
     few = ids[:3]
     found, why = hf_head.judge_head(model, None, few[:, :-1], few[:, 1:], 0)

@@ -1,4 +1,4 @@
-"""label-shift on Hugging Face decoder-only directories (tndebug/triage/hf_shift.py, issue 21):
+"""label-shift on Hugging Face decoder-only directories (tndebug/hf/shift.py, issue 21):
 GPT-2 and Llama trained here on walks through a successor map, through transformers' own loss
 (`labels=ids`: shifted once, inside the model), with the labels shifted before it too
 (`labels=ids[:, 1:]`: twice), or with a loss of the loop's own on unshifted labels; triaged through
@@ -57,7 +57,7 @@ def _triage(model, ids, tmp_path, name):
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_labels_shifted_twice_are_named(arch, sliced, tmp_path, monkeypatch):
     if sliced:                                    # the probes see ids 0..39 of 96: label-shift
-        import tndebug.triage.hf as hf            # still argmaxes over all 96
+        import tndebug.hf.triage as hf            # still argmaxes over all 96
         monkeypatch.setattr(hf, "PROBE_VOCAB", 40)
     model, ids = _trained(arch, "once", tied=arch == "gpt2")
     code, report, got = _triage(model, ids, tmp_path, "healthy")

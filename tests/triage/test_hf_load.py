@@ -13,8 +13,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from tndebug.judge.fresh import seeded                                          # noqa: E402
-from tndebug.triage.hf import build_model, load_config                          # noqa: E402
-from tndebug.triage.hf_weights import init_missing, load_tied, read_weights, renamed, weight_files  # noqa: E402
+from tndebug.hf.triage import build_model, load_config                          # noqa: E402
+from tndebug.hf.load import init_missing, load_tied, read_weights, renamed, weight_files  # noqa: E402
 
 V, D, H, L = 96, 32, 4, 2
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)

@@ -14,7 +14,7 @@ from tndebug.driver import norms_as_freed
 from tndebug.model.transformer import build as build_model
 from tndebug.probes import _depth_stats as DS
 from tndebug.subject import tndebug_subject
-from tndebug.triage.hf_weights import _RowsLinear, sliced_output
+from tndebug.hf.load import _RowsLinear, sliced_output
 from tndebug.triage.hygiene import FINITE_BLOCK, all_finite
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 from tndebug.findings import Finding
 from tndebug.judge import fresh, nan, status
 from tndebug.judge.collateral import explained_by_update_fault
-from tndebug.judge.hf import hf_fix, hf_where, with_switches
+from tndebug.hf.wording import hf_fix, hf_where, with_switches
 from tndebug.judge.scale import scale_at_init, sweep_findings, unscaled_error
 from tndebug.probes.base import COVERAGE
 from tndebug.report import Report
@@ -38,7 +38,7 @@ class Context:
     seeded (judge.fresh.seeded), no weights loaded; None: nothing to build."""
     fresh_how: str = ""                       # how the fresh model is built (said in evidence)
     package_code: str | Callable[[], str] = ""
-    """The installed package whose unmodified code the model runs (judge.hf.package_code), or a
+    """The installed package whose unmodified code the model runs (hf.wording.package_code), or a
     function giving it, called only when a missing scale is re-judged; "": the user's code."""
     at_init: Sequence[str] = AT_INIT          # which probes' findings are re-judged at init
     probe_names: Sequence[str] = ()           # the probes run (the code tests re-run on NaN weights)
@@ -49,7 +49,7 @@ class Context:
     notes: list[Finding] = field(default_factory=list)     # joined after dedupe (adapter notes)
     # -- wording
     hf_model: Any = None                      # a transformers model: findings in its terms
-    hf_switches: dict = field(default_factory=dict)        # judge.hf.scale_switches(config)
+    hf_switches: dict = field(default_factory=dict)        # hf.wording.scale_switches(config)
     rename: Callable[[str], str] | None = None             # tndebug's module path -> the user's
     fix_hints: dict[str, str] = field(default_factory=dict)  # code -> a sentence its fix ends with
     # -- statuses

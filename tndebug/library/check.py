@@ -27,7 +27,7 @@ from tndebug import driver, judge
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, severity_rank, SEVERITIES
 from tndebug.judge.fresh import SEED, seeded
-from tndebug.judge.hf import package_code, scale_switches
+from tndebug.hf.wording import package_code, scale_switches
 from tndebug.one_stack import one_stack_batch
 from tndebug.library import args as A
 from tndebug.library.live import live_subject, set_max_len, unwrap
@@ -96,7 +96,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                                data="data=" if data is not None else "random ids")
     undecided = kv_undecided(kv_evidence)  # applied to trained weights, decided nothing: no pass
     if info["hf"]:
-        from tndebug.capture.hf import attention_weights
+        from tndebug.hf.encoder_decoder import attention_weights
         heads = duplicate_heads(attention_weights(model))
     else:
         heads = duplicate_heads(projection_weights(model))
@@ -129,7 +129,7 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
 
 def hf_context(context: judge.Context, model, forward, subject, batch=None,
                dtype=torch.float32, wording: bool = True, **kw) -> judge.Context:
-    """`context` for a Hugging Face model: its fixes and module paths (judge/hf.py), and its
+    """`context` for a Hugging Face model: its fixes and module paths (hf/wording.py), and its
     missing-scale error re-judged on a fresh `_from_config` model of its class, as `tndebug
     triage DIR` does (judge/scale.py): folded into the initialisation (T5) or the installed
     package's own unmodified code (GPT-Neo) is the architecture's design, an info; else the

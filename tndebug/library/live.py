@@ -101,8 +101,8 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     one_stack = None if forward is not None else (
         "decoder" if is_hf_causal(model) else "encoder" if is_hf_masked_lm(model) else None)
     if one_stack is not None:                     # a Hugging Face decoder-only model or masked LM
-        from tndebug.capture.hf_decoder import choose_lm_ids, make_lm_adapter
-        from tndebug.capture.hf_encoder import make_mlm_adapter
+        from tndebug.hf.decoder_only import choose_lm_ids, make_lm_adapter
+        from tndebug.hf.encoder_only import make_mlm_adapter
         ids = choose_lm_ids(model.config, model.get_input_embeddings().num_embeddings)
         if one_stack == "decoder":
             lm_forward, incremental = make_lm_adapter()
@@ -121,7 +121,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         incremental = lambda m, ids, pad, split: m.incremental(ids, split)  # noqa: E731
         kind, adapter = "decoder", Adapter("tndebug", _ignoring_src(lm_forward))
     elif forward is None and is_hf_seq2seq(model):
-        from tndebug.capture.hf import choose_ids, make_adapter
+        from tndebug.hf.encoder_decoder import choose_ids, make_adapter
         in_v = model.get_input_embeddings().num_embeddings
         out_emb = model.get_output_embeddings()
         out_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or in_v

@@ -104,7 +104,7 @@ class LabelShiftProbe(Probe):
                loss: torch.Tensor) -> dict[str, torch.Tensor]:
         """The step's statistics from the input ids and the model's argmax predictions (both
         [B, T]); `tgt_out` marks where the loss is taken, when known. Triage of a Hugging Face
-        directory hands its predictions over the whole vocabulary here (hf_shift), since its
+        directory hands its predictions over the whole vocabulary here (hf/shift.py), since its
         probes' pass sees a sliced output layer."""
         if pred.shape != ids.shape:
             return {}

@@ -19,7 +19,7 @@ from tndebug.errors import UsageError
 from tndebug.findings import Finding, user_path
 from tndebug.subject import Subject
 from tndebug.judge.fresh import SEED, seeded
-from tndebug.triage.hf_encoder import MLM_LOSS
+from tndebug.hf.encoder_only import MLM_LOSS
 from tndebug.triage.loading import Checkpoint
 from tndebug.triage.target import Target, check_task_vocab
 from tndebug.triage.userdata import OneStack, for_kind, pad_ids, check_vocab as check_data_vocab
@@ -105,8 +105,8 @@ def lm_batch(batch, data: str | None) -> Batch:
 
 def mlm_batch(batch, data: str | None) -> Batch:
     """The held-out batch for an encoder-only model: its ids are the source rows, fed as they are
-    and scored against themselves (src = tgt_in = tgt_out, as triage/hf.py's random batch; the
-    loss of hf_encoder.MLM_LOSS). --data: its src is the ids (tgt is not used)."""
+    and scored against themselves (src = tgt_in = tgt_out, as hf/triage.py's random batch; the
+    loss of hf.encoder_only.MLM_LOSS). --data: its src is the ids (tgt is not used)."""
     src = batch[0]
     if not src.shape[1]:
         raise UsageError(f"--data {data}: the model is encoder-only: pass {{'ids': LongTensor[N, "

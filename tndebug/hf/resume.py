@@ -1,5 +1,5 @@
 """The resume state of a Trainer checkpoint directory, for `tndebug triage DIR`. The fixes in
-Hugging Face terms that every front-end uses are tndebug/judge/hf.py."""
+Hugging Face terms that every front-end uses are tndebug/hf/wording.py."""
 from __future__ import annotations
 
 import json

@@ -164,7 +164,7 @@ def untied_head(model: nn.Module) -> str | None:
 def head_unchecked(model: nn.Module, unused: str = "") -> str | None:
     """Why an untied head was not judged, without the user's data (random ids put a healthy head
     out of its distribution): the reason the report's verdict records as a part not run (not
-    clean), naming the head and what to pass. None for a tied head (hf_checks.tied_head judges
+    clean), naming the head and what to pass. None for a tied head (checks.tied_head judges
     that from the file). `unused`: why data that were given were not read, said instead of
     what to pass."""
     name = untied_head(model)
@@ -188,7 +188,7 @@ def judge_head(model: nn.Module, src: torch.Tensor | None, tgt_in: torch.Tensor,
                fresh: Callable[[], nn.Module] | None = None) -> tuple[list[Finding], str | None]:
     """The loaded `model` on the user's held-out batch: an untied head that does not fit its
     trained body, shown in accuracy, is an error; else nothing (a tied head is
-    hf_checks.tied_head's case). Returns (findings, why the head could not be judged, or None):
+    checks.tied_head's case). Returns (findings, why the head could not be judged, or None):
     too few target tokens to refit a head, the model's linear maps not read, a head read once
     per stream, or a body whose training could not be told (no fresh initialisation): the
     verdict records that as a part not run, never as a pass.

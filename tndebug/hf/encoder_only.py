@@ -1,6 +1,6 @@
-"""Encoder-only Hugging Face models for `tndebug triage DIR`: Bert, Roberta, DistilBert, Electra,
-any `model_type` that `AutoModelForMaskedLM` builds and whose saved architectures name no causal
-head.
+"""Encoder-only Hugging Face models (Bert, Roberta, DistilBert, Electra): any `model_type` that
+`AutoModelForMaskedLM` builds and whose saved architectures name no causal head. Used by
+`tndebug triage DIR` (hf/triage.py) and by `check`/`watch` on such a model (library/live.py).
 
     forward = make_mlm_adapter()
     Subject(model, forward, kind="encoder", ...)
@@ -10,12 +10,24 @@ The model is called as a user of transformers calls a masked LM: `input_ids` and
 arange, or Roberta's count from `padding_idx`, which is why the pad must be the config's). Its
 per-token logits are both what the probes compare and the encoding (`Subject.encode`): the MLM
 head is a function of each position alone, so a change anywhere in the stack shows in them.
-The pad and the content ids are chosen as for a decoder-only model (`capture/hf_decoder.choose_lm_ids`:
+The pad and the content ids are chosen as for a decoder-only model (`hf/decoder_only.choose_lm_ids`:
 pad = config.pad_token_id, else the largest id that is no special id); no start id is fed.
 """
 from __future__ import annotations
 
 import torch
+
+
+MLM_CALLS = ("model(input_ids, attention_mask=ids != pad).logits; token_type_ids and "
+             "position_ids left to the model's defaults")
+
+
+def make_mlm_adapter():
+    """forward(model, ids, pad_id) -> MLM logits [B, S, V]."""
+    def forward(model, ids, pad_id):
+        mask = (ids != pad_id).long()                                         # 1 = keep
+        return model(input_ids=ids, attention_mask=mask).logits                # [B, S, V]
+    return forward
 
 
 # The one loss of triage's recorded forward and backward (gradient-flow): cross-entropy of the

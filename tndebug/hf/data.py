@@ -28,8 +28,8 @@ from tndebug.errors import UsageError
 from tndebug.paths import text_file
 from tndebug.findings import Finding
 from tndebug.one_stack import one_stack_batch
-from tndebug.triage.hf_weights import (GENERIC_TOKENIZERS, _line, load_saved_tokenizer,  # noqa: F401
-                                       transformers_offline as _transformers)
+from tndebug.hf.load import (GENERIC_TOKENIZERS, _line, load_saved_tokenizer,  # noqa: F401
+                             transformers_offline as _transformers)
 
 TEXT_MAX_TOKENS = 64                                 # --text: longer lines are truncated
 
@@ -157,7 +157,7 @@ def held_out(opts, folder: Path, ids: dict, marker: int, config=None, kind: str 
     """(the user's in-distribution batch (column 0 = the probes' marker), its source, the
     checkpoint findings of its ids against config.json), or (None, None, []). A decoder- or
     encoder-only `kind` reads one sequence per row (`one_stack_batch`)."""
-    from tndebug.triage.hf_checks import ids_vs_data
+    from tndebug.hf.checks import ids_vs_data
     from tndebug.triage.userdata import _call, _read, to_batch
     if opts.data and getattr(opts, "text", None):
         raise UsageError("pass --data or --text, not both")

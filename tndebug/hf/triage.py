@@ -5,8 +5,8 @@
 1. config.json -> AutoConfig (local files only, HF_HUB_OFFLINE=1: never a network call); an
    unknown model_type or a shape that is none of the three below is a one-line UsageError;
 2. the model from `AutoModelForSeq2SeqLM.from_config` (a decoder-only model, GPT2, Llama, ...:
-   `AutoModelForCausalLM`, called as capture/hf_decoder.py says; an encoder-only one, Bert, Roberta, ...:
-   `AutoModelForMaskedLM`, as hf_encoder.py says), the weights read with safetensors (or
+   `AutoModelForCausalLM`, called as hf/decoder_only.py says; an encoder-only one, Bert, Roberta, ...:
+   `AutoModelForMaskedLM`, as encoder_only.py says), the weights read with safetensors (or
    torch.load(weights_only=True) for .bin), sharded or not, and loaded tie-aware: a missing key
    is accepted only when it shares storage with a loaded one after `tie_weights()`;
 3. the built-in adapter calls it as a user of transformers does (`input_ids`, `attention_mask`
@@ -17,8 +17,8 @@
    ids from the model's vocabulary (special ids excluded); the exact tests build their own
    inputs. The temperature sweep needs in-distribution data and is skipped, with a note,
    without it; the axis tokens of the figures are the saved tokenizer's where DIR has one;
-5. findings keep HF's module naming; fixes are rewritten for HF code (judge/hf.py).
-   --text / --data: hf_data.py.
+5. findings keep HF's module naming; fixes are rewritten for HF code (hf/wording.py).
+   --text / --data: data.py.
 
 transformers is imported only inside functions: the core package never needs it.
 """
@@ -37,14 +37,13 @@ from tndebug.data import Batch
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
-from tndebug.capture.hf import attention_weights, choose_ids, make_adapter
 from tndebug.capture import subjects
-from tndebug.capture.hf_decoder import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
-from tndebug.capture.hf_encoder import MLM_CALLS, make_mlm_adapter
-from tndebug.triage.hf_encoder import MLM_LOSS, mlm_ids_note
-from tndebug.triage.hf_weights import (INSTALL, WEIGHTS, _line, init_missing, load_tied,  # noqa: F401
-                                       read_weights, renamed, sliced_output, weight_files)
-from tndebug.triage.hf_weights import transformers_offline as _transformers  # noqa: F401 - tests
+from tndebug.hf.encoder_decoder import attention_weights, choose_ids, make_adapter
+from tndebug.hf.decoder_only import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
+from tndebug.hf.encoder_only import MLM_CALLS, MLM_LOSS, make_mlm_adapter, mlm_ids_note
+from tndebug.hf.load import (INSTALL, WEIGHTS, _line, init_missing, load_tied,  # noqa: F401
+                             read_weights, renamed, sliced_output, weight_files)
+from tndebug.hf.load import transformers_offline as _transformers  # noqa: F401 - tests
 
 OWN_CHECKPOINTS = ("checkpoint.pt", "model.pt")     # tndebug's (and plain torch) files win
 HELD_OUT, SRC_LEN, TGT_LEN = 16, 12, 12             # the random batch for the probes' pass
@@ -149,7 +148,7 @@ def build_model(tf, config, attn: str | None, kind: str = "seq2seq", *, init: bo
                          f"{f' with --attn {attn}' if attn else ''}: {_line(e)}") from None
 
 
-# -- ids and the adapter: tndebug/capture/hf.py ---------------------------------------------------
+# -- ids and the adapter: tndebug/hf/encoder_decoder.py ---------------------------------------
 def probe_batch(data: Batch, keep: int | None, pad: int) -> Batch:
     """The user's batch as the probes' recorded pass sees it: with the output layer sliced to
     `keep` ids (PROBE_VOCAB), a target id at or above it is scored as pad (ignored), since its
@@ -161,7 +160,7 @@ def probe_batch(data: Batch, keep: int | None, pad: int) -> Batch:
 
 def random_batch(subject: Subject, n: int = HELD_OUT) -> Batch:
     """Random content ids, BOS (marker)-led targets, about a third of the rows right-padded; an
-    encoder-only subject's targets are its ids (hf_encoder.MLM_LOSS)."""
+    encoder-only subject's targets are its ids (encoder_only.MLM_LOSS)."""
     src, tgt = subject.random_batch(n, SRC_LEN, TGT_LEN + 1, pad_share=0.3,
                                     generator=torch.Generator().manual_seed(0))
     if not subject.has_target:
@@ -176,18 +175,18 @@ def triage_hf(opts, patch=None, sinks=()):
     """Triage a save_pretrained directory. `patch(model, adapter)` (tests): change the loaded
     model in place, or return (forward, encode) to call it differently."""
     from tndebug import driver, judge
-    from tndebug.judge.hf import package_code, scale_switches
+    from tndebug.hf.wording import package_code, scale_switches
     from tndebug.triage import hygiene
     from tndebug.probes._head_weights import duplicate_heads
     from tndebug.probes import TRIAGE_PROBES
     from tndebug.triage.options import OWN_CODE_PROBES, probes_of, refuse_longer, weights_dtype
     from tndebug.capture import GenericCapture
     from tndebug.judge.fresh import SEED, seeded
-    from tndebug.triage import hf_checks, hf_shift
-    from tndebug.triage.hf_data import held_out, mask_token_id, token_names, tokenizer_specials
-    from tndebug.triage.hf_encoder import masked_lm_batch
+    from tndebug.hf import checks as hf_checks, shift as hf_shift
+    from tndebug.hf.data import held_out, mask_token_id, token_names, tokenizer_specials
+    from tndebug.hf.encoder_only import masked_lm_batch
     from tndebug.driver import PROBE_BATCH
-    from tndebug.triage.hf_findings import resume_state
+    from tndebug.hf.resume import resume_state
     from tndebug.triage.userdata import check_vocab
 
     t0 = time.perf_counter()
@@ -204,7 +203,7 @@ def triage_hf(opts, patch=None, sinks=()):
     tf, config, kind = load_config(folder)
     decoder, encoder = kind == "decoder", kind == "encoder"
     # a decoder-only model is also asked which labels it learnt from (label-shift), in a pass of
-    # its own over the whole vocabulary (hf_shift): the probes' pass sees a sliced output layer
+    # its own over the whole vocabulary (shift.py): the probes' pass sees a sliced output layer
     wanted = probes_of(opts.probes, OWN_CODE_PROBES if decoder else TRIAGE_PROBES)
     shift = decoder and hf_shift.NAME in wanted
     probe_names = [n for n in wanted if not (shift and n == hf_shift.NAME)]
@@ -294,7 +293,7 @@ def triage_hf(opts, patch=None, sinks=()):
         check_vocab(Batch(data.tgt_in if decoder else data.src, data.tgt_in, data.tgt_out),
                     src_v, tgt_v, source)
         if not encoder:                   # an untied head that does not fit the trained body
-            from tndebug.triage.hf_head import judge_head
+            from tndebug.hf.head import judge_head
             t_in = data.tgt_in.clone()
             if not decoder:
                 t_in[:, 0] = ids["start"]  # as the model is called: led by the decoder start
@@ -305,7 +304,7 @@ def triage_hf(opts, patch=None, sinks=()):
     # data given but not read (config.json's pad is a real token of it: data_checks names it)
     unused = f"{source} was not used (the pad_token_id error)" if data is None and source else ""
     if data is None and not encoder:      # the same head, unjudged: the verdict says so
-        from tndebug.triage.hf_head import head_unchecked
+        from tndebug.hf.head import head_unchecked
         head_unrun = head_unchecked(model, unused)
     # the probes' recorded pass, and so every figure: the user's data when given, else random
     # ids (the exact tests build their own inputs either way)

@@ -6,7 +6,7 @@ break a model while every tensor looks normal. Findings under probe "checkpoint"
   head (issue 19 measured a BART with a stray lm_head at 0.4% held-out accuracy); the model is untied here
   too, so triage examines what transformers runs.
   (An untied head that does not fit the trained body needs the user's data:
-  `hf_head.head_unfit_on_data`.)
+  `head.head_unfit_on_data`.)
 * `ids_vs_tokenizer`: pad / eos / decoder-start ids of config.json against the tokenizer saved
   in DIR (transformers' shift_tokens_right, generate() and the embeddings' padding_idx read the
   config's ids; the tokenizer writes its own).
@@ -234,11 +234,11 @@ def _show(ids: set[int]) -> str:
 def _tokenizer(folder: Path):
     if not ((folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()):
         return None
-    from tndebug.triage.hf_weights import transformers_offline
+    from tndebug.hf.load import transformers_offline
     tf = transformers_offline()
     try:
         if (folder / "tokenizer_config.json").is_file():
-            from tndebug.triage.hf_weights import load_saved_tokenizer
+            from tndebug.hf.load import load_saved_tokenizer
             return load_saved_tokenizer(tf, folder)
         return tf.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
     except Exception:  # noqa: BLE001 - an unreadable tokenizer: --text says so when used
