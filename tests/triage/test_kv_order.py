@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tndebug.capture.patching import kv_swapped
+from tndebug.capture.kv_heads import kv_swapped
 from tndebug.data import as_lm, data_generator, get_task
 from tndebug.triage import TriageOptions, triage
 

@@ -9,15 +9,11 @@ from dataclasses import field
 
 import torch
 
+from tndebug.capture.kv_heads import kv_swapped
 from tndebug.capture.trace import AttentionRecord, HeadReached, StacksEntered, StreamPoint, Trace
 from tndebug.capture.projections import _find_projection, _looks_like_probs, _same, _same_map, masked_by_addition
 from tndebug.capture.streams import _Streams
 from tndebug.capture.structure import _CROSS_NAME, _layer_index, _owner_layer, _stack_of
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:                       # annotations only: no import circle
-    from tndebug.capture.generic import GenericCapture
 MAX_RECOMPUTED = 1 << 25     # score entries recomputed for a fused SDPA call (128 MiB in fp32)
 
 
@@ -67,7 +63,8 @@ class _Layout:
 class _State(_Streams):
     """What one recording has seen so far."""
 
-    def __init__(self, cap: GenericCapture, trace: Trace | None, reads: frozenset) -> None:
+    def __init__(self, cap, trace: Trace | None, reads: frozenset) -> None:
+        """`cap`: the `generic.GenericCapture` that records (its modules, stacks and wrappers)."""
         self.cap, self.trace, self.reads = cap, trace, reads
         # every module's output, in order (NaN provenance, head-split fit): only for readers of
         # the stream; holding them all costs ~1 GB per 64x32 batch on a 512-wide model
@@ -223,8 +220,7 @@ class _State(_Streams):
         return self.calls[-1]
 
     def swap_kv(self, x):
-        """`patching.kv_swapped(x)`, the order it found kept in `kv_orders`."""
-        from tndebug.capture.patching import kv_swapped
+        """`kv_heads.kv_swapped(x)`, the order it found kept in `kv_orders`."""
         self.busy = True
         try:
             out, order = kv_swapped(x)

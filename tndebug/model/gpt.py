@@ -26,8 +26,7 @@ from tndebug.data import BOS, EOS
 from tndebug.model.embedding import Embeddings
 from tndebug.model.hooks import HookPoint, name_hook_points, tap
 from tndebug.model.attention import MultiHeadAttention
-from tndebug.model.layers import EncoderLayer, Stack
-from tndebug.model.transformer import Generator, init_parameters
+from tndebug.model.layers import EncoderLayer, Generator, Stack, init_parameters
 
 
 class DecoderOnly(nn.Module):

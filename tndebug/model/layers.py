@@ -1,4 +1,6 @@
-"""Encoder and decoder layers (paper §3.1), with the residual + norm placement selectable.
+"""Encoder and decoder layers (paper §3.1), with the residual + norm placement selectable, and
+what the encoder-decoder (transformer.py) and the decoder-only model (gpt.py) share: the
+generator and the initialisation.
 
 post (the paper):               x = norm(x + dropout(f(x)))
 pre  (The Annotated Transformer): x = x + dropout(f(norm(x))), and a final norm after the stack
@@ -94,3 +96,32 @@ class Stack(nn.Module):
         if self.norm is not None:
             x = self.norm(x)
         return tap(self.hook_out, x)
+
+
+class Generator(nn.Module):
+    """Final linear projection to the target vocabulary (logits; softmax lives in the loss)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.proj = nn.Linear(cfg.d_model, cfg.tgt_vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+def init_parameters(model: nn.Module, embeddings) -> None:
+    """Xavier-uniform for matrices (as The Annotated Transformer), N(0, 1/d) token embeddings,
+    tied to the generator when the config says so. For `Transformer` and the decoder-only model
+    alike (`model.cfg`, `model.generator`)."""
+    cfg = model.cfg
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    for emb in embeddings:
+        nn.init.normal_(emb.lut.weight, std=cfg.d_model ** -0.5)
+        if emb.wpe is not None:
+            # learned positions start at the sinusoids' size (each entry's RMS 1/sqrt(2)), so
+            # token and position parts keep the paper's balance at initialisation
+            nn.init.normal_(emb.wpe.weight, std=2 ** -0.5)
+        if cfg.tie_embeddings:
+            emb.lut.weight = model.generator.proj.weight

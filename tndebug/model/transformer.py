@@ -13,18 +13,7 @@ from torch import nn
 from tndebug.config import ModelConfig
 from tndebug.model.embedding import Embeddings
 from tndebug.model.hooks import HookPoint, name_hook_points, tap
-from tndebug.model.layers import DecoderLayer, EncoderLayer, Stack
-
-
-class Generator(nn.Module):
-    """Final linear projection to the target vocabulary (logits; softmax lives in the loss)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.proj = nn.Linear(cfg.d_model, cfg.tgt_vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x)
+from tndebug.model.layers import DecoderLayer, EncoderLayer, Generator, Stack, init_parameters
 
 
 class Transformer(nn.Module):
@@ -71,24 +60,6 @@ class Transformer(nn.Module):
         enc, dec, memory_keep = self.masks(src, tgt)
         memory = self.encode(src, enc)
         return self.decode(memory, src, tgt, dec, memory_keep)
-
-
-def init_parameters(model: nn.Module, embeddings) -> None:
-    """Xavier-uniform for matrices (as The Annotated Transformer), N(0, 1/d) token embeddings,
-    tied to the generator when the config says so. For `Transformer` and the decoder-only model
-    alike (`model.cfg`, `model.generator`)."""
-    cfg = model.cfg
-    for p in model.parameters():
-        if p.dim() > 1:
-            nn.init.xavier_uniform_(p)
-    for emb in embeddings:
-        nn.init.normal_(emb.lut.weight, std=cfg.d_model ** -0.5)
-        if emb.wpe is not None:
-            # learned positions start at the sinusoids' size (each entry's RMS 1/sqrt(2)), so
-            # token and position parts keep the paper's balance at initialisation
-            nn.init.normal_(emb.wpe.weight, std=2 ** -0.5)
-        if cfg.tie_embeddings:
-            emb.lut.weight = model.generator.proj.weight
 
 
 def count_parameters(model: nn.Module) -> int:
