@@ -145,3 +145,16 @@ def group_findings(findings: list[Finding]) -> list[FindingGroup]:
         groups.append(FindingGroup(probe, severity, findings[idx[0]].message, fix, tuple(idx),
                                    wheres, min(steps) if steps else None))
     return groups
+
+
+def jsonable(x):
+    """What json cannot write: a tensor as a list, a numpy scalar as its item, else str."""
+    try:
+        import torch
+        if isinstance(x, torch.Tensor):
+            return x.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 
-from tndebug.findings import Finding
-from tndebug.report import jsonable
+from tndebug.findings import Finding, jsonable
 
 FIRST = ("probe", "code", "severity", "where", "step", "layer", "head", "rank")
 INTS = ("step", "layer", "head", "rank")          # nullable integers: pandas' Int64

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tndebug.findings import Finding, FindingGroup, group_findings, worst
+from tndebug.findings import Finding, FindingGroup, group_findings, jsonable, worst
 
 SCHEMA = "tndebug.report/2"
 READS = ("tndebug.report/1", SCHEMA)   # /2 adds each finding's `code`; /1 reads with code "" 
@@ -182,16 +182,3 @@ def load_report(path: str | Path) -> Report:
                          f"{data.get('schema') if isinstance(data, dict) else None!r}); pass the "
                          f"report.json that tndebug wrote")
     return Report.from_dict(data)
-
-
-def jsonable(x):
-    """What json cannot write: a tensor as a list, a numpy scalar as its item, else str."""
-    try:
-        import torch
-        if isinstance(x, torch.Tensor):
-            return x.tolist()
-    except ImportError:  # pragma: no cover
-        pass
-    if hasattr(x, "item"):
-        return x.item()
-    return str(x)
