@@ -83,6 +83,20 @@ class Subject:
         self._limit: int | None = None      # the longest length that runs, when one raised (`fit`)
         self._runs_at = 0                   # the longest length seen to run
 
+    @classmethod
+    def of_kind(cls, model: nn.Module, forward, second=None, *, kind: str = "seq2seq",
+                capture=None, **kw) -> "Subject":
+        """The Subject of every front-end (triage --model, triage DIR, check, watch). `second` is
+        the model's other call: `encode(model, src, pad_id)` of an encoder-decoder,
+        `incremental(model, ids, pad_id, split)` of a decoder-only model (None: no KV cache to
+        test); an encoder-only model has none. `kw`: pad_id, bos_id, src_vocab, tgt_vocab,
+        max_len, first_content, padded."""
+        if kind == "decoder":
+            return cls(model, forward, kind="decoder", incremental=second, capture=capture, **kw)
+        if kind == "encoder":
+            return cls(model, forward, kind="encoder", capture=capture, **kw)
+        return cls(model, forward, encode=second, capture=capture, **kw)
+
     @property
     def device(self) -> torch.device:
         for p in self.model.parameters():

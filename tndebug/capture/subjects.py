@@ -1,10 +1,10 @@
-"""A foreign model as the probes call it: one constructor and one vocabulary rule for every
-front-end (`tndebug triage --model`, `tndebug triage DIR`, `check`, `watch`).
+"""A foreign model's vocabularies: one rule for every front-end (`tndebug triage --model`,
+`tndebug triage DIR`, `check`, `watch`), which then build their Subject with `Subject.of_kind`.
 
     with fed_tables(model, src, tgt) as fed:      # around one call of the user's forward
         logits = forward(model, src, tgt, pad_id)
     src_v, tgt_v = vocab_rule(model, logits.shape[-1], fed, kind)
-    subject = make_subject(model, forward, second, kind=kind, capture=capture, pad_id=..., ...)
+    subject = Subject.of_kind(model, forward, second, kind=kind, capture=capture, pad_id=..., ...)
 
 The vocabulary rule, decided by behaviour: a side's vocabulary is the number of rows of the
 embedding table its ids were looked up in during that call, and the target's is bounded by the
@@ -21,7 +21,6 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from tndebug.subject import Subject
 
 # name hints of tables that are never the vocabulary: positions, token types / segments (BERT's
 # token_type_embeddings has 2 rows: as the "smallest table" it would leave no ordinary id)
@@ -73,16 +72,3 @@ def vocab_rule(model: nn.Module, width: int, fed: dict[str, int], kind: str = "s
     tables = token_tables(model)
     named = next((v for n, v in tables if any(w in n.lower() for w in ("src", "enc", "source"))), None)
     return named or (tables[0][1] if tables else tgt_v), tgt_v
-
-
-def make_subject(model: nn.Module, forward, second=None, *, kind: str = "seq2seq", capture=None,
-                 **kw) -> Subject:
-    """The Subject of every front-end. `second` is the model's other call: `encode(model, src,
-    pad_id)` of an encoder-decoder, `incremental(model, ids, pad_id, split)` of a decoder-only
-    model (None: no KV cache to test); an encoder-only model has none. `kw`: pad_id, bos_id,
-    src_vocab, tgt_vocab, max_len, first_content (Subject's arguments)."""
-    if kind == "decoder":
-        return Subject(model, forward, kind="decoder", incremental=second, capture=capture, **kw)
-    if kind == "encoder":
-        return Subject(model, forward, kind="encoder", capture=capture, **kw)
-    return Subject(model, forward, encode=second, capture=capture, **kw)

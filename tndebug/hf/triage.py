@@ -37,7 +37,6 @@ from tndebug.data import Batch
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.subject import Subject
-from tndebug.capture import subjects
 from tndebug.hf.encoder_decoder import attention_weights, choose_ids, make_adapter
 from tndebug.hf.decoder_only import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
 from tndebug.hf.encoder_only import MLM_CALLS, MLM_LOSS, make_mlm_adapter, mlm_ids_note
@@ -254,7 +253,7 @@ def triage_hf(opts, patch=None, sinks=()):
         return fwd(model, src, tgt, ids["pad"])
 
     def make_subject(model, forward, second):
-        subject = subjects.make_subject(
+        subject = Subject.of_kind(
             model, forward, None if encoder else second, kind=kind,
             capture=GenericCapture(model, kind=kind), pad_id=ids["pad"], bos_id=ids["marker"],
             src_vocab=hi, tgt_vocab=hi, first_content=lo,

@@ -25,7 +25,8 @@ from tndebug.library.args import forward_vocab, ids_in_vocabulary
 from tndebug.capture.adapters import ARCHS, Adapter, adapter_kind, as_logits, first_tensor, floating_logits, \
     guess_adapter, resolve_adapter
 from tndebug.capture import GenericCapture
-from tndebug.capture.subjects import fed_tables, make_subject, token_tables, vocab_rule
+from tndebug.capture.subjects import fed_tables, token_tables, vocab_rule
+from tndebug.subject import MIN_PROBE_LEN, Subject
 
 
 def is_hf_seq2seq(model: nn.Module) -> bool:
@@ -230,7 +231,7 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
             f"training pass probes='loss-health,lr-schedule,gradient-flow'")
     if kind in ("decoder", "encoder"):           # the Subject's call: one sequence
         adapter = Adapter(adapter.name, lm_forward, None, adapter.note)
-    subject = make_subject(
+    subject = Subject.of_kind(
         model, adapter.forward, incremental if kind == "decoder" else adapter.encode, kind=kind,
         capture=capture, pad_id=pad_id, bos_id=bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
         first_content=first_content, padded=padded,
@@ -459,7 +460,6 @@ def pad_id_findings(batch, pad_id: int, step: int) -> list[Finding]:
 def set_max_len(subject, max_len, who: str) -> None:
     """The user's `max_len` (the longest sequence their model takes) for the probes' batches; it
     replaces what the config says. Refused unless it is an int that an exact test can run at."""
-    from tndebug.subject import MIN_PROBE_LEN
     if max_len is None:
         return
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < MIN_PROBE_LEN:

@@ -1,7 +1,8 @@
 """Triage with the user's own model code (`--model FILE.py:FACTORY`, `--adapter`): the factory
 called with the checkpoint's kwargs, the weights loaded, the model wrapped by one Subject
-(capture/subjects.py), its vocabularies by the one rule, and the same factory called again on a
-fresh seeded initialisation, so the code is judged apart from the weights (issue 19)."""
+(Subject.of_kind), its vocabularies by the one rule (capture/subjects.py), and the same factory
+called again on a fresh seeded initialisation, so the code is judged apart from the weights
+(issue 19)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -13,7 +14,7 @@ from tndebug import driver
 from tndebug.capture import GenericCapture, projection_weights
 from tndebug.capture.adapters import floating_logits, resolve_adapter
 from tndebug.capture.user_model import build_user_model, load_weights, parse_config
-from tndebug.capture.subjects import fed_tables, make_subject, vocab_rule
+from tndebug.capture.subjects import fed_tables, vocab_rule
 from tndebug.data import Batch, as_lm
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, user_path
@@ -143,7 +144,7 @@ def _call(adapter, model, src, tgt, pad_id):
 
 def _user_subject(model, adapter, capture, subject_kw: dict) -> Subject:
     second = adapter.incremental if adapter.kind == "decoder" else adapter.encode
-    return make_subject(model, adapter.forward, second, kind=adapter.kind, capture=capture,
+    return Subject.of_kind(model, adapter.forward, second, kind=adapter.kind, capture=capture,
                         **subject_kw)
 
 
