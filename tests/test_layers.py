@@ -147,3 +147,74 @@ def test_every_front_end_ends_in_the_judge_and_only_the_judge_builds_a_report():
     builders = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
                       if re.search(r"(?<![\w.])Report\(", p.read_text()))
     assert builders == ["judge/stage.py"], builders
+
+
+def _module_imports(pkg: Path) -> dict[str, set[str]]:
+    """Each file's dotted name -> the files of `pkg` it imports (every import, the function-local
+    and TYPE_CHECKING ones too: an annotation's import still ties the two files)."""
+    files = {".".join(p.relative_to(pkg.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in pkg.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        wanted = []
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                wanted += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                wanted += [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
+                           for a in node.names]
+        graph[name] = set()
+        for target in wanted:
+            while target and target not in files:        # a name inside a module: the module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles (strongly connected groups of two files or more), each sorted."""
+    order, low, stack, out = {}, {}, [], []
+
+    def visit(v):
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                out.append(sorted(group))
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_circle():
+    """No two files of tndebug import each other, straight or round a loop (issue 46): the flow
+    runs one way inside a folder too."""
+    assert _circles(_module_imports(PKG)) == []
+
+
+def test_the_circle_check_can_fail(tmp_path):
+    """A circle closed by a function-local or TYPE_CHECKING import is still found."""
+    fake = tmp_path / "tndebug"
+    (fake / "capture").mkdir(parents=True)
+    (fake / "capture" / "a.py").write_text("from tndebug.capture.b import f\n")
+    (fake / "capture" / "b.py").write_text("def f():\n    from .c import g\n")
+    (fake / "capture" / "c.py").write_text("if TYPE_CHECKING:\n    from tndebug.capture import a\n")
+    (fake / "capture" / "d.py").write_text("from tndebug.capture import a\n")
+    assert _circles(_module_imports(fake)) == [
+        ["tndebug.capture.a", "tndebug.capture.b", "tndebug.capture.c"]]
