@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tndebug.commands._args import HelpFormatter
+    from tndebug.commands.flags import HelpFormatter
     parser = _Parser(prog="tndebug", formatter_class=HelpFormatter, description=(
         "Debug a Transformer (encoder-decoder, decoder-only or encoder-only): train with probes "
         "attached (run), diagnose a checkpoint and its model code (triage), check model code "
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from tndebug.commands._args import probe_selection
+    from tndebug.commands.flags import probe_selection
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ import inspect
 import json
 import sys
 
-from tndebug.commands._args import HelpFormatter, add_code_options, add_verbose, nonneg_int, out_path, \
+from tndebug.commands.flags import HelpFormatter, add_code_options, add_verbose, nonneg_int, out_path, \
     pad_id_or_none, positive_int
 from tndebug.errors import UsageError
 from tndebug.probes import PROBE_NAMES

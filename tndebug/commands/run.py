@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 
-from tndebug.commands._args import BATCH, NPROC, SEED, STEPS, THREADS as THREADS_ARG, WARMUP, \
+from tndebug.commands.flags import BATCH, NPROC, SEED, STEPS, THREADS as THREADS_ARG, WARMUP, \
     HelpFormatter, add_code_options, add_verbose, lr_factor, nonneg_int, out_path, probe_budget
 from tndebug.config import ARCHS, NORM_KINDS, NORMS, POSITIONS, PRESETS, ModelConfig
 from tndebug.errors import SigTerm, UsageError
@@ -166,7 +166,7 @@ def default_out(task: str, preset: str, norm: str, faults, arch: str = "seq2seq"
 def configs(args):
     """The flags -> (ModelConfig, TrainConfig, resume state | None, default out, resumed dir).
 
-    The numbers were checked by argparse (`_args`); here only what needs the checkpoint."""
+    The numbers were checked by argparse (`flags.py`); here only what needs the checkpoint."""
     faults = parse_faults(args.fault)
     given = {k: getattr(args, k) for k in ("batch_size", "warmup", "lr_factor", "save_every")
              if getattr(args, k) is not None}

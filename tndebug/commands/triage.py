@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from tndebug.commands._args import HelpFormatter, add_code_options, add_verbose, nonneg_int, out_path, pad_id_or_none, \
+from tndebug.commands.flags import HelpFormatter, add_code_options, add_verbose, nonneg_int, out_path, pad_id_or_none, \
     positive_int
 from tndebug.errors import UsageError
 from tndebug.probes import PROBE_NAMES
