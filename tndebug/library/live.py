@@ -14,18 +14,19 @@ by behaviour (`GenericCapture.discover`) and the module whose output is the logi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 from torch import nn
 
 from tndebug.errors import UsageError
-from tndebug.findings import Finding, user_path
+from tndebug.findings import user_path
 from tndebug.library.args import forward_vocab, ids_in_vocabulary
-from tndebug.capture.adapters import ARCHS, Adapter, adapter_kind, as_logits, first_tensor, floating_logits, \
-    guess_adapter, resolve_adapter
+from tndebug.capture.adapters import ARCHS, Adapter, adapter_kind, as_logits, floating_logits, guess_adapter, \
+    resolve_adapter
 from tndebug.capture import GenericCapture
-from tndebug.capture.subjects import fed_tables, token_tables, vocab_rule
+from tndebug.capture.subjects import vocab_rule
+from tndebug.library.first_call import first_batch, first_call, vocab_sizes
 from tndebug.subject import MIN_PROBE_LEN, Subject
 
 
@@ -47,21 +48,6 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def _embedding_vocab(model: nn.Module) -> int | None:
-    """The ids every token table can look up (before the first call: its ids must fit)."""
-    sizes = [v for _, v in token_tables(model)]
-    return min(sizes) if sizes else None
-
-
-def _vocab_sizes(model: nn.Module, heads: bool = True) -> set[int]:
-    """The sizes a model's logits can have: its token embeddings' rows (and, with `heads`, its
-    Linear layers' outputs)."""
-    sizes = {v for _, v in token_tables(model)}
-    if heads:
-        sizes |= {m.out_features for m in model.modules() if isinstance(m, nn.Linear)}
-    return sizes
-
-
 def _token_id(value, name: str) -> int:
     """`pad_id=` / `bos_id=`: an integer >= 0 (numpy's integers too)."""
     import numbers
@@ -71,6 +57,21 @@ def _token_id(value, name: str) -> int:
         raise UsageError(f"{name}={value} is not a token id (ids are >= 0); pass the id your data "
                          f"uses (e.g. tokenizer.{name[:3]}_token_id)")
     return int(value)
+
+
+@dataclass
+class _Call:
+    """How the probes call the model, as far as it is known before its first call."""
+    kind: str                             # "seq2seq" | "decoder" | "encoder"
+    adapter: Adapter                      # the 4-argument call (model, src, tgt, pad_id)
+    pad_id: int | None
+    bos_id: int | None
+    src_vocab: int | None
+    tgt_vocab: int | None
+    lm_forward: Callable | None = None    # one stack: forward(model, ids, pad_id)
+    incremental: Callable | None = None   # decoder-only: the KV cache's call
+    first_content: int | None = None      # HF: the first ordinary id (its config's ids)
+    info: dict = field(default_factory=lambda: {"hf": False})
 
 
 def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: int | None = 0,
@@ -96,130 +97,23 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     from tndebug.capture.user_model import refuse_meta
     refuse_meta(model)                   # before any call: torch's kernel text says nothing
     padded = pad_id is not None          # None: the data hold no padding (character-level text)
-    info: dict = {"hf": False}
-    first_content = None
-    kind, incremental, lm_forward = "seq2seq", None, None
-    one_stack = None if forward is not None else (
-        "decoder" if is_hf_causal(model) else "encoder" if is_hf_masked_lm(model) else None)
-    if one_stack is not None:                     # a Hugging Face decoder-only model or masked LM
-        from tndebug.hf.decoder_only import choose_lm_ids, make_lm_adapter
-        from tndebug.hf.encoder_only import make_mlm_adapter
-        ids = choose_lm_ids(model.config, model.get_input_embeddings().num_embeddings)
-        if one_stack == "decoder":
-            lm_forward, incremental = make_lm_adapter()
-            call = _ignoring_src(lm_forward)
-        else:
-            lm_forward = make_mlm_adapter()
-            call = _ignoring_tgt(lm_forward)
-        kind, adapter = one_stack, Adapter("huggingface", call)
-        pad_id, bos_id = ids["pad"], ids["start"]
-        lo, hi = ids["content"]
-        first_content = lo
-        src_vocab, tgt_vocab = src_vocab or hi, tgt_vocab or hi
-        info.update(hf=True, hf_ids=ids)
-    elif forward is None and _is_tndebug_decoder(model):
-        lm_forward = lambda m, ids, pad: m(ids)                               # noqa: E731
-        incremental = lambda m, ids, pad, split: m.incremental(ids, split)  # noqa: E731
-        kind, adapter = "decoder", Adapter("tndebug", _ignoring_src(lm_forward))
-    elif forward is None and is_hf_seq2seq(model):
-        from tndebug.hf.encoder_decoder import choose_ids, make_adapter
-        in_v = model.get_input_embeddings().num_embeddings
-        out_emb = model.get_output_embeddings()
-        out_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or in_v
-        ids = choose_ids(model.config, min(in_v, out_v))
-        fwd, enc = make_adapter(ids["start"], ids["marker"])
-        adapter = Adapter("huggingface", fwd, enc)
-        pad_id, bos_id = ids["pad"], ids["marker"]
-        lo, hi = ids["content"]
-        first_content = lo
-        src_vocab, tgt_vocab = src_vocab or hi, tgt_vocab or hi
-        info.update(hf=True, hf_ids=ids)
-    elif forward is None:
-        if guess_adapter(model) is None and arch not in ("decoder", "encoder"):
-            raise UsageError(
-                f"do not know how to call {type(model).__name__}: pass forward=fn with "
-                f"def fn(model, src, tgt, pad_id) -> logits [B, T, V] (src [B, S] and tgt [B, T] "
-                f"batch first, tgt BOS-led), or def fn(model, ids, pad_id) -> logits [B, T, V] "
-                f"for one stack (arch='encoder' if bidirectional)")
-        if arch == "seq2seq" and guess_adapter(model) in ("gpt", "bert"):
-            raise UsageError(f"arch='seq2seq', but {type(model).__name__} takes one input: pass "
-                             f"forward=fn with def fn(model, src, tgt, pad_id) -> logits")
-        adapter = resolve_adapter(None, model, arch)
-        info["arch_from"] = (adapter.kind_from.replace("--arch encoder", "arch='encoder'")
-                             .replace("--arch decoder", "arch='decoder'"))
-        if adapter.kind in ("decoder", "encoder"):   # gpt / bert: forward(model, ids, pad_id)
-            kind, lm_forward = adapter.kind, adapter.forward
-            wrap = _ignoring_src if kind == "decoder" else _ignoring_tgt
-            adapter = Adapter(adapter.name, wrap(lm_forward), note=adapter.note)
-    else:
-        if not callable(forward):
-            raise UsageError(f"forward: expected a callable forward(model, src, tgt, pad_id) -> "
-                             f"logits, got {type(forward).__name__}")
-        name = getattr(forward, "__name__", "forward")
-        one = adapter_kind(forward, name, "forward") == "decoder"   # forward(model, ids, pad_id)
-        if one and arch == "seq2seq" or not one and arch in ("decoder", "encoder"):
-            raise UsageError(f"arch={arch!r} does not fit forward={name}, which takes "
-                             f"{'(model, ids, pad_id)' if one else '(model, src, tgt, pad_id)'}")
-        if one:
-            lm_forward = _checked_lm(forward, name)
-            kind = "encoder" if arch == "encoder" else "decoder"
-            # the model's KV cache, where the user offers it: forward.incremental(model, ids,
-            # pad_id, split) -> logits of positions split.. decoded through the cache
-            inc = getattr(forward, "incremental", None)
-            incremental = inc if callable(inc) and kind == "decoder" else None
-            wrap = _ignoring_tgt if kind == "encoder" else _ignoring_src
-            adapter = Adapter(f"forward={name}", wrap(lm_forward))
-            info["arch_from"] = (f"arch={arch!r}" if arch else "forward(model, ids, pad_id): one "
-                                 "stack, read as decoder-only (arch='encoder' if bidirectional)")
-        else:
-            adapter = Adapter(f"forward={name}", _checked(forward, name))
-    pad_id = 0 if pad_id is None else _token_id(pad_id, "pad_id")
-    bos_id = (1 if pad_id != 1 else 2) if bos_id is None else _token_id(bos_id, "bos_id")
-    lo = first_content if first_content is not None else max(pad_id, bos_id) + 1
-    vocab = _embedding_vocab(model)
-    n_ids = min(v for v in (src_vocab, tgt_vocab, vocab) if v) if (src_vocab or tgt_vocab or vocab) else None
-    user_ids = first_content is None      # HF: the ids come from the model's config
-    if n_ids is not None and user_ids:    # before the call, which would index out of range
-        largest = max([n_ids, *(v for v in (src_vocab, tgt_vocab) if v), *_vocab_sizes(model, heads=False)])
-        ids_in_vocabulary(pad_id, bos_id, n_ids, largest)
-    if n_ids is None or n_ids <= lo + 1:
-        raise UsageError(f"cannot tell the vocabulary of {type(model).__name__} (no nn.Embedding "
-                         f"with more than {lo + 1} rows): pass src_vocab= and tgt_vocab=")
-    g = torch.Generator().manual_seed(0)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    src = torch.randint(lo, n_ids, (2, 7), generator=g).to(device)
-    tgt = torch.randint(lo, n_ids, (2, 6), generator=g).to(device)
-    tgt[:, 0] = bos_id
-    if kind == "decoder":
-        src = src[:, :0]                          # one sequence: tgt
-    elif kind == "encoder":
-        tgt = src.clone()                         # one sequence: src (tgt is ignored)
+    c = _how_to_call(model, forward, arch, _Call("seq2seq", None, pad_id, bos_id, src_vocab,
+                                                 tgt_vocab))
+    info, adapter, kind = c.info, c.adapter, c.kind
+    pad_id = 0 if c.pad_id is None else _token_id(c.pad_id, "pad_id")
+    bos_id = (1 if pad_id != 1 else 2) if c.bos_id is None else _token_id(c.bos_id, "bos_id")
+    src, tgt = first_batch(model, c, pad_id, bos_id)
     capture = GenericCapture(model, kind=kind)
-    try:
-        logits_module = _call_once(model, adapter, src, tgt, pad_id)
-    except UsageError:
-        # A model may raise on rows without padding (an inverted key padding mask masks every
-        # key of such a row): then call it with a pad ending every row, and let the probes'
-        # own calls show what it raises on. Raising on both batches is a usage error.
-        src, tgt = src.clone(), tgt.clone()
-        src[:, -1], tgt[:, -1] = pad_id, pad_id
-        try:
-            logits_module = _call_once(model, adapter, src, tgt, pad_id)
-        except UsageError:
-            pass
-        else:
-            info["first_call"] = "rows ending in a pad (the model raised on rows without padding)"
-        if "first_call" not in info:
-            raise
+    logits_module, src, tgt = first_call(model, adapter, src, tgt, pad_id, info)
     logits = logits_module.pop("logits")
     floating_logits(logits, adapter.name)
     if forward is not None:
-        forward_vocab(logits.shape[-1], given=tgt_vocab, from_module=logits_module["path"] is not None,
-                      sizes=_vocab_sizes(model), tokens=_vocab_sizes(model, heads=False),
+        forward_vocab(logits.shape[-1], given=c.tgt_vocab, from_module=logits_module["path"] is not None,
+                      sizes=vocab_sizes(model), tokens=vocab_sizes(model, heads=False),
                       name=adapter.name)
     src_v, tgt_v = vocab_rule(model, logits.shape[-1], logits_module.pop("fed"), kind,
-                              src_vocab, tgt_vocab)
-    if user_ids:
+                              c.src_vocab, c.tgt_vocab)
+    if c.first_content is None:           # the user's ids (HF: from the model's config)
         ids_in_vocabulary(pad_id, bos_id, min(src_v, tgt_v), tgt_v)
     capture.discover(lambda: adapter.forward(model, src, tgt, pad_id))
     if need_attention and not capture.attention:
@@ -230,11 +124,11 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
             f"decoder-only and encoder-only (attention between tokens); to watch only the "
             f"training pass probes='loss-health,lr-schedule,gradient-flow'")
     if kind in ("decoder", "encoder"):           # the Subject's call: one sequence
-        adapter = Adapter(adapter.name, lm_forward, None, adapter.note)
+        adapter = Adapter(adapter.name, c.lm_forward, None, adapter.note)
     subject = Subject.of_kind(
-        model, adapter.forward, incremental if kind == "decoder" else adapter.encode, kind=kind,
+        model, adapter.forward, c.incremental if kind == "decoder" else adapter.encode, kind=kind,
         capture=capture, pad_id=pad_id, bos_id=bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
-        first_content=first_content, padded=padded,
+        first_content=c.first_content, padded=padded,
         max_len=getattr(getattr(model, "config", None), "max_position_embeddings", None)
         or getattr(getattr(model, "cfg", None), "max_len", None))
     info.update(adapter=adapter.name, attention_modules=sorted(user_path(list(capture.attention))),
@@ -244,6 +138,100 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
     if adapter.note:
         info["adapter_note"] = adapter.note
     return subject, info
+
+
+def _how_to_call(model: nn.Module, forward: Callable | None, arch: str | None, c: _Call) -> _Call:
+    """`c` completed: a Hugging Face model by its API (its ids from its config), tndebug's own
+    decoder, a layout the built-in adapters know, or the user's `forward`."""
+    one_stack = None if forward is not None else (
+        "decoder" if is_hf_causal(model) else "encoder" if is_hf_masked_lm(model) else None)
+    if one_stack is not None:                     # a Hugging Face decoder-only model or masked LM
+        from tndebug.hf.decoder_only import choose_lm_ids, make_lm_adapter
+        from tndebug.hf.encoder_only import make_mlm_adapter
+        ids = choose_lm_ids(model.config, model.get_input_embeddings().num_embeddings)
+        if one_stack == "decoder":
+            c.lm_forward, c.incremental = make_lm_adapter()
+            call = _ignoring_src(c.lm_forward)
+        else:
+            c.lm_forward = make_mlm_adapter()
+            call = _ignoring_tgt(c.lm_forward)
+        c.kind, c.adapter = one_stack, Adapter("huggingface", call)
+        return _hf_ids(c, ids, ids["start"])
+    if forward is None and _is_tndebug_decoder(model):
+        c.lm_forward = lambda m, ids, pad: m(ids)                               # noqa: E731
+        c.incremental = lambda m, ids, pad, split: m.incremental(ids, split)  # noqa: E731
+        c.kind, c.adapter = "decoder", Adapter("tndebug", _ignoring_src(c.lm_forward))
+        return c
+    if forward is None and is_hf_seq2seq(model):
+        from tndebug.hf.encoder_decoder import choose_ids, make_adapter
+        in_v = model.get_input_embeddings().num_embeddings
+        out_emb = model.get_output_embeddings()
+        out_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or in_v
+        ids = choose_ids(model.config, min(in_v, out_v))
+        fwd, enc = make_adapter(ids["start"], ids["marker"])
+        c.adapter = Adapter("huggingface", fwd, enc)
+        return _hf_ids(c, ids, ids["marker"])
+    if forward is None:
+        return _guessed_call(model, arch, c)
+    return _given_call(forward, arch, c)
+
+
+def _hf_ids(c: _Call, ids: dict, bos_id: int) -> _Call:
+    """A Hugging Face model's ids, from its config: they override pad_id= and bos_id=."""
+    c.pad_id, c.bos_id = ids["pad"], bos_id
+    lo, hi = ids["content"]
+    c.first_content = lo
+    c.src_vocab, c.tgt_vocab = c.src_vocab or hi, c.tgt_vocab or hi
+    c.info.update(hf=True, hf_ids=ids)
+    return c
+
+
+def _guessed_call(model: nn.Module, arch: str | None, c: _Call) -> _Call:
+    """No forward given: one of the built-in adapters, told from the model's layout."""
+    if guess_adapter(model) is None and arch not in ("decoder", "encoder"):
+        raise UsageError(
+            f"do not know how to call {type(model).__name__}: pass forward=fn with "
+            f"def fn(model, src, tgt, pad_id) -> logits [B, T, V] (src [B, S] and tgt [B, T] "
+            f"batch first, tgt BOS-led), or def fn(model, ids, pad_id) -> logits [B, T, V] "
+            f"for one stack (arch='encoder' if bidirectional)")
+    if arch == "seq2seq" and guess_adapter(model) in ("gpt", "bert"):
+        raise UsageError(f"arch='seq2seq', but {type(model).__name__} takes one input: pass "
+                         f"forward=fn with def fn(model, src, tgt, pad_id) -> logits")
+    adapter = resolve_adapter(None, model, arch)
+    c.info["arch_from"] = (adapter.kind_from.replace("--arch encoder", "arch='encoder'")
+                           .replace("--arch decoder", "arch='decoder'"))
+    c.adapter = adapter
+    if adapter.kind in ("decoder", "encoder"):   # gpt / bert: forward(model, ids, pad_id)
+        c.kind, c.lm_forward = adapter.kind, adapter.forward
+        wrap = _ignoring_src if c.kind == "decoder" else _ignoring_tgt
+        c.adapter = Adapter(adapter.name, wrap(c.lm_forward), note=adapter.note)
+    return c
+
+
+def _given_call(forward, arch: str | None, c: _Call) -> _Call:
+    """The user's `forward`: (model, src, tgt, pad_id), or (model, ids, pad_id) for one stack."""
+    if not callable(forward):
+        raise UsageError(f"forward: expected a callable forward(model, src, tgt, pad_id) -> "
+                         f"logits, got {type(forward).__name__}")
+    name = getattr(forward, "__name__", "forward")
+    one = adapter_kind(forward, name, "forward") == "decoder"   # forward(model, ids, pad_id)
+    if one and arch == "seq2seq" or not one and arch in ("decoder", "encoder"):
+        raise UsageError(f"arch={arch!r} does not fit forward={name}, which takes "
+                         f"{'(model, ids, pad_id)' if one else '(model, src, tgt, pad_id)'}")
+    if not one:
+        c.adapter = Adapter(f"forward={name}", _checked(forward, name))
+        return c
+    c.lm_forward = _checked_lm(forward, name)
+    c.kind = "encoder" if arch == "encoder" else "decoder"
+    # the model's KV cache, where the user offers it: forward.incremental(model, ids,
+    # pad_id, split) -> logits of positions split.. decoded through the cache
+    inc = getattr(forward, "incremental", None)
+    c.incremental = inc if callable(inc) and c.kind == "decoder" else None
+    wrap = _ignoring_tgt if c.kind == "encoder" else _ignoring_src
+    c.adapter = Adapter(f"forward={name}", wrap(c.lm_forward))
+    c.info["arch_from"] = (f"arch={arch!r}" if arch else "forward(model, ids, pad_id): one "
+                           "stack, read as decoder-only (arch='encoder' if bidirectional)")
+    return c
 
 
 def is_hf_causal(model: nn.Module) -> bool:
@@ -302,97 +290,6 @@ def _checked(fn: Callable, name: str) -> Callable:
     return forward
 
 
-def _call_once(model: nn.Module, adapter: Adapter, src, tgt, pad_id: int) -> dict:
-    """One forward in eval mode, no grad: the logits, and the path of the module whose output
-    they are (the root for most models; `generator` for The Annotated Transformer's)."""
-    outputs: list[tuple[str, torch.Tensor]] = []    # held for the call: ids are not reused
-
-    def hook(name):
-        def record(mod, args, out):
-            t = first_tensor(out)
-            if t is not None:
-                outputs.append((name, t))                         # returns None: output unchanged
-        return record
-
-    handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules()]
-    was = model.training
-    model.eval()
-    try:
-        with fed_tables(model, src, tgt) as fed, torch.no_grad():
-            logits = adapter.forward(model, src, tgt, pad_id)
-    except UsageError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's forward may raise anything
-        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise UsageError(f"{adapter.name} raised {type(e).__name__}: {text} (it is called as "
-                         f"forward(model, src [B, S], tgt [B, T], pad_id), or decoder-only forward(model, "
-                         f"ids [B, T], pad_id), batch first)") from None
-    finally:
-        model.train(was)
-        for h in handles:
-            h.remove()
-    path = next((n for n, t in outputs if t is logits), None)
-    outputs.clear()
-    return {"logits": logits, "path": path, "fed": fed}
-
-
-# -- the batch of the user's own call --------------------------------------------------------------
-def default_batch(args: tuple, kwargs: dict, pad_id: int, start_id: int | None = None,
-                  kind: str = "seq2seq"):
-    """(src, tgt_in, tgt_out) from the arguments the user's loop passed to the model, or None.
-
-    * an encoder-only model (`kind="encoder"`): its ids are src and tgt_in; Hugging Face
-      `labels` (-100 -> pad), unshifted (a masked LM predicts each position's own token), are
-      the target, else None.
-    * a decoder-only model (`kind="decoder"`): its ids, `input_ids` or the first 2-D integer
-      tensor, are tgt_in and src is empty; Hugging Face `labels` (the ids, -100 -> pad, which
-      the model shifts itself) shifted left are the target, else None.
-
-    * Hugging Face style: `input_ids`, then `decoder_input_ids`, else `labels` shifted right
-      (what the model itself does); `labels` (-100 -> pad) is the target.
-    * otherwise: the first two 2-D integer tensors among the positional, then keyword
-      arguments are src and tgt_in (`model(src, tgt_in, ...)`); the target is None, for the
-      caller to take as `shift_left(tgt_in)` where it needs one.
-    """
-    ids = kwargs.get("input_ids")
-    if kind in ("encoder", "decoder"):        # one sequence
-        if not isinstance(ids, torch.Tensor):
-            ids = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)
-                        and a.dim() == 2 and not a.is_floating_point() and a.dtype != torch.bool), None)
-        if ids is None:
-            return None
-        labels = kwargs.get("labels")
-        tgt_out = None
-        if isinstance(labels, torch.Tensor) and labels.shape == ids.shape:
-            tgt_out = labels.masked_fill(labels < 0, pad_id)          # -100 -> pad
-            if kind == "decoder":                 # the model shifts them itself: so do we
-                tgt_out = shift_left(tgt_out, pad_id)
-        return (ids, ids, tgt_out) if kind == "encoder" else (ids[:, :0], ids, tgt_out)
-    if isinstance(ids, torch.Tensor):
-        labels = kwargs.get("labels")
-        tgt_out = None
-        if isinstance(labels, torch.Tensor):
-            tgt_out = labels.masked_fill(labels < 0, pad_id)
-        tgt_in = kwargs.get("decoder_input_ids")
-        if not isinstance(tgt_in, torch.Tensor) and tgt_out is not None:
-            start = pad_id if start_id is None else start_id
-            tgt_in = torch.cat([torch.full_like(tgt_out[:, :1], start), tgt_out[:, :-1]], dim=1)
-        if not isinstance(tgt_in, torch.Tensor):
-            return None
-        return ids, tgt_in, tgt_out
-    found = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() == 2
-             and not a.is_floating_point() and a.dtype != torch.bool]
-    if len(found) < 2:
-        return None
-    return found[0], found[1], None
-
-
-def shift_left(tgt_in: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """The target of teacher forcing from its input: tgt_out[:, i] = tgt_in[:, i+1], exact but
-    for the last position, unknown and so pad (ignored).  [B, T] -> [B, T]"""
-    return torch.cat([tgt_in[:, 1:], torch.full_like(tgt_in[:, :1], pad_id)], dim=1)
-
-
 def declared_schedule(spec):
     """step -> lr from a callable, a LambdaLR (Hugging Face's schedules are), or None.
 
@@ -410,51 +307,6 @@ def declared_schedule(spec):
     if callable(spec):
         return spec, None
     raise UsageError(f"lr_schedule: expected step -> lr or a LambdaLR, got {type(spec).__name__}")
-
-
-# -- the pad id in the user's own batches -----------------------------------------------------
-def pad_id_findings(batch, pad_id: int, step: int) -> list[Finding]:
-    """A warning when the pad id occurs mid-sequence in `batch` (src, tgt_in, ...) of the user's
-    loop: then it is a real token, and every mask verdict judged the wrong positions. [] if not
-    (and always with pad_id=None, NO_PAD: no id equals it).
-
-    The fix names the argument to change: the pad id (`pad_id=`), `pad_id=None` for data with
-    no padding, or `batch=` when the pads fill only row ends once the tensors are read
-    sequence-first ([T, B]: a model called as `model(src.T, tgt.T)`)."""
-    from tndebug.padding import mid_sequence_pads, pad_text
-    if batch is None:
-        return []
-    tensors = {k: t for k, t in (("src", batch[0]), ("tgt_in", batch[1]))
-               if isinstance(t, torch.Tensor) and t.dim() == 2 and t.numel()}
-    found = mid_sequence_pads(tensors, pad_id)
-    if not found:
-        return []
-    # read the other way round, do the pads only fill row ends? then the call is sequence-first
-    seq_first = (all(t.shape[0] >= 3 for t in tensors.values())     # a [T, B] row needs 3 ids
-                 and not mid_sequence_pads({k: t.T for k, t in tensors.items()}, pad_id))
-    evidence = {"pad_id": pad_id, **{f"{k}_rows": f"{v['rows']} of {v['of']}" for k, v in found.items()},
-                **{f"{k}_positions": v["at"] for k, v in found.items()},
-                "read_as": "batch-first [B, T]",
-                "pads_at_row_ends_if_sequence_first": seq_first}
-    example = "batch=lambda args, kwargs: " + (
-        "(args[0].T[:, :0], args[0].T)" if "src" not in tensors          # one stack: [T, B] ids
-        else "(args[0].T, args[0].T)" if batch[0] is batch[1] else "(args[0].T, args[1].T)")
-    layout = (f"if your model is called sequence-first (model(src.T, tgt.T), [T, B] tensors), tell "
-              f"watch how to read its call: tndebug.watch(..., {example})")
-    if seq_first:
-        message = (pad_text(found, pad_id) + "; read as [T, B] (sequence-first) the pads only fill "
-                   "the ends of each sequence: the call is likely sequence-first, not the pad id wrong")
-        fix = (f"{layout[0].upper()}{layout[1:]}; the tensors were read batch-first ([B, T]). If "
-               f"they are batch-first, pass the id your rows are padded with (pad_id=ID, e.g. "
-               f"tokenizer.pad_token_id), or pad_id=None if your data has no padding")
-    else:
-        message = pad_text(found, pad_id)
-        fix = (f"pass the id your rows are padded with: tndebug.watch(..., pad_id=ID) (e.g. "
-               f"tokenizer.pad_token_id; {pad_id} is a real token of your data, see the positions "
-               f"in the evidence); if your data has no padding (character-level text, fixed-length "
-               f"windows), pass pad_id=None; {layout}")
-    return [Finding("pad-id", "warning", message, where="", step=step, evidence=evidence,
-                    fix=fix, code="pad-id/mid-sequence")]
 
 
 def set_max_len(subject, max_len, who: str) -> None:

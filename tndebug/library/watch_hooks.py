@@ -16,7 +16,7 @@ import torch
 from tndebug.errors import UsageError
 from tndebug.library import args as A
 from tndebug.library import ranks
-from tndebug.library.live import default_batch, pad_id_findings
+from tndebug.library.user_batch import default_batch, pad_id_findings
 from tndebug.library.watch_parts import _BACKWARD, _complete
 from tndebug.probes.base import StepInfo
 from tndebug.capture.adapters import first_tensor

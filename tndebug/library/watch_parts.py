@@ -18,6 +18,7 @@ from torch import nn
 from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library import ranks
+from tndebug.library.user_batch import shift_left
 from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.budget import Budget
 
@@ -147,7 +148,6 @@ def _complete(batch, pad_id: int, kind: str = "seq2seq"):
         return None, None, None
     src, tgt_in, tgt_out = batch
     if tgt_out is None and kind != "encoder" and isinstance(tgt_in, torch.Tensor) and tgt_in.dim() == 2:
-        from tndebug.library.live import shift_left
         tgt_out = shift_left(tgt_in, pad_id)
     return src, tgt_in, tgt_out
 
