@@ -52,3 +52,14 @@ def test_quiet_prints_nothing(tmp_path, capsys, kw):
     run(tmp_path, **kw)
     out, err = capsys.readouterr()
     assert "verdict" not in out + err and (tmp_path / "run" / "report.json").is_file()
+
+
+def test_a_long_message_on_stderr_is_cut_at_a_word():
+    # a positions-never-applied message (160 characters) stopped mid-word: "... at pos"
+    from tndebug.reporters.common import clipped
+    text = ("positions never applied: the model declares position_embedding_table, but swapping "
+            "the tokens at positions 1 and 6 leaves the first attention unchanged")
+    out = clipped(text, 100)
+    assert len(out) <= 100 and out.endswith("…")
+    assert text.startswith(out[:-1]) and text[len(out) - 1] == " "      # cut before a space
+    assert clipped("short", 100) == "short"

@@ -190,6 +190,15 @@ def unchecked_text(report: Report) -> str | None:
     return "nothing was checked: no probe reached a verdict"
 
 
+def clipped(text: str, width: int) -> str:
+    """`text` in at most `width` characters, cut at a space and marked with `…` (a log line
+    that stops mid-word, "at pos", reads as a bug of its own)."""
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(",;:(") + "…"
+
+
 def brief_text(report: Report, paths: dict[str, str] | None = None, limit: int = 5) -> str:
     """A few plain lines for a log (what `tndebug.watch` writes to stderr): the verdict and
     counts, the findings at warning or above by code (their steps), what could not be checked,
@@ -202,7 +211,7 @@ def brief_text(report: Report, paths: dict[str, str] | None = None, limit: int =
     for f in shown[:limit]:
         at = f" at step {f.step}" if f.step is not None else ""
         lines.append(f"  {SEVERITY_WORD[f.severity]} {f.code or f.probe}{at}: "
-                     f"{f.message.splitlines()[0][:100]}")
+                     f"{clipped(f.message.splitlines()[0], 100)}")
     if len(shown) > limit:
         lines.append(f"  (+{len(shown) - limit} more)")
     for what, text in (("UNCHECKED", unchecked_text(report)), ("NOT CHECKED", incomplete_text(report))):
