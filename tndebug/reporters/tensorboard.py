@@ -32,7 +32,6 @@ appears twice.
 from __future__ import annotations
 
 import math
-import re
 import time
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from tndebug import manifest
 from tndebug import tags
 from tndebug.reporters.event_file import EventFile
 from tndebug.reporters.recorder import on_cadence
+from tndebug.reporters.tb_run import chart_order, hparams_and_metrics
 from tndebug.capture.trace import Trace
 
 HIST_BINS = 30                   # equal-width buckets between the finite min and max
@@ -55,13 +55,8 @@ HEAVY_EVERY = 50                 # histograms and images at step 0 and every N s
 # the charts: which stats of which tag family (tndebug/tags.py) get one
 CHARTED_HEAD_STATS = ("entropy", "similarity")       # -> "Head diversity" / "Head similarity"
 CHARTED_DEPTH_STATS = ("resid_rms", "rank")          # -> "Depth"
-# run keys that are results (HParams metrics); every other run key is a hyperparameter
-RESULT_KEYS = ("exact_match", "token_accuracy", "peak_gpu_mem_bytes", "stopped_at_step", "stopped_at")
-RESULT_PREFIXES = ("final_", "best_")
-RESULT_SUFFIXES = ("_s", "_s_by_probe")        # timings (wall_s, tokens_per_s, ...) and per-probe dicts
 # probe metrics that are the trainer's own scalars under another name: one tag per quantity
 SAME_AS = {tags.LOSS_TRAIN: "train/loss", tags.LR_OBSERVED: "train/lr"}
-NOT_HPARAMS = ("figures",)         # run keys that are neither: the figures' files and captions
 
 
 class TensorBoardSink:
@@ -270,7 +265,7 @@ class TensorBoardSink:
             self.write_layout()
 
     def write_layout(self) -> None:
-        ordered = {cat: dict(sorted(self.charts[cat].items(), key=lambda kv: _chart_order(kv[0])))
+        ordered = {cat: dict(sorted(self.charts[cat].items(), key=lambda kv: chart_order(kv[0])))
                    for cat in ("Head diversity", "Head similarity", "Depth") if cat in self.charts}
         self._file().add_summary(_custom_scalars(ordered), self._step)
         self._layout_written = self._n_charts()
@@ -283,10 +278,7 @@ class TensorBoardSink:
         self._step_boundary()
         self._file()
         self.writer.add_summary(_text("report", markdown), step)
-        metrics = {f"hparams/{k}": float(v) for k, v in run.items()
-                   if _is_result(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        metrics.update({f"hparams/{k}": float(v) for k, v in extra_metrics.items()})
-        hp = _flat_hparams({k: v for k, v in run.items() if not _is_result(k) and k not in NOT_HPARAMS})
+        hp, metrics = hparams_and_metrics(run, extra_metrics)
         for summary in _hparams(hp, metrics):
             self._file().add_summary(summary, step)
         for tag, value in metrics.items():
@@ -382,33 +374,3 @@ def _image(tag: str, rgb) -> Summary:
     image = Summary.Image(height=rgb.shape[0], width=rgb.shape[1], colorspace=3,
                           encoded_image_string=buf.getvalue())
     return Summary(value=[Summary.Value(tag=tag, image=image)])
-
-
-def _chart_order(title: str):
-    """enc_self, dec_self, cross; then by layer number."""
-    kind = title.split(" ")[0].rstrip(":")
-    m = re.search(r"layer (\d+)", title)
-    rank = {"enc_self": 0, "dec_self": 1, "cross": 2, "encoder": 0, "decoder": 1}.get(kind, 3)
-    return rank, int(m.group(1)) if m else -1, title
-
-
-def _is_result(key: str) -> bool:
-    return key in RESULT_KEYS or key.startswith(RESULT_PREFIXES) or key.endswith(RESULT_SUFFIXES)
-
-
-def _flat_hparams(run: dict, prefix: str = "") -> dict:
-    """HParams take numbers and strings: lists are joined, dicts flattened one level, None skipped."""
-    out = {}
-    for k, v in run.items():
-        key = f"{prefix}{k}"
-        if v is None:
-            continue
-        if isinstance(v, (bool, int, float, str)):
-            out[key] = v
-        elif isinstance(v, (list, tuple)):
-            out[key] = ",".join(map(str, v)) or "none"
-        elif isinstance(v, dict) and not prefix:
-            out.update(_flat_hparams(v, f"{key}."))
-        else:
-            out[key] = str(v)
-    return out
