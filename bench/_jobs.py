@@ -117,14 +117,15 @@ JOBS: tuple[Job, ...] = (
         (("bench/foreign.py", "--seeds", "1", "--bug-seeds", "1", "--steps", "2", "--styles", "seq_first",
           "--out", "{out}/foreign"),),
         (R + "foreign.json", R + "foreign.md", R + "foreign_at_b735d21.json", R + "foreign_at_b735d21.md"), 5.0),
-    Job("foreign_styles", "the user-style decoder-only corpus (issue 45: einsum sequence-first, head "
-        "modules, rotary three ways, ALiBi, NoPE, a KV cache, GQA; one-line bugs in the user's file), "
-        "600 steps on character text, 16-bit copies, and whether findings point at the bug's line "
-        "(issue 48)",
+    Job("foreign_styles", "the user-style decoder-only and encoder-only corpus (issue 45: einsum "
+        "sequence-first, head modules, rotary three ways, ALiBi, NoPE, a KV cache, GQA; encoders with "
+        "einsum and a learned table, T5's relative bias, sinusoids and per-head modules, rotary; "
+        "one-line bugs in the user's file), 600 steps on character text, 16-bit copies, and whether "
+        "findings point at the bug's line (issue 48)",
         (("bench/foreign.py", "--corpus", "styles"),),
         (("bench/foreign.py", "--corpus", "styles", "--steps", "20", "--seeds", "1", "--bug-seeds", "1",
-          "--styles", "nope,head_modules", "--out", "{out}/foreign_styles"),),
-        (R + "foreign_styles.json", R + "foreign_styles.md"), 12.0),
+          "--styles", "nope,head_modules,enc_rope", "--out", "{out}/foreign_styles"),),
+        (R + "foreign_styles.json", R + "foreign_styles.md"), 16.0),
     Job("foreign_trained", "the foreign-code corpus trained 1000 steps, every style (issue 19: "
         "checkpoints trained long enough for init-time properties to drift); healthy over 3 seeds, "
         "each bug over 1",

@@ -323,8 +323,8 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
     rows = defaultdict(list)
     for r in records:
         rows[(r["style"], r["variant"], r["fault"])].append(r)
-    title = ("# User-style corpus: triage of decoder-only code written the ways people write it "
-             "(issue 45)" if meta.get("corpus") == "styles" else
+    title = ("# User-style corpus: triage of decoder-only and encoder-only code written the ways "
+             "people write it (issue 45)" if meta.get("corpus") == "styles" else
              "# Foreign-code corpus: triage verdicts on code no one here wrote (issue 10)")
     L = [title, "",
          provenance_line(meta["provenance"]) if "provenance" in meta else
@@ -432,7 +432,7 @@ def write_md(path: Path, meta: dict, records: list[dict]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", choices=("default", "styles"), default="default",
-                    help="styles: the user-style decoder-only corpus (tests/foreign/styles_corpus.py; "
+                    help="styles: the user-style decoder- and encoder-only corpus (tests/foreign/styles_corpus.py; "
                          "--steps then defaults to 600, --seeds to 2, --bug-seeds to 1, --out to "
                          "bench/results/foreign_styles)")
     ap.add_argument("--seeds", type=int, default=5, help="init seeds per healthy model (default 5)")
@@ -535,7 +535,9 @@ def _run_styles(args, argv, chosen: set[str]) -> int:
             print(f"[{i + 1}/{len(cases)}] {s}/{rec['variant']} {rec['fault']} seed {seed}: {rec['outcome']} "
                   f"{rec['flagged'] or ''} {rec.get('source_line', {}).get('sources', '')}", flush=True)
     meta = _meta(args, argv, records, t0, prov, "styles")
-    meta["text"] = "Python's pydoc topics (pydoc_data.topics), 96 characters, no pad token"
+    meta["text"] = ("Python's pydoc topics (pydoc_data.topics), 96 characters, no pad token; decoders "
+                    "predict the next character, encoders (enc_*, triaged with --arch encoder) restore "
+                    f"the {styles_corpus.CORRUPT:.0%} of characters replaced by random ones")
     return _write(args.out, meta, records)
 
 

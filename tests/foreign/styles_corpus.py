@@ -1,7 +1,9 @@
 """The user-style corpus (issue 45): decoder-only models written the many ways people write
 them (tests/foreign/styles/*.py, one healthy file per style: sequence-first einsum attention
 with the scale folded into q, per-head modules, rotary as a complex product, with rotate_half and
-on interleaved pairs, ALiBi, no positions at all (NoPE), a KV cache, grouped-query heads).
+on interleaved pairs, ALiBi, no positions at all (NoPE), a KV cache, grouped-query heads), and
+encoder-only ones (bidirectional, no mask: enc_*.py): batch-first einsum with a learned table,
+T5's relative position bias, a sinusoidal table with per-head modules, rotary with SDPA).
 
 Every bug is a one-line edit of the healthy file (`Bug.old` -> `Bug.new`; an empty `new` deletes
 the line), written out as the user's own file, so the corpus knows where each bug is: the
@@ -10,6 +12,11 @@ mutated line (`bug_lines`). Each model is trained on character-level text with n
 triaged as a user would:
 
     tndebug triage CKPT --model FILE.py:build --adapter FILE.py:forward --data ids.pt --pad-id none
+
+An encoder is trained to restore characters: 15% of each window replaced by random characters
+(BERT's rate, no mask id: every id stays a character), cross-entropy against the original text
+at every position (the target triage scores an encoder-only model with), and triaged with
+`--arch encoder` (a forward(model, ids, pad_id) is read as decoder-only without it).
 
 Shared by tests/foreign/test_styles.py and bench/foreign.py (`--corpus styles`). Nothing here
 set a threshold: the corpus was written after every probe it scores.
@@ -112,6 +119,33 @@ BUGS: dict[str, dict[str, Bug]] = {
         "no_scale": Bug("att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))",
                         "att = q @ k.transpose(-2, -1)", _NO_SCALE),
     },
+    "enc_einsum_learned": {
+        "pos_unused": Bug("x = self.tok(ids) + self.pos[:T]", "x = self.tok(ids)", _POS,
+                          what="the learned position table never added"),
+        "no_scale": Bug('scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.d_head ** 0.5',
+                        'scores = torch.einsum("bqhd,bkhd->bhqk", q, k)', _NO_SCALE),
+        "softmax_dim": Bug("attn = scores.softmax(dim=-1)", "attn = scores.softmax(dim=-2)", _MASK,
+                           what="softmax over the queries"),
+    },
+    "enc_t5_relbias": {
+        "bias_unapplied": Bug("scores = scores + bias", "", _POS, what="the relative bias never added"),
+        "no_scale": Bug("scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)",
+                        "scores = q @ k.transpose(-1, -2)", _NO_SCALE),
+        "softmax_dim": Bug("attn = torch.softmax(scores, dim=-1)", "attn = torch.softmax(scores, dim=-2)",
+                           _MASK, what="softmax over the queries"),
+    },
+    "enc_sin_heads": {
+        "pe_unused": Bug("x = x + self.pe[:ids.shape[1]]", "", _POS, what="the sinusoidal table never added"),
+        "no_scale": Bug("wei = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])",
+                        "wei = q @ k.transpose(-2, -1)", _NO_SCALE),
+        "softmax_dim": Bug("wei = F.softmax(wei, dim=-1)", "wei = F.softmax(wei, dim=1)", _MASK,
+                           what="softmax over the queries"),
+    },
+    "enc_rope": {
+        "rope_unapplied": Bug("q, k = self.rotary(q, k)", "", _POS, what="rotary never applied"),
+        "no_scale": Bug("z = F.scaled_dot_product_attention(q, k, v)",
+                        "z = F.scaled_dot_product_attention(q, k, v, scale=1.0)", _NO_SCALE),
+    },
     "gqa": {
         "kv_tiled": Bug("return x.repeat_interleave(n_rep, dim=1)", "return x.repeat(1, n_rep, 1, 1)",
                         "checkpoint", trained="healthy",
@@ -122,6 +156,9 @@ BUGS: dict[str, dict[str, Bug]] = {
     },
 }
 STYLES = tuple(BUGS)
+# encoder-only (bidirectional) styles: trained to restore corrupted characters, --arch encoder
+ENCODERS = frozenset(s for s in STYLES if s.startswith("enc_"))
+CORRUPT = 0.15                     # BERT's share of positions replaced
 # healthy copies in 16 bits (issue 44: no false error on a half-precision model)
 HALF_STYLES = ("head_modules", "rope_half", "alibi", "gqa")
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -167,8 +204,11 @@ def held_out(data: torch.Tensor, n: int = 24) -> torch.Tensor:
     return torch.stack([data[start + i * BLOCK:start + (i + 1) * BLOCK] for i in range(n)])
 
 
-def train(model, forward, data: torch.Tensor, steps: int, seed: int, lr: float = 3e-3) -> float:
-    """AdamW on random windows of the first nine tenths, next-character cross-entropy."""
+def train(model, forward, data: torch.Tensor, steps: int, seed: int, lr: float = 3e-3,
+          encoder: bool = False) -> float:
+    """AdamW on random windows of the first nine tenths, next-character cross-entropy; an
+    encoder (`encoder`): the window with CORRUPT of its characters replaced by random ones, the
+    cross-entropy against the original window at every position."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     end = len(data) - len(data) // 10 - BLOCK - 1
@@ -178,6 +218,10 @@ def train(model, forward, data: torch.Tensor, steps: int, seed: int, lr: float =
         ix = torch.randint(end, (BATCH,), generator=g).tolist()
         x = torch.stack([data[i:i + BLOCK] for i in ix])
         y = torch.stack([data[i + 1:i + 1 + BLOCK] for i in ix])
+        if encoder:
+            y = x
+            hit = torch.rand(x.shape, generator=g) < CORRUPT
+            x = torch.where(hit, torch.randint(len(CHARS), x.shape, generator=g), x)
         loss = F.cross_entropy(forward(model, x, None).flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -222,7 +266,7 @@ def make_checkpoint(style: str, bug: str | None, seed: int, folder: Path, steps:
         module = import_file(trained_by)
         torch.manual_seed(seed)
         model = module.build(vocab_size=len(CHARS))
-        loss = train(model, module.forward, data, steps, seed)
+        loss = train(model, module.forward, data, steps, seed, encoder=style in ENCODERS)
         state = model.state_dict()
         torch.save({"model": state, "step": steps, "loss": loss}, fp32)
     ckpt = fp32
@@ -237,6 +281,8 @@ def make_checkpoint(style: str, bug: str | None, seed: int, folder: Path, steps:
 
 
 def run_triage(case: Case, **kw):
+    if case.style in ENCODERS:
+        kw.setdefault("arch", "encoder")
     return triage(TriageOptions(str(case.checkpoint), model=f"{case.file}:build",
                                 adapter=f"{case.file}:forward", data=str(case.data), pad_id=None, **kw))
 

@@ -19,7 +19,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 # style -> the bug checked here (the bench runs them all)
 ONE_BUG = {"einsum_tbhd": "pos_unused", "head_modules": "scale_by_width", "rope_complex": "k_only",
            "rope_half": "halves", "rope_interleaved": "pairs", "alibi": "alibi_unapplied",
-           "nope": "no_causal", "kv_cache": "cache_mask", "gqa": "k_only"}
+           "nope": "no_causal", "kv_cache": "cache_mask", "gqa": "k_only",
+           "enc_einsum_learned": "softmax_dim", "enc_t5_relbias": "no_scale", "enc_sin_heads": "softmax_dim",
+           "enc_rope": "no_scale"}
+# encoder-only style -> its bug "positions never applied"
+ENC_POSITIONS = {"enc_einsum_learned": ("pos_unused", "pos"),
+                 "enc_t5_relbias": ("bias_unapplied", "layers.0.attn.relative_attention_bias"),
+                 "enc_sin_heads": ("pe_unused", "pe"), "enc_rope": ("rope_unapplied", "cos_cached")}
 
 
 def _module(tmp_path, style, bug):
@@ -46,7 +52,8 @@ def _check(tmp_path, style, bug=None, dtype=None):
     if hasattr(module, "incremental"):           # the KV cache, offered as check takes it
         forward = _with_cache(module)
     ids = sc.held_out(sc.text_ids(), n=12)
-    return tndebug.check(model, forward, data={"ids": ids}, pad_id=None), file, lines
+    arch = "encoder" if style in sc.ENCODERS else None      # as the user passes --arch encoder
+    return tndebug.check(model, forward, data={"ids": ids}, pad_id=None, arch=arch), file, lines
 
 
 def test_every_bug_is_one_line_of_its_healthy_file(tmp_path):
@@ -126,3 +133,16 @@ def test_gptj_style_float32_scores_are_rerun_in_float64(tmp_path):
     report, _, _ = _check(tmp_path, "rope_interleaved", "rope_unapplied")
     f = next(f for f in report.findings if f.code == "positional-encoding/positions-not-applied")
     assert f.evidence["swap_rel_diff_float64"] < 1e-3 * FP64_BLIND, f.evidence
+
+
+@pytest.mark.parametrize("style", sorted(ENC_POSITIONS))
+def test_encoder_positions_never_applied_is_that_error(tmp_path, style):
+    """An encoder-only model whose declared positions (a learned table, T5's relative bias, a
+    sinusoidal buffer, rotary) never reach the attention: permuting the tokens permutes the
+    output exactly, and the declared mechanism makes it positions-not-applied, as in a decoder
+    (order-ignored, naming no mechanism, before)."""
+    bug, declared = ENC_POSITIONS[style]
+    report, _, _ = _check(tmp_path, style, bug)
+    errors = [f for f in report.findings if f.severity == "error"]
+    assert [f.code for f in errors] == ["positional-encoding/positions-not-applied"], errors
+    assert any(declared in d for d in errors[0].evidence["declared"]), errors[0].evidence

@@ -42,7 +42,8 @@ def test_fresh_rotary_encoder_uses_order_though_weakly(tmp_path):
 
 def test_order_blind_encoder_is_still_named(tmp_path):
     """The same model with its rotary made the identity (sin 0, cos 1 at every position): the
-    float64 recheck agrees with fp32, and order-ignored is an error."""
+    float64 recheck agrees with fp32, and the declared rotary (`embed_positions`) never applied is an
+    error (positions-not-applied, issue 45: order-ignored, naming no mechanism, before)."""
     model = _roformer()
 
     def blind(model, adapter):
@@ -56,7 +57,7 @@ def test_order_blind_encoder_is_still_named(tmp_path):
         pos.forward = no_rotary.__get__(pos)
     model.save_pretrained(tmp_path / "rof")
     report = triage_hf(TriageOptions(str(tmp_path / "rof")), patch=blind)
-    assert ("error", "positional-encoding/order-ignored") in _codes(report, "positional-encoding"), \
+    assert ("error", "positional-encoding/positions-not-applied") in _codes(report, "positional-encoding"), \
         [(f.code, f.message) for f in report.findings]
 
 

@@ -142,8 +142,8 @@ def token_tables(subject: Subject) -> set[int]:
     handles = [m.register_forward_pre_hook(hook) for m in subject.model.modules()
                if isinstance(m, nn.Embedding)]
     try:
-        with subject.evaluating():
-            subject.logits(ids.new_zeros((1, 0)), ids)
+        with subject.evaluating():              # an encoder-only model reads src, the rest tgt
+            subject.logits(ids if subject.kind == "encoder" else ids.new_zeros((1, 0)), ids)
     except Exception:  # noqa: BLE001 - then no table is known to be the token one
         pass
     finally:

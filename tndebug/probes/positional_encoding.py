@@ -106,8 +106,9 @@ class PositionalEncodingProbe(Probe):
         "pe-rows-reused": "positions past the table reuse its rows",
         "emb-scale": "the token embedding scale off the paper's (no sqrt(d_model)): info when harmless",
         "padded-shape": "the embedding output at real positions depends on the padded length or the batch",
-        "positions-not-applied": "decoder-only: a declared position table or rotary never reaches "
-                                 "the attention (swapping earlier tokens changes nothing)",
+        "positions-not-applied": "decoder- or encoder-only: a declared position table, rotary or "
+                                 "relative bias never reaches the attention (swapping earlier "
+                                 "tokens, or permuting them, changes nothing)",
         "no-positions": "decoder-only: no position mechanism at all (NoPE, by design or not)",
         "pe-one-frequency": "the PE spans two dimensions: every pair has the same frequency",
     }
@@ -197,6 +198,8 @@ class PositionalEncodingProbe(Probe):
                 self.cover("", "no verdict", blind)
                 return
             self._order = "ignores order"
+            if subject.kind == "encoder" and self._declared_not_applied(subject, what, rel, rel_ctrl, tol):
+                return
             src_no_pe = [s for s in self._no_pe_sites if s in self._src_sites]
             where = src_no_pe[0] if src_no_pe else "encoder"
             no_pe = f"; no PE is added at {', '.join(self._no_pe_sites)}" if self._no_pe_sites else ""
@@ -206,6 +209,29 @@ class PositionalEncodingProbe(Probe):
                         evidence={"rel_diff": rel, "threshold": tol, "compared": what,
                                   "control_rel_diff": rel_ctrl, "vs_control": PERM_VS_CONTROL,
                                   "sites_without_pe": list(self._no_pe_sites)}, code="order-ignored")
+
+    def _declared_not_applied(self, subject: Subject, what: str, rel: float, rel_ctrl: float,
+                              tol: float) -> bool:
+        """Encoder-only, order ignored: a position mechanism the model declares (a table the ids
+        do not index, a parameter or buffer named for positions, rotary or a relative bias:
+        hints, as for a decoder) is one never applied, the decoder's error; True when reported.
+        Without one the encoder has no positions at all: order-ignored (a bidirectional stack
+        cannot learn them from a mask, unlike a causal one)."""
+        try:
+            tables = _pe_causal.declared(subject.model, _pe_causal.token_tables(subject))
+        except Exception:  # noqa: BLE001 - then order-ignored, without the declaration
+            return False
+        if not tables:
+            return False
+        self.report("error", f"positions never applied: the model declares "
+                    f"{', '.join(tables[:3])}{' (+more)' if len(tables) > 3 else ''}, but "
+                    f"permuting the tokens permutes its {what} (rel diff {rel:.1e} < {tol:g}; other "
+                    f"tokens: {rel_ctrl:.1e}): a bidirectional stack without positions is "
+                    f"permutation-equivariant", where=tables[0], step=0, fix=NOT_APPLIED_FIX,
+                    evidence={"rel_diff": rel, "threshold": tol, "compared": what,
+                              "control_rel_diff": rel_ctrl, "vs_control": PERM_VS_CONTROL,
+                              "declared": tables}, code="positions-not-applied")
+        return True
 
     # -- 1b. decoder-only: positions applied? (_pe_causal) ---------------------------------------
     def _causal_swap_test(self, subject: Subject) -> None:
