@@ -170,3 +170,23 @@ def test_no_pad_mask_is_no_alarm_when_the_data_have_no_padding():
     assert cov["status"] == "not applicable" and "no padding in this data" in cov["reason"]
     causal = tndebug.check(mb.build(variant="manual", bug="causal").eval(), pad_id=None, arch="encoder")
     assert "mask-broadcast/encoder-causal" in {f.code for f in causal.findings}
+
+
+class _RaisesAlways(nn.Module):
+    """A decoder-only model whose own code raises on every call (transformers' StableLM with
+    more key/value heads than heads does), as a user's broken config would."""
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(50, 16)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, ids):
+        raise RuntimeError("The size of tensor a (4) must match the size of tensor b (32)")
+
+
+def test_a_decoder_only_model_that_raises_is_a_usage_error_not_a_crash():
+    # the retry with rows ending in a pad wrote into the decoder-only model's empty src:
+    # IndexError (tndebug's internal error, exit 3) instead of the model's own error (exit 2)
+    with pytest.raises(UsageError, match="must match the size"):
+        tndebug.check(_RaisesAlways(), forward=lambda m, ids, pad_id: m(ids), arch="decoder",
+                      pad_id=None)

@@ -64,7 +64,9 @@ def first_call(model: nn.Module, adapter: Adapter, src, tgt, pad_id: int, info: 
         return _call_once(model, adapter, src, tgt, pad_id), src, tgt
     except UsageError as first:
         src, tgt = src.clone(), tgt.clone()
-        src[:, -1], tgt[:, -1] = pad_id, pad_id
+        for ids in (src, tgt):
+            if ids.shape[1]:                      # a decoder-only model's src has no column
+                ids[:, -1] = pad_id
         try:
             out = _call_once(model, adapter, src, tgt, pad_id)
         except UsageError:
