@@ -34,7 +34,7 @@ LAYERS = {
     # the Hugging Face wing (issue 46): one folder, each file at the layer of what it imports
     "hf": 0,                          # the package itself imports nothing
     "hf.encoder_decoder": 2, "hf.decoder_only": 2, "hf.encoder_only": 2,  # how a family is called
-    "hf.load": 2,                     # config and weights into a model
+    "hf.load": 2, "hf.build": 2,      # the weights; config.json and the model it builds
     "hf.checks": 2, "hf.head": 2,     # the head and file checks (findings from tensors)
     "hf.shift": 4,                    # label-shift's own pass over the whole vocabulary
     "hf.wording": 4,                  # HF words in findings (a judge pass)

@@ -231,7 +231,8 @@ def test_text_runs_the_sweep(dirs, tmp_path):
     _word_tokenizer(folder)
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"w{i} w{i + 1} w{i + 2}\tw{i + 2} w{i + 1} w{i}\n" for i in range(12)))
-    from tndebug.hf.triage import choose_ids, load_config
+    from tndebug.hf.build import load_config
+    from tndebug.hf.encoder_decoder import choose_ids
     from tndebug.hf.data import load_text
     ids = choose_ids(load_config(folder)[1], 96)
     text = load_text(str(pairs), folder, ids)

@@ -329,8 +329,7 @@ def test_a_generic_tokenizer_is_read_as_saved_whatever_the_model_type(tmp_path):
     vocabulary as no tokens (every --text line refused as 'only special ids'). tndebug loads the
     generic class there, and the model's own class where the config names one."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from tndebug.hf.triage import _transformers
-    from tndebug.hf.data import load_saved_tokenizer
+    from tndebug.hf.load import load_saved_tokenizer, transformers_offline
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 64)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -339,4 +338,4 @@ def test_a_generic_tokenizer_is_read_as_saved_whatever_the_model_type(tmp_path):
                              num_attention_heads=2, num_key_value_heads=1).save_pretrained(folder)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
                                          unk_token="<unk>").save_pretrained(folder)
-    assert load_saved_tokenizer(_transformers(), folder)("w5 w9 w10")["input_ids"] == [5, 9, 10]
+    assert load_saved_tokenizer(transformers_offline(), folder)("w5 w9 w10")["input_ids"] == [5, 9, 10]

@@ -206,8 +206,9 @@ def test_long_rows_get_thinned_labels(tmp_path, drawn):
 
 def test_one_stack_text_formats(tmp_path):
     from tndebug.hf.decoder_only import choose_lm_ids
-    from tndebug.hf.triage import load_config
-    from tndebug.hf.data import load_text, one_stack_batch
+    from tndebug.hf.build import load_config
+    from tndebug.hf.data import load_text
+    from tndebug.one_stack import one_stack_batch
     for arch in ("gpt2", "llama", "bert"):
         folder = save(arch, tmp_path / arch)
         ids = choose_lm_ids(load_config(folder)[1], V)

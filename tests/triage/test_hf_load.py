@@ -13,7 +13,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from tndebug.judge.fresh import seeded                                          # noqa: E402
-from tndebug.hf.triage import build_model, load_config                          # noqa: E402
+from tndebug.hf.build import build_model, load_config                           # noqa: E402
 from tndebug.hf.load import init_missing, load_tied, read_weights, renamed, weight_files  # noqa: E402
 
 V, D, H, L = 96, 32, 4, 2

@@ -27,9 +27,9 @@ def test_a_directory_of_no_triaged_shape_says_what_it_holds(tmp_path, capsys):
 
 
 def test_a_bert_is_told_as_encoder_only():
-    from tndebug.hf.triage import _shape
+    from tndebug.hf.build import model_shape
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal,
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES as masked)
-    assert _shape("bert", {"architectures": ["BertForMaskedLM"]}, causal, masked) == "an encoder-only"
-    assert _shape("bert", {"architectures": ["BertLMHeadModel"], "is_decoder": True},
+    assert model_shape("bert", {"architectures": ["BertForMaskedLM"]}, causal, masked) == "an encoder-only"
+    assert model_shape("bert", {"architectures": ["BertLMHeadModel"], "is_decoder": True},
                   causal, masked) == "a decoder-only"

@@ -1,7 +1,8 @@
 """Hugging Face's wing (issue 46): everything tndebug knows about a transformers model that no user
 code wraps, in one folder that capture, the judge, triage and the library call.
 
-    load.py             config.json and the weight files into a model (safetensors or a safe load)
+    build.py            config.json: which of the three shapes, and the model it builds
+    load.py             the weight files, read (safetensors or a safe load) and loaded tie-aware
     data.py             ids, the tokenizer, --text and --data (triage)
     encoder_decoder.py  how an encoder-decoder (BART, T5, Marian, ...) is called, its ids, and the
                         attention projections of every family

@@ -17,12 +17,14 @@ break a model while every tensor looks normal. Findings under probe "checkpoint"
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from tndebug.findings import Finding
+from tndebug.hf.load import load_saved_tokenizer, transformers_offline
 
 FIX_TIE = ("save the model again after model.tie_weights() (the head then is the embedding), or, "
            "if the head is meant to be its own matrix, set \"tie_word_embeddings\": false in "
@@ -75,8 +77,6 @@ def _tie_declared(config) -> bool:
     """Whether config.json itself ties the head (`tie_word_embeddings`, true when absent). The
     loaded config may not say: transformers 5's T5Config forces tie_word_embeddings = True and
     keeps the file's false only as scale_decoder_outputs = False."""
-    import json
-    from pathlib import Path
     try:
         raw = json.loads((Path(config._name_or_path) / "config.json").read_text())
         return raw.get("tie_word_embeddings", True) is not False
@@ -234,11 +234,9 @@ def _show(ids: set[int]) -> str:
 def _tokenizer(folder: Path):
     if not ((folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file()):
         return None
-    from tndebug.hf.load import transformers_offline
     tf = transformers_offline()
     try:
         if (folder / "tokenizer_config.json").is_file():
-            from tndebug.hf.load import load_saved_tokenizer
             return load_saved_tokenizer(tf, folder)
         return tf.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
     except Exception:  # noqa: BLE001 - an unreadable tokenizer: --text says so when used

@@ -1,4 +1,6 @@
 """In-distribution data for `tndebug triage DIR` (a Hugging Face directory): --data, or --text.
+transformers and tokenizers are optional dependencies (`tndebug[hf]`), imported only where a saved
+tokenizer is loaded.
 
     --text pairs.tsv      one `source<TAB>target` pair per line, tokenised with the tokenizer saved
                           in DIR (AutoTokenizer, else tokenizer.json through `tokenizers`)
@@ -19,17 +21,21 @@ tests keep their own inputs.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
 from tndebug.data import Batch
 from tndebug.errors import UsageError
-from tndebug.paths import text_file
 from tndebug.findings import Finding
+from tndebug.hf.checks import ids_vs_data
+from tndebug.hf.load import load_saved_tokenizer, transformers_offline
 from tndebug.one_stack import one_stack_batch
-from tndebug.hf.load import (GENERIC_TOKENIZERS, _line, load_saved_tokenizer,  # noqa: F401
-                             transformers_offline as _transformers)
+from tndebug.padding import mid_sequence_pads, pad_text
+from tndebug.paths import text_file
+from tndebug.safeload import first_line
+from tndebug.triage.userdata import call_data_function, read_data_file, to_batch
 
 TEXT_MAX_TOKENS = 64                                 # --text: longer lines are truncated
 
@@ -114,18 +120,18 @@ def _saved_tokenizer(folder: Path, spec: str):
         return _TOKENIZERS[key]
     tok = None
     if (folder / "tokenizer_config.json").is_file():
-        tf = _transformers()
+        tf = transformers_offline()
         try:
             tok = load_saved_tokenizer(tf, folder)
         except Exception as e:  # noqa: BLE001 - missing vocab files, a missing sentencepiece, ...
             raise UsageError(f"--text {spec}: the tokenizer saved in {folder} does not load "
-                             f"({_line(e)[:160]}); pass --data with token ids") from None
+                             f"({first_line(e)[:160]}); pass --data with token ids") from None
     elif (folder / "tokenizer.json").is_file():
         try:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer     # lazy: an optional dependency
             tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as e:  # noqa: BLE001
-            raise UsageError(f"--text {spec}: {folder}/tokenizer.json is unreadable ({_line(e)})") from None
+            raise UsageError(f"--text {spec}: {folder}/tokenizer.json is unreadable ({first_line(e)[:200]})") from None
     _TOKENIZERS[key] = tok
     return tok
 
@@ -157,13 +163,12 @@ def held_out(opts, folder: Path, ids: dict, marker: int, config=None, kind: str 
     """(the user's in-distribution batch (column 0 = the probes' marker), its source, the
     checkpoint findings of its ids against config.json), or (None, None, []). A decoder- or
     encoder-only `kind` reads one sequence per row (`one_stack_batch`)."""
-    from tndebug.hf.checks import ids_vs_data
-    from tndebug.triage.userdata import _call, _read, to_batch
     if opts.data and getattr(opts, "text", None):
         raise UsageError("pass --data or --text, not both")
     if opts.data:
         path_s, sep, name = opts.data.rpartition(":")
-        raw = _call(opts.data) if sep and path_s.endswith(".py") and name else _read(Path(opts.data))
+        raw = (call_data_function(opts.data) if sep and path_s.endswith(".py") and name
+               else read_data_file(Path(opts.data)))
         source = f"--data {opts.data}"
     elif getattr(opts, "text", None):
         raw, source = load_text(opts.text, folder, ids, kind), f"--text {opts.text}"
@@ -197,7 +202,6 @@ def pad_in_data(raw, pad: int, source: str) -> list[Finding]:
     reads (issue 19: a wrong pad_token_id masks real tokens), an error on pad_token_id, not bad
     input: the data are the model's own, as its tokenizer writes them. [] when the pad only fills row ends, or the ids are not
     tensors (their reader says what is wrong)."""
-    from tndebug.padding import mid_sequence_pads, pad_text
     tensors = {k: v for k, v in (raw.items() if isinstance(raw, dict) else ())
                if k in ("ids", "src", "tgt") and isinstance(v, torch.Tensor) and v.dim() == 2
                and not v.is_floating_point()}
@@ -214,6 +218,16 @@ def pad_in_data(raw, pad: int, source: str) -> list[Finding]:
         evidence={"config": [pad], "mid_sequence": found, "source": source,
                   "threshold": "a pad only fills the ends of a row"},
         code="checkpoint/id-vs-data")]
+
+
+def tokenizer_padding_side(folder: Path) -> str | None:
+    """The padding_side of a saved tokenizer (`tokenizer_config.json` in `folder`), else None:
+    lm-decoding reads it as `Subject.padding_side`."""
+    try:
+        side = json.loads((Path(folder) / "tokenizer_config.json").read_text()).get("padding_side")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return side if isinstance(side, str) else None
 
 
 def mask_token_id(folder: Path, config) -> int | None:

@@ -1,5 +1,8 @@
-"""Hugging Face directories' weights (`tndebug triage DIR`, split from hf.py): which files hold
-them, reading them, loading them tie-aware, and the output layer sliced for the probes."""
+"""Hugging Face directories' weights (`tndebug triage DIR`): which files hold them, reading
+them, loading them tie-aware, and the output layer sliced for the probes.
+
+transformers is an optional dependency (`tndebug[hf]`): it is imported only inside the functions
+that need it (`transformers_offline`, `renamed`), so the core package never imports it."""
 from __future__ import annotations
 
 import json
@@ -10,9 +13,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 
 from tndebug.errors import UsageError
+from tndebug.safeload import damaged, first_line, unsafe_globals
 
 INSTALL = "pip install 'tndebug[hf]'"
 
@@ -48,10 +53,8 @@ def read_weights(files: list[Path]) -> dict[str, torch.Tensor]:
     for p in files:
         try:
             if p.suffix == ".safetensors":
-                from safetensors.torch import load_file
                 part = load_file(str(p))
             else:
-                from tndebug.safeload import damaged
                 if damaged(p):                   # torch.load checks no CRC: bit flips would load
                     raise UsageError(damaged(p))
                 part = torch.load(p, map_location="cpu", weights_only=True)
@@ -69,13 +72,12 @@ def _refused(p: Path, e: Exception) -> str:
     """One line for a weight file torch.load refused: pickled code is named, never loaded (the
     plain-file path's words, tndebug/safeload.py), and torch's advice on unpickling it anyway
     (and its ANSI colours) never shown."""
-    from tndebug.safeload import unsafe_globals
     unsafe = unsafe_globals(p) if p.suffix != ".safetensors" else []
     if unsafe:
         shown = ", ".join(unsafe[:6]) + (f" (+{len(unsafe) - 6} more)" if len(unsafe) > 6 else "")
         return (f"{p} holds pickled code ({shown}); it was not loaded. Re-save the model with "
                 f"model.save_pretrained(DIR) (model.safetensors holds tensors only)")
-    return f"{p} is corrupt or truncated ({ANSI.sub('', _line(e))[:120]}); copy or save it again"
+    return f"{p} is corrupt or truncated ({ANSI.sub('', first_line(e)[:200])[:120]}); copy or save it again"
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")     # terminal colours inside torch's messages
@@ -254,7 +256,7 @@ def transformers_offline():
     os.environ["HF_HUB_OFFLINE"] = "1"               # read at import: nothing is fetched
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     try:
-        import transformers
+        import transformers         # lazy: an optional dependency
     except ImportError:
         raise UsageError(f"triaging a Hugging Face directory needs transformers: {INSTALL}") from None
     transformers.logging.set_verbosity_error()
@@ -281,11 +283,6 @@ def load_saved_tokenizer(tf, folder: Path):
     return tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def _line(e: Exception) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0][:200] if s else type(e).__name__
-
-
 def renamed(model: nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`sd` with the key renames and merges transformers applies on load (its conversion
     mapping, through its own functions: GPTNeoX saves `embed_out.weight` for the model's
@@ -294,7 +291,7 @@ def renamed(model: nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, torch.Te
     which the mapping's operations stack and concatenate). A key is renamed only when it is not
     one of the model's own and its new name is; without the mapping (older transformers), or
     where a merge fails, the keys stay as saved (and what does not fit is refused)."""
-    try:
+    try:                            # lazy: transformers is an optional dependency
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import WeightConverter, dot_natural_key, rename_source_key
         mapping = list(get_model_conversion_mapping(model) or [])

@@ -7,12 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from tndebug.findings import Finding
+from tndebug.triage import hygiene
+from tndebug.triage.loading import Checkpoint
 
 
 def resume_state(folder: Path) -> list[Finding]:
     """A Trainer checkpoint (checkpoint-N/) has optimizer.pt, scheduler.pt, trainer_state.json."""
-    from tndebug.triage import hygiene
-    from tndebug.triage.loading import Checkpoint
     step = None
     try:
         step = int(json.loads((folder / "trainer_state.json").read_text())["global_step"])

@@ -8,10 +8,13 @@ stack named by its module path. Chosen by the finding's probe and code, never it
 And the facts about a transformers model that the judge's fresh-initialisation pass needs:
 whether its modules run the installed package's own code (`runs_package_code`,
 `package_code`), and the config fields that set a scale away from their defaults
-(`scale_switches`). transformers is imported only inside functions.
+(`scale_switches`). transformers is an optional dependency (`tndebug[hf]`): it is imported only
+inside the functions that need it.
 """
 from __future__ import annotations
 
+import sys
+import sysconfig
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,9 +107,6 @@ def runs_package_code(model: nn.Module) -> bool:
     those transformers modules, nor any forward, was defined outside an installed package (a
     user's or a test's monkeypatch, e.g. Falcon's apply_rotary_pos_emb replaced by one that
     undoes the scale). Only then can an unscaled attention be the package's published design."""
-    import sys
-    import sysconfig
-
     import transformers as tf   # lazy: an optional dependency
     roots = {Path(p).resolve() for p in (sysconfig.get_paths()["purelib"],
                                           sysconfig.get_paths()["platlib"])}
@@ -162,7 +162,7 @@ def package_code(model: nn.Module, config, patched: bool = False) -> str:
     no scale there is the architecture's published design); "" when a patch (`patched`), a
     function swapped into the package's modules, or a scale field set away from its default
     (the config chose the scale: the error stays, its fix names the field) makes it not so."""
-    import transformers as tf
+    import transformers as tf   # lazy: an optional dependency
     if patched or scale_switches(config) or not runs_package_code(model):
         return ""
     return f"transformers {tf.__version__}'s {type(model).__name__}"

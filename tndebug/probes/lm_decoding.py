@@ -545,14 +545,3 @@ def _padding_side(run: RunContext) -> str | None:
     for cfg in (getattr(m, "config", None), getattr(m, "generation_config", None)):
         side = side or getattr(cfg, "padding_side", None)
     return side if isinstance(side, str) else None
-
-
-def tokenizer_padding_side(folder) -> str | None:
-    """The padding_side of a saved tokenizer (`tokenizer_config.json` in `folder`), else None."""
-    import json
-    from pathlib import Path
-    try:
-        side = json.loads((Path(folder) / "tokenizer_config.json").read_text()).get("padding_side")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return side if isinstance(side, str) else None

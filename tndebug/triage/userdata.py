@@ -49,9 +49,9 @@ def load_data(spec: str, pad_id: int, bos_id: int) -> Batch | OneStack:
     one sequence per row, a OneStack (`for_kind` makes its Batch)."""
     path_s, sep, name = spec.rpartition(":")
     if sep and path_s.endswith(".py") and name:
-        data = _call(spec)
+        data = call_data_function(spec)
     else:
-        data = _read(Path(spec))
+        data = read_data_file(Path(spec))
     if isinstance(data, torch.Tensor):
         data = {"ids": data}
     if isinstance(data, dict) and "ids" in data and "src" not in data and "tgt" not in data:
@@ -84,7 +84,8 @@ def for_kind(data: Batch | OneStack, pad_id: int, kind: str) -> Batch:
     return one_stack_batch(data.raw, pad_id, kind, f"--data {data.spec}", pad_name="--pad-id")
 
 
-def _read(path: Path):
+def read_data_file(path: Path):
+    """The object a --data FILE.pt holds (tensors only), or one UsageError line."""
     data_file(str(path))                     # missing, empty, a FIFO: one line (the CLI checks it first)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -98,7 +99,8 @@ def _read(path: Path):
                          f"{': ' + first if first else ''})") from None
 
 
-def _call(spec: str):
+def call_data_function(spec: str):
+    """What --data FILE.py:FUNCTION returns, called with no arguments, or one UsageError line."""
     from tndebug.capture.adapters import load_callable
     fn, _ = load_callable(spec, "--data")
     try:
