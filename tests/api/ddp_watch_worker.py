@@ -31,7 +31,8 @@ def main(out: str, mode: str) -> int:
     ddp = DDP(model)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)                 # the same global batches on every rank
-    with tndebug.watch(ddp, opt, forward=M.fused_forward, out=out, quiet=True) as dbg:
+    # budget=None: every scheduled look, which the test counts (test_fsdp.py thins them)
+    with tndebug.watch(ddp, opt, forward=M.fused_forward, out=out, quiet=True, budget=None) as dbg:
         for _ in range(21):
             src, tgt = M.copy_batch(g, batch=16)
             rows = slice(rank * 8, (rank + 1) * 8)

@@ -8,7 +8,9 @@ block and on the root) or wrapped in DDP, AdamW, `tndebug.watch` around it on ev
 SHARD: fsdp | ddp | none (TNDEBUG_TEST_DEVICE=cuda: one GPU per rank, NCCL). BUG: healthy | no_scale | no_causal | no_zero_grad (the loop never
 calls opt.zero_grad(): gradients add up). Every rank draws the same global batch and trains on
 its own half of the rows. Rank 0's watch writes the report into OUT; every rank writes
-OUT.ranks/rank<r>.json (its exit code, world size, verdict, findings, last loss).
+OUT.ranks/rank<r>.json (its exit code, world size, verdict, findings, last loss, its budget's
+summary and each probe's observed steps). TNDEBUG_TEST_BUDGET: "none" (every scheduled look)
+or a share (watch's budget=); TNDEBUG_TEST_SLOW_RANK=R: rank R's probed steps cost 60 ms more.
 """
 from __future__ import annotations
 
@@ -53,6 +55,19 @@ def shard(model, how: str):
     return model
 
 
+def slow_probed_steps() -> None:
+    """This rank's probed steps cost 60 ms more (budgets kept per rank would then disagree)."""
+    import time
+    from tndebug.probes.engine import ProbeEngine
+    end_step = ProbeEngine.end_step
+
+    def slow(self, info):
+        if self._trace is not None and self._due:
+            time.sleep(0.06)
+        return end_step(self, info)
+    ProbeEngine.end_step = slow
+
+
 def main(out: str, how: str, bug: str, steps: int = 80) -> int:
     torch.set_num_threads(1)
     multi = how != "none"
@@ -71,8 +86,10 @@ def main(out: str, how: str, bug: str, steps: int = 80) -> int:
     g = torch.Generator().manual_seed(0)                   # the same global batches on every rank
     rows = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     probes = os.environ.get("TNDEBUG_TEST_PROBES", "all")     # a subset, when reproducing one probe
-    # "none": every scheduled look in one process too (several processes never thin them)
-    budget = {"budget": None} if os.environ.get("TNDEBUG_TEST_BUDGET") == "none" else {}
+    share = os.environ.get("TNDEBUG_TEST_BUDGET")
+    budget = {} if share is None else {"budget": None if share == "none" else float(share)}
+    if os.environ.get("TNDEBUG_TEST_SLOW_RANK") == str(rank):
+        slow_probed_steps()
     with tndebug.watch(model, opt, forward=forward, pad_id=None, out=out, total_steps=steps,
                        probes=probes, quiet=True, **budget) as dbg:
         for _ in range(steps):
@@ -85,12 +102,15 @@ def main(out: str, how: str, bug: str, steps: int = 80) -> int:
                 opt.zero_grad()
             loss.backward()
             opt.step()
+        engine = dbg._engine                               # released when the watch closes
     ranks = Path(f"{out}.ranks")                           # beside OUT: OUT is tndebug's alone
     ranks.mkdir(parents=True, exist_ok=True)
     (ranks / f"rank{rank}.json").write_text(json.dumps(
         {"exit_code": dbg.exit_code, "world": dbg.report.run.get("world_size"),
          "verdict": dbg.report.verdict, "loss": float(loss.detach()),
-         "findings": [[f.code, f.severity, f.message] for f in dbg.report.findings]}))
+         "findings": [[f.code, f.severity, f.message] for f in dbg.report.findings],
+         "budget": engine.budget.summary() if engine.budget is not None else None,
+         "observed": {p.name: p.observed_steps for p in engine.probes}}))
     if multi:
         dist.destroy_process_group()
     return 0

@@ -22,11 +22,11 @@ STEPS = "60"
 NOT_WRITING = "no report here; rank 0 writes the run's one report"
 
 
-def _run(out: Path, shard: str, bug: str):
+def _run(out: Path, shard: str, bug: str, env: dict | None = None):
     def clear():
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(f"{out}.ranks", ignore_errors=True)
-    proc = torchrun(WORKER, [str(out), shard, bug, STEPS], before_retry=clear)
+    proc = torchrun(WORKER, [str(out), shard, bug, STEPS], env=env, before_retry=clear)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "report.json").read_text()), proc.stderr
 
@@ -81,6 +81,25 @@ def test_a_bug_under_sharding_is_named_as_in_one_process(tmp_path, shard, bug, c
     assert errors == {code}, report["findings"]
     assert all(f["rank"] == 0 for f in report["findings"] if f["code"] == code)   # merged once
     assert not [f for f in report["findings"] if f["code"].endswith("/probe-failed")]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", ["fsdp", "ddp"])
+def test_the_budget_thins_the_same_looks_on_every_rank(tmp_path, shard, one_process):
+    """watch's budget applies under FSDP2 and DDP (it did not: every scheduled look ran), the
+    ranks skipping the same looks though rank 1's probed steps cost 60 ms more; each probe
+    still looks, so the healthy run stays as clean as in one process."""
+    report, _ = _run(tmp_path / "run", shard, "healthy",
+                     env={"TNDEBUG_TEST_BUDGET": "0.05", "TNDEBUG_TEST_SLOW_RANK": "1"})
+    budget = report["run"]["probe_budget"]
+    assert budget["thinned"] and budget["ranks_agreed"]["exchanges"] == int(STEPS) // 10, budget
+    ranks = [json.loads((tmp_path / "run.ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["budget"]["thinned"] == ranks[1]["budget"]["thinned"] == budget["thinned"]
+    assert ranks[0]["observed"] == ranks[1]["observed"]
+    assert report["verdict"] == "clean", report["findings"]
+    for name, status in one_process["probes"].items():
+        assert report["probes"][name]["status"] == status["status"], (name, report["probes"][name])
 
 
 LIGHTNING = Path(__file__).with_name("lightning_fsdp_worker.py")

@@ -185,8 +185,9 @@ class Watch(_WatchHooks):
                          total_steps=self._total_steps, mode="train")
         self._engine = ProbeEngine(probes, run, sinks=getattr(self._session, "sinks", ()),
                                    reducer=self._dist.reducer if self._dist is not None else None,
-                                   budget=Budget(self._budget) if self._budget is not None
-                                   and (self._dist is None or not self._dist.active) else None)
+                                   budget=None if self._budget is None else Budget(
+                                       self._budget, agree=self._dist.agree_max
+                                       if self._dist is not None and self._dist.active else None))
         self._rng_devices = [self._device] if self._device.type == "cuda" else []
         self._state = "open"
         self._call(self._engine.setup, full=True)
@@ -379,8 +380,8 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **kw
             max_position_embeddings, else found by calling it); the probes' batches fit it.
         budget: the share of your own step time the probed steps may cost (0.03: <= 1.03x);
             over it, scheduled looks are skipped (each probe still looks once; run.probe_budget
-            says what was spent and skipped). None: every scheduled look (one process only:
-            under DDP the ranks must probe the same steps, so no budget applies).
+            says what was spent and skipped). None: every scheduled look. Under DDP or FSDP2
+            the ranks agree on the measured times every 10 steps, so all skip the same looks.
         arch: "decoder" (GPT-style) or "encoder" (BERT-style) for your own one-stack model, which
             both take forward(model, ids, pad_id); None: told from the class name, else decoder.
     Raises:
