@@ -167,6 +167,7 @@ def fsdp2_run(args, watched: bool, rank: int, world: int, out_dir: str) -> dict:
     if report is not None:
         out["verdict"] = report.verdict
         out["probed_steps"] = _probed_steps(report)
+        out["probe_budget"] = report.run.get("probe_budget")
     return out
 
 
@@ -193,7 +194,7 @@ def fsdp2_worker(args) -> None:
 
 def fsdp2_main(args, prov) -> int:
     arms: dict[str, list] = {"none": [], "watch": []}
-    gather_ms, reduce_ms, calls, probed, verdicts = [], [], [], [], []
+    gather_ms, reduce_ms, calls, probed, verdicts, budgets = [], [], [], [], [], []
     tmp = args.out.parent / ".ddp_overhead_fsdp2_worker.json"
     for rep in range(args.reps):
         got = launch(args, rep, tmp)
@@ -205,6 +206,7 @@ def fsdp2_main(args, prov) -> int:
         calls.append(w["reduce_calls"])
         probed.append(w["probed_steps"])
         verdicts.append(w["verdict"])
+        budgets.append(w.get("probe_budget"))
         print(f"rep {rep}: {arms}", file=sys.stderr)
     tmp.unlink(missing_ok=True)
     med = statistics.median
@@ -223,6 +225,9 @@ def fsdp2_main(args, prov) -> int:
         "norm_reduce_ms_per_probed_step": round(per_probed, 4),
         "norm_reduce_share_of_step": round(per_probed / med(arms["none"]), 5),
         "verdicts": verdicts, "target": TARGET, "meets_target": max(reps) <= TARGET,
+        # rank 0's run.probe_budget each rep: the ranks agree every 10 steps (probes/budget.py)
+        "probe_budget": [{k: b.get(k) for k in ("fraction", "spent_fraction", "thinned",
+                                                "ranks_agreed")} if b else None for b in budgets],
         "note": "gather_ms: full_tensor() calls (head-collapse's Q/K/V weights and "
                 "positional-encoding's token table, at setup only); the norms' all-reduce runs "
                 "on the steps gradient-flow, ln-placement and lr-schedule read gradients or "
