@@ -24,11 +24,14 @@ import torch
 from torch import nn
 
 from tndebug import driver, judge
+from tndebug.capture import projection_weights
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, severity_rank, SEVERITIES
 from tndebug.judge.fresh import SEED, seeded
 from tndebug.hf.wording import package_code, scale_switches
 from tndebug.one_stack import one_stack_batch
+from tndebug.probes._head_weights import duplicate_heads
+from tndebug.probes._kv_order import kv_order, undecided as kv_undecided
 from tndebug.library import args as A
 from tndebug.library.live import live_subject, set_max_len, unwrap
 from tndebug.report import Report
@@ -77,9 +80,6 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                                           probes=probes, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                                           max_len=max_len, sinks=session.sinks,
                                           select=select, ignore=ignore, arch=arch))
-    from tndebug.probes._head_weights import duplicate_heads
-    from tndebug.capture import projection_weights
-    from tndebug.probes._kv_order import kv_order, undecided as kv_undecided
     t0 = time.perf_counter()
     names = _names(probes)
     subject, info = live_subject(model, forward, pad_id=pad_id, bos_id=bos_id,
@@ -104,17 +104,9 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         "mask-broadcast", "info", f"{info['adapter_note']}; the mask tests judged tndebug's masks, "
         f"not yours: pass forward= that calls your own mask code", step=0,
         evidence={"adapter": info["adapter"]}, code="mask-broadcast/tndebug-masks")]
-    run = {"mode": "check", "model": type(model).__name__, "adapter": info["adapter"],
-           "arch": subject.kind, **({"arch_from": info["arch_from"]} if info.get("arch_from") else {}),
-           "pad_id": subject.pad_id if subject.padded else None,     # None: no padding in the data
-           "bos_id": subject.bos_id, "src_vocab": subject.src_vocab,
-           "tgt_vocab": subject.tgt_vocab, "data": "data=" if data is not None else
-           "random ids from the model's vocabulary", "held_out_sequences": int(batch[0].shape[0]),
-           "compute_dtype": str(dtype).removeprefix("torch."),
-           "attention_modules": info["attention_modules"], "probes_run": names,
-           "probe_inputs": subject.inputs(), "kv_head_order": kv_evidence,
-           "probe_seconds": probed.seconds, "wall_s": round(time.perf_counter() - t0, 3),
-           "status": "completed"}
+    run = {**_run_record(model, info, subject, data, batch, dtype, names),
+           "kv_head_order": kv_evidence, "probe_seconds": probed.seconds,
+           "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
     context = judge.Context(
         one_pass=True, checks=kv + heads, notes=notes,
         not_run=[("checkpoint", "grouped-query head order", undecided)] if undecided else [],
@@ -125,6 +117,20 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                              pad_id=pad_id, bos_id=bos_id, src_vocab=src_vocab,
                              tgt_vocab=tgt_vocab, arch=arch)
     return judge.conclude(run, probed.findings, probed.statuses, context)
+
+
+def _run_record(model: nn.Module, info: dict, subject, data, batch, dtype, names) -> dict:
+    """report.json's `run` of a check, before its kv-order evidence and timings: the model and
+    how it is called, its ids and vocabularies, the data, the probes run."""
+    return {"mode": "check", "model": type(model).__name__, "adapter": info["adapter"],
+            "arch": subject.kind, **({"arch_from": info["arch_from"]} if info.get("arch_from") else {}),
+            "pad_id": subject.pad_id if subject.padded else None,     # None: no padding in the data
+            "bos_id": subject.bos_id, "src_vocab": subject.src_vocab,
+            "tgt_vocab": subject.tgt_vocab, "data": "data=" if data is not None else
+            "random ids from the model's vocabulary", "held_out_sequences": int(batch[0].shape[0]),
+            "compute_dtype": str(dtype).removeprefix("torch."),
+            "attention_modules": info["attention_modules"], "probes_run": names,
+            "probe_inputs": subject.inputs()}
 
 
 def hf_context(context: judge.Context, model, forward, subject, batch=None,

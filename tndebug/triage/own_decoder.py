@@ -15,6 +15,12 @@ import torch
 
 SPEC = f"{Path(__file__).resolve()}:build"
 ADAPTER = f"{Path(__file__).resolve()}:forward"
+# what report.json's `run` says of such a triage (over what --model's triage would say)
+RUN = {"layout": "tndebug (decoder-only)",
+       "model": "tndebug's decoder-only model (its model_config, no faults)",
+       "adapter": "model(ids); KV cache: model.incremental",
+       "fresh_init": "tndebug's decoder-only model built again from the checkpoint's "
+                     "model_config, no weights loaded"}
 
 
 def is_own_decoder(config: dict | None, state_dict: dict) -> bool:

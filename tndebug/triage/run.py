@@ -61,11 +61,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
         if opts.text:
             text_file(opts.text)             # a binary --text: one line before the model is built
         return hf.triage_hf(opts, sinks=sinks)
-    if opts.attn or opts.text:
-        raise UsageError("--attn and --text apply to a Hugging Face directory (config.json + weights)")
-    if opts.arch and not opts.model:
-        raise UsageError(f"--arch {opts.arch} applies with --model (your own code); tndebug's "
-                         f"layouts and a Hugging Face directory say their shape")
+    _refuse_flags(opts)
     probe_names = probes_of(opts.probes, OWN_CODE_PROBES)
     task = _task(opts.task)
     ckpt = load_checkpoint(opts.checkpoint, trust=opts.trust)
@@ -96,11 +92,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     target = (user_target(ckpt, opts, batch, task) if opts.model
               else _layout_target(ckpt, opts, batch, task, probe_names))
     if own:
-        target.run.update(layout="tndebug (decoder-only)",
-                          model="tndebug's decoder-only model (its model_config, no faults)",
-                          adapter="model(ids); KV cache: model.incremental",
-                          fresh_init="tndebug's decoder-only model built again from the "
-                                     "checkpoint's model_config, no weights loaded")
+        target.run.update(own_decoder.RUN)
     findings += target.findings
     subject = target.subject
     check_ids(subject, opts.pad_id, opts.bos_id)     # before any probe feeds them
@@ -122,22 +114,10 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
                                data_pad, subject.tgt_vocab,
                                data="--data" if opts.data else "--task")
     lap("hygiene")
-    run = {"mode": "triage", "checkpoint": str(ckpt.path), "format": ckpt.fmt,
-           "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
-           "task": None if opts.data else task.name,
-           "data": (f"--data {opts.data}" if opts.data
-                    else f"task {task.name} (built-in; not the model's own data)"),
-           "arch": subject.kind,
-           "held_out_sequences": int(batch[0].shape[0]),
-           "compute_dtype": str(weights_dtype(ckpt.state_dict)).removeprefix("torch."),
-           "pad_id": opts.pad_id, "bos_id": opts.bos_id,
-           "step": ckpt.step, "has_optimizer_state": ckpt.has_optimizer_state,
-           "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in ckpt.state_dict.values()
-                                    if v.is_floating_point()}),
-           "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
-           "probe_inputs": subject.inputs(),
-           "temperature_sweep": sweep_evidence, "kv_head_order": kv_evidence, **target.run,
-           "timings_s": timings, "probe_seconds": probe_seconds, "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}
+    run = {**_run_record(opts, ckpt, task, batch, subject, probe_names), "temperature_sweep":
+           sweep_evidence, "kv_head_order": kv_evidence, **target.run, "timings_s": timings,
+           "probe_seconds": probe_seconds, "wall_s": round(time.perf_counter() - t0, 3),
+           "status": "completed"}
     undecided = kv_undecided(kv_evidence)     # applied to trained weights, decided nothing: no pass
     return judge.conclude(run, probed.findings, probed.statuses, judge.Context(
         one_pass=True, probe_fresh=target.fresh, fresh_how=target.run.get("fresh_init", ""),
@@ -146,6 +126,34 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
         fix_hints=_arch_hint(subject.kind, target.run), sweep=sweep_evidence,
         not_run=[("checkpoint", "grouped-query head order", undecided)] if undecided else [],
         started=t0))
+
+
+def _refuse_flags(opts: TriageOptions) -> None:
+    """Flags that apply to a Hugging Face directory or to --model only."""
+    if opts.attn or opts.text:
+        raise UsageError("--attn and --text apply to a Hugging Face directory (config.json + weights)")
+    if opts.arch and not opts.model:
+        raise UsageError(f"--arch {opts.arch} applies with --model (your own code); tndebug's "
+                         f"layouts and a Hugging Face directory say their shape")
+
+
+def _run_record(opts: TriageOptions, ckpt: Checkpoint, task, batch, subject, probe_names) -> dict:
+    """report.json's `run` of a checkpoint's triage, before the hygiene's evidence, the target's
+    own fields and the timings: the file, the data, the shape and ids, the probes run."""
+    return {"mode": "triage", "checkpoint": str(ckpt.path), "format": ckpt.fmt,
+            "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
+            "task": None if opts.data else task.name,
+            "data": (f"--data {opts.data}" if opts.data
+                     else f"task {task.name} (built-in; not the model's own data)"),
+            "arch": subject.kind,
+            "held_out_sequences": int(batch[0].shape[0]),
+            "compute_dtype": str(weights_dtype(ckpt.state_dict)).removeprefix("torch."),
+            "pad_id": opts.pad_id, "bos_id": opts.bos_id,
+            "step": ckpt.step, "has_optimizer_state": ckpt.has_optimizer_state,
+            "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in ckpt.state_dict.values()
+                                     if v.is_floating_point()}),
+            "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
+            "probe_inputs": subject.inputs()}
 
 
 def _arch_hint(kind: str, run: dict) -> dict[str, str]:
