@@ -211,7 +211,7 @@ def configs(args):
     mcfg = mcfg.with_faults(*faults)
     tcfg = tcfg.replace(steps=_D.steps if args.steps is None else args.steps,
                         device=args.device, amp=args.amp, **given)
-    from tndebug.train.loop import check_resume_fits
+    from tndebug.train.checkpoint import check_resume_fits
     check_resume_fits(mcfg, state)                 # before anything is written
     return mcfg, tcfg, state, str(path.parent), path.parent
 

@@ -15,13 +15,19 @@ Written atomically: to `name.tmp`, then renamed over `name`.
 """
 from __future__ import annotations
 
+import copy
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tndebug.config import ModelConfig
 from tndebug.errors import UsageError
+from tndebug.inject import make_model
+from tndebug.train.config import apply_config_faults
+from tndebug.train.distributed import unwrap_state_dict
 
 FORMAT = "tndebug.checkpoint/1"
 FILENAME = "checkpoint.pt"
@@ -98,3 +104,30 @@ def describe_mismatch(e: RuntimeError, limit: int = 3) -> str:
         details += [d.strip() for d in ln.split(". ") if d.strip()] if ln.startswith("size mismatch") else [ln]
     shown = "; ".join(details[:limit])
     return shown + (f" (+{len(details) - limit} more)" if len(details) > limit else "")
+
+
+def check_resume_fits(model_cfg: ModelConfig, state: dict) -> None:
+    """A checkpoint whose weights do not fit the model is a UsageError before any work: the
+    model is built on the meta device (no memory, no init) and loaded there."""
+    try:
+        with torch.device("meta"):
+            model = make_model(apply_config_faults(model_cfg))
+    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: checked when loaded
+        return
+    weights = unwrap_state_dict(state["model"])
+    # load_state_dict(assign=True) writes its switch into the dict's `_metadata` (torch 2.x), so
+    # the run's own load of the same dict would swap new Parameters into the model, away from
+    # the optimizer's (which then stepped orphans; the model's .grad summed forever): a copy
+    trial = OrderedDict(weights)
+    if getattr(weights, "_metadata", None) is not None:
+        trial._metadata = copy.deepcopy(weights._metadata)
+    try:   # assign: meta tensors take the checkpoint's (shapes are still checked), no copy
+        model.load_state_dict(trial, assign=True)
+    except RuntimeError as e:
+        raise UsageError(f"checkpoint does not fit this model: {describe_mismatch(e)}") from None
+    groups = (state.get("optimizer") or {}).get("param_groups") or []
+    saved, have = sum(len(g.get("params", ())) for g in groups), len(list(model.parameters()))
+    if groups and saved != have and not model_cfg.has("warmup_restart_on_resume"):
+        raise UsageError(f"the checkpoint's optimizer state is for {saved} parameter tensors, this "
+                         f"model has {have}: a --fault that changes the parameters (shared_qkv "
+                         f"shares them) cannot be added on resume; start a new run with it")

@@ -12,10 +12,8 @@ trainer may read them; probes never do).
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -111,33 +109,6 @@ def noam_peak(d_model: int, warmup: int, factor: float) -> float:
     return noam(d_model, warmup, factor)(warmup - 1)
 
 
-def check_resume_fits(model_cfg: ModelConfig, state: dict) -> None:
-    """A checkpoint whose weights do not fit the model is a UsageError before any work: the
-    model is built on the meta device (no memory, no init) and loaded there."""
-    try:
-        with torch.device("meta"):
-            model = make_model(apply_config_faults(model_cfg))
-    except Exception:  # noqa: BLE001 - a model that cannot be built on meta: checked when loaded
-        return
-    weights = distributed.unwrap_state_dict(state["model"])
-    # load_state_dict(assign=True) writes its switch into the dict's `_metadata` (torch 2.x), so
-    # the run's own load of the same dict would swap new Parameters into the model, away from
-    # the optimizer's (which then stepped orphans; the model's .grad summed forever): a copy
-    trial = OrderedDict(weights)
-    if getattr(weights, "_metadata", None) is not None:
-        trial._metadata = copy.deepcopy(weights._metadata)
-    try:   # assign: meta tensors take the checkpoint's (shapes are still checked), no copy
-        model.load_state_dict(trial, assign=True)
-    except RuntimeError as e:
-        raise UsageError(f"checkpoint does not fit this model: {ckpt.describe_mismatch(e)}") from None
-    groups = (state.get("optimizer") or {}).get("param_groups") or []
-    saved, have = sum(len(g.get("params", ())) for g in groups), len(list(model.parameters()))
-    if groups and saved != have and not model_cfg.has("warmup_restart_on_resume"):
-        raise UsageError(f"the checkpoint's optimizer state is for {saved} parameter tensors, this "
-                         f"model has {have}: a --fault that changes the parameters (shared_qkv "
-                         f"shares them) cannot be added on resume; start a new run with it")
-
-
 # -- the loop ----------------------------------------------------------------------------------
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none", session=None,
                  out_dir: str | Path | None = None, resume: str | Path | dict | None = None,
@@ -169,204 +140,250 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, probes="none
     dist = dist or distributed.LOCAL
     dist.check_batch(train_cfg.batch_size)
     device = resolve_device(train_cfg.device)
-    autocast = autocast_factory(device, train_cfg.amp)
     if out_dir is None and session is not None:
         out_dir = session.out_dir
     if not dist.is_main:
         out_dir = None                       # rank 0 alone writes the checkpoint
-
-    torch.manual_seed(train_cfg.seed)
-    g = data_generator(train_cfg.seed, "train")
-    model = make_model(model_cfg).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9,
-                           fused=device.type == "cuda")   # fused: GradScaler needs no host sync
-    scaler = torch.amp.GradScaler("cuda") if train_cfg.amp == "fp16" else None
-    schedule = declared_schedule(model_cfg, train_cfg)
-    criterion = LabelSmoothingLoss(train_cfg.label_smoothing, model_cfg.pad_id,
-                                   smooth_pad=model_cfg.has("label_smoothing_on_pad"),
-                                   raw_logits=model_cfg.has("kl_raw_logits"))
-
-    sched_step = global_step = 0
-    last_lr = None
-    state = None
+    t = _Training(model_cfg, train_cfg, task, device, dist, session, out_dir)
     if resume is not None:
-        state = resume if isinstance(resume, dict) else ckpt.load_checkpoint(resume, device)
+        t.restore(resume)
+    t.attach(probes, t.global_step + train_cfg.steps)
+    t.train()
+    path = t.save(t.status) if out_dir is not None else None
+    scores, eval_s = t.evaluate(evaluate_at_end)
+    run_info = t.run_info(scores, path, eval_s, time.perf_counter() - t_start)
+    statuses = t.engine.statuses(t.findings)      # every rank's findings under DDP
+    report = judge.conclude(run_info, t.findings, statuses,
+                            judge.Context(skipped=t.unavailable, history=t.history))
+    return TrainResult(report, t.model, t.opt, t.engine, path)
+
+
+class _Training:
+    """One run of `run_training`: the model, optimizer and schedule built, the checkpoint's
+    state restored, the probes attached, then trained step by step (`train`)."""
+
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, task, device: torch.device,
+                 dist: distributed.Dist, session, out_dir) -> None:
+        self.model_cfg, self.cfg, self.task, self.device = model_cfg, train_cfg, task, device
+        self.dist, self.session, self.out_dir = dist, session, out_dir
+        self.autocast = autocast_factory(device, train_cfg.amp)
+        torch.manual_seed(train_cfg.seed)
+        self.g = data_generator(train_cfg.seed, "train")
+        self.model = model = make_model(model_cfg).to(device)
+        self.opt = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9,
+                                    fused=device.type == "cuda")   # fused: GradScaler needs no host sync
+        self.scaler = torch.amp.GradScaler("cuda") if train_cfg.amp == "fp16" else None
+        self.schedule = declared_schedule(model_cfg, train_cfg)
+        self.criterion = LabelSmoothingLoss(train_cfg.label_smoothing, model_cfg.pad_id,
+                                            smooth_pad=model_cfg.has("label_smoothing_on_pad"),
+                                            raw_logits=model_cfg.has("kl_raw_logits"))
+        self.sched_step = self.global_step = 0
+        self.last_lr = None
+        self.state = None                     # the checkpoint resumed from
+        self.history: dict[str, list] = {"step": [], "loss": [], "lr": []}
+        self.status, self.tokens, self.acc, self.error = "completed", 0, None, None
+        self.rng_devices = [device] if device.type == "cuda" else []
+
+    def restore(self, resume) -> None:
+        """The checkpoint's weights, step, lr and RNG; its schedule step, optimizer and scaler
+        state unless the fault warmup_restart_on_resume starts them from zero."""
+        self.state = state = resume if isinstance(resume, dict) else \
+            ckpt.load_checkpoint(resume, self.device)
         try:
-            model.load_state_dict(distributed.unwrap_state_dict(state["model"]))
+            self.model.load_state_dict(distributed.unwrap_state_dict(state["model"]))
         except RuntimeError as e:
             raise UsageError(f"checkpoint does not fit this model: {ckpt.describe_mismatch(e)}") from None
-        global_step, last_lr = int(state["global_step"]), state.get("last_lr")
-        if model_cfg.has("warmup_restart_on_resume"):   # fault: schedule and Adam state from zero
-            sched_step = 0
+        self.global_step, self.last_lr = int(state["global_step"]), state.get("last_lr")
+        if self.model_cfg.has("warmup_restart_on_resume"):   # fault: schedule and Adam state from zero
+            self.sched_step = 0
         else:
-            sched_step = int(state["schedule_step"])
+            self.sched_step = int(state["schedule_step"])
             if state.get("optimizer") is not None:
-                opt.load_state_dict(state["optimizer"])
-            if scaler is not None and state.get("scaler"):
-                scaler.load_state_dict(state["scaler"])
-        ckpt.set_rng_state(state["rng"], g)
-    end_step = global_step + train_cfg.steps
+                self.opt.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+        ckpt.set_rng_state(state["rng"], self.g)
 
-    compute_dtype = AMP_DTYPES.get(train_cfg.amp, next(model.parameters()).dtype)
-    run = RunContext(subject=tndebug_subject(model), optimizer=opt, criterion=criterion,
-                     lr_schedule=schedule, compute_dtype=compute_dtype, device=str(device),
-                     total_steps=end_step)
-    probe_list, unavailable = build_probes(probes)
-    # the probes' cost within a share of the measured step time, as in watch (probes/budget.py);
-    # under DDP the ranks agree on the measurements, so every rank probes the same steps
-    budget = Budget(train_cfg.probe_budget, agree=dist.agree_max if dist.active else None) \
-        if train_cfg.probe_budget is not None else None
-    engine = ProbeEngine(probe_list, run, sinks=getattr(session, "sinks", ()), reducer=dist.reducer,
-                         budget=budget)
-    train_model = dist.wrap(model)           # probes stay on `model` (ddp.module)
-    lm = model_cfg.arch == "decoder"         # one sequence per row (data.as_lm), model(ids)
-    losses = distributed.LossLog(dist)       # the loss stays on the device until read
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    def attach(self, probes, end_step: int) -> None:
+        """The probes and their engine (with the budget), the model wrapped for DDP."""
+        self.end_step = end_step
+        cfg, dist = self.cfg, self.dist
+        self.compute_dtype = AMP_DTYPES.get(cfg.amp, next(self.model.parameters()).dtype)
+        run = RunContext(subject=tndebug_subject(self.model), optimizer=self.opt,
+                         criterion=self.criterion, lr_schedule=self.schedule,
+                         compute_dtype=self.compute_dtype, device=str(self.device),
+                         total_steps=end_step)
+        probe_list, self.unavailable = build_probes(probes)
+        # the probes' cost within a share of the measured step time, as in watch (probes/budget.py);
+        # under DDP the ranks agree on the measurements, so every rank probes the same steps
+        self.budget = Budget(cfg.probe_budget, agree=dist.agree_max if dist.active else None) \
+            if cfg.probe_budget is not None else None
+        self.engine = ProbeEngine(probe_list, run, sinks=getattr(self.session, "sinks", ()),
+                                  reducer=dist.reducer, budget=self.budget)
+        self.train_model = dist.wrap(self.model)      # probes stay on `model` (ddp.module)
+        self.lm = self.model_cfg.arch == "decoder"    # one sequence per row (data.as_lm), model(ids)
+        self.losses = distributed.LossLog(dist)       # the loss stays on the device until read
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
 
-    def save(status: str) -> Path:
+    def save(self, status: str) -> Path:
         """checkpoint.pt (atomically: tmp + rename) at the state after `global_step` steps."""
-        return ckpt.save_checkpoint(Path(out_dir) / ckpt.FILENAME, {
-            "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "schedule_step": sched_step, "global_step": global_step, "last_lr": last_lr,
-            "model_config": model_cfg.to_dict(), "train_config": train_cfg.to_dict(),
-            "rng": ckpt.rng_state(g), "status": status})
+        return ckpt.save_checkpoint(Path(self.out_dir) / ckpt.FILENAME, {
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "schedule_step": self.sched_step, "global_step": self.global_step,
+            "last_lr": self.last_lr, "model_config": self.model_cfg.to_dict(),
+            "train_config": self.cfg.to_dict(), "rng": ckpt.rng_state(self.g), "status": status})
 
-    history: dict[str, list] = {"step": [], "loss": [], "lr": []}
-    status, tokens, acc, error = "completed", 0, None, None
-    lrs: dict[int, float] = {}
-    every_step = distributed.reads_loss_every_step(device, dist)   # else at log steps only
-    rng_devices = [device] if device.type == "cuda" else []
-    progress = session.progress(end_step) if session is not None else contextlib.nullcontext()
-    t_train, cpu_train = time.perf_counter(), time.process_time()
-    with engine, progress as bar, dist.terminable():
-        with torch.random.fork_rng(devices=rng_devices):   # probes never shift the training RNG
-            engine.setup()
-            if state is not None:
-                engine.resume(ResumeInfo(global_step, lr_before=last_lr,
-                                         had_optimizer_state=bool(opt.state)))
-        model.train()
-        step = global_step
-        try:
-            for step in range(global_step, end_step):
-                lr = schedule(sched_step)
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                batch = task.batch(g, train_cfg.batch_size, train_cfg.pad_share)
-                if lm:
-                    batch = as_lm(batch)
-                    if model_cfg.has("lm_labels_unshifted"):        # fault: loss(logits, ids)
-                        batch = misshift(batch, 0)
-                    elif model_cfg.has("lm_labels_shifted_twice"):  # fault: shifted in data and loss
-                        batch = misshift(batch, 2)
-                tokens += batch.ntokens                    # counted on the host, before the copy
-                part = dist.shard(batch)                   # this rank's rows of the global batch
-                src, tgt_in, tgt_out = distributed.to_device(part, device)
-                t_step, own0 = time.perf_counter(), engine.probe_seconds   # the budget's step
-                probed = engine.begin_step(step, src, tgt_in) is not None and not engine.host_only
-                t_begin = time.perf_counter() - t_step     # the engine's own time, as below
-                with autocast():
-                    logits = train_model(tgt_in) if lm else train_model(src, tgt_in)   # [B, T, V]
-                loss = criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
-                if dist.active:                            # DDP's mean gradient = the global batch's
-                    loss = loss * dist.loss_weight(batch, part)
-                opt.zero_grad(set_to_none=True)
-                if scaler is not None:
-                    scaler.scale(loss).backward()
-                    scaler.unscale_(opt)            # probes see true gradients
-                else:
-                    loss.backward()
-                engine.end_step(StepInfo(step, lr=lr, loss=loss.detach(), logits=logits.detach(),
-                                         src=src, tgt_in=tgt_in, tgt_out=tgt_out))
-                losses.add(step, loss)
-                lrs[step] = lr
-                loss_value = None
-                if every_step or step % train_cfg.log_every == 0 or step + 1 == end_step:
-                    flushed = losses.flush()               # one host sync (one all-reduce in DDP)
-                    for s, value in flushed:
-                        history["step"].append(s)
-                        history["loss"].append(value)
-                        history["lr"].append(lrs.pop(s))
-                    loss_value = flushed[-1][1]
-                    if not all(math.isfinite(v) for _, v in flushed):
-                        status = "diverged"        # every rank sees the same mean: all stop here
-                        engine.diverged(StepInfo(step, lr=lr, loss=loss.detach(), src=src,
-                                                 tgt_in=tgt_in, tgt_out=tgt_out))
+    def train(self) -> None:
+        """setup (or resume), then the steps; `status`, `error`, `findings` and the times."""
+        engine, dist = self.engine, self.dist
+        self.lrs: dict[int, float] = {}
+        self.every_step = distributed.reads_loss_every_step(self.device, dist)   # else at log steps only
+        session = self.session
+        progress = session.progress(self.end_step) if session is not None else contextlib.nullcontext()
+        t_train, cpu_train = time.perf_counter(), time.process_time()
+        with engine, progress as bar, dist.terminable():
+            with torch.random.fork_rng(devices=self.rng_devices):   # probes never shift the training RNG
+                engine.setup()
+                if self.state is not None:
+                    engine.resume(ResumeInfo(self.global_step, lr_before=self.last_lr,
+                                             had_optimizer_state=bool(self.opt.state)))
+            self.model.train()
+            step = self.global_step
+            try:
+                for step in range(self.global_step, self.end_step):
+                    if not self.step(step, bar):
                         break
-                if scaler is not None:
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    opt.step()
-                if budget is not None:     # forward to update; `own`: the engine's share,
-                    budget.record(time.perf_counter() - t_step, probed,     # paid every step
-                                  own=t_begin + engine.probe_seconds - own0)
-                sched_step, global_step, last_lr = sched_step + 1, step + 1, lr
-                if out_dir is not None and train_cfg.save_every and global_step % train_cfg.save_every == 0 \
-                        and global_step < end_step:          # the last one is written below
-                    save("running")
-                if session is not None and (step % train_cfg.log_every == 0 or step + 1 == end_step):
-                    acc = _batch_accuracy(logits, tgt_out, model_cfg.pad_id)
-                    session.log_scalars(step, {"train/loss": loss_value, "train/lr": lr,
-                                               "train/token_acc": acc})
-                if session is not None:
-                    bar.update(step + 1, loss=loss_value, lr=lr, acc=acc)
-        except KeyboardInterrupt:
-            status = "interrupted"
-        except Exception as e:  # noqa: BLE001 - under DDP rank 0 still writes the report
-            if not dist.active:
-                raise
-            status, error = "failed", dist.failed(e, step)   # other ranks raise RankFailed here
-        train_s = time.perf_counter() - t_train
-        train_cpu_s = time.process_time() - cpu_train   # all threads; an upper bound on idle wall time
-        findings = dist.gather_findings(engine.finish())
+            except KeyboardInterrupt:
+                self.status = "interrupted"
+            except Exception as e:  # noqa: BLE001 - under DDP rank 0 still writes the report
+                if not dist.active:
+                    raise
+                self.status, self.error = "failed", dist.failed(e, step)   # other ranks raise RankFailed here
+            self.train_s = time.perf_counter() - t_train
+            self.train_cpu_s = time.process_time() - cpu_train   # all threads; an upper bound on idle wall time
+            self.findings = dist.gather_findings(engine.finish())
 
-    path = None
-    if out_dir is not None:
-        path = save(status)
+    def batch(self):
+        """The step's global batch, the loop's faults applied (a decoder-only model: one row)."""
+        batch = self.task.batch(self.g, self.cfg.batch_size, self.cfg.pad_share)
+        if self.lm:
+            batch = as_lm(batch)
+            if self.model_cfg.has("lm_labels_unshifted"):        # fault: loss(logits, ids)
+                batch = misshift(batch, 0)
+            elif self.model_cfg.has("lm_labels_shifted_twice"):  # fault: shifted in data and loss
+                batch = misshift(batch, 2)
+        return batch
 
-    scores: dict[str, Any] = {"exact_match": None, "token_accuracy": None}
-    t_eval = time.perf_counter()
-    if evaluate_at_end and status not in ("interrupted", "failed") and dist.is_main:
-        held_out = eval_set(task, train_cfg.eval_size, train_cfg.seed, train_cfg.pad_share)
-        with torch.random.fork_rng(devices=rng_devices):
-            scores = evaluate(model, held_out, autocast=autocast if train_cfg.amp != "none" else None)
-        if session is not None:
-            session.log_scalars(global_step, {"eval/exact_match": scores["exact_match"],
-                                              "eval/token_accuracy": scores["token_accuracy"]})
-    eval_s = time.perf_counter() - t_eval
+    def step(self, step: int, bar) -> bool:
+        """One training step with the probes' moments; False when the loss diverged."""
+        engine, dist, cfg, opt = self.engine, self.dist, self.cfg, self.opt
+        lr = self.schedule(self.sched_step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = self.batch()
+        self.tokens += batch.ntokens               # counted on the host, before the copy
+        part = dist.shard(batch)                   # this rank's rows of the global batch
+        src, tgt_in, tgt_out = distributed.to_device(part, self.device)
+        t_step, own0 = time.perf_counter(), engine.probe_seconds   # the budget's step
+        probed = engine.begin_step(step, src, tgt_in) is not None and not engine.host_only
+        t_begin = time.perf_counter() - t_step     # the engine's own time, as below
+        with self.autocast():
+            logits = self.train_model(tgt_in) if self.lm else self.train_model(src, tgt_in)   # [B, T, V]
+        loss = self.criterion(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1))
+        if dist.active:                            # DDP's mean gradient = the global batch's
+            loss = loss * dist.loss_weight(batch, part)
+        opt.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(opt)              # probes see true gradients
+        else:
+            loss.backward()
+        engine.end_step(StepInfo(step, lr=lr, loss=loss.detach(), logits=logits.detach(),
+                                 src=src, tgt_in=tgt_in, tgt_out=tgt_out))
+        self.losses.add(step, loss)
+        self.lrs[step] = lr
+        loss_value = None
+        if self.every_step or step % cfg.log_every == 0 or step + 1 == self.end_step:
+            flushed = self.losses.flush()          # one host sync (one all-reduce in DDP)
+            for s, value in flushed:
+                self.history["step"].append(s)
+                self.history["loss"].append(value)
+                self.history["lr"].append(self.lrs.pop(s))
+            loss_value = flushed[-1][1]
+            if not all(math.isfinite(v) for _, v in flushed):
+                self.status = "diverged"           # every rank sees the same mean: all stop here
+                engine.diverged(StepInfo(step, lr=lr, loss=loss.detach(), src=src,
+                                         tgt_in=tgt_in, tgt_out=tgt_out))
+                return False
+        if self.scaler is not None:
+            self.scaler.step(opt)
+            self.scaler.update()
+        else:
+            opt.step()
+        if self.budget is not None:     # forward to update; `own`: the engine's share,
+            self.budget.record(time.perf_counter() - t_step, probed,     # paid every step
+                               own=t_begin + engine.probe_seconds - own0)
+        self.sched_step, self.global_step, self.last_lr = self.sched_step + 1, step + 1, lr
+        if self.out_dir is not None and cfg.save_every and self.global_step % cfg.save_every == 0 \
+                and self.global_step < self.end_step:   # the last one is written after the loop
+            self.save("running")
+        if self.session is not None and (step % cfg.log_every == 0 or step + 1 == self.end_step):
+            self.acc = _batch_accuracy(logits, tgt_out, self.model_cfg.pad_id)
+            self.session.log_scalars(step, {"train/loss": loss_value, "train/lr": lr,
+                                            "train/token_acc": self.acc})
+        if self.session is not None:
+            bar.update(step + 1, loss=loss_value, lr=lr, acc=self.acc)
+        return True
 
-    tail = [x for x in history["loss"][-10:] if math.isfinite(x)]
-    run_info = {
-        "task": task.name, "preset": preset_name(model_cfg), "arch": model_cfg.arch, "norm": model_cfg.norm,
-        "norm_kind": model_cfg.norm_kind, "pos": model_cfg.pos,
-        "faults": list(model_cfg.faults), "seed": train_cfg.seed, "steps": train_cfg.steps,
-        "device": str(device), "amp": train_cfg.amp, "dtype": str(compute_dtype).replace("torch.", ""),
-        "batch_size": train_cfg.batch_size, "warmup": train_cfg.warmup, "lr_factor": train_cfg.lr_factor,
-        "final_loss": sum(tail) / len(tail) if tail else (history["loss"][-1] if history["loss"] else None),
-        "final_lr": last_lr, "exact_match": scores["exact_match"],
-        "token_accuracy": scores["token_accuracy"], "eval_size": train_cfg.eval_size,
-        "status": status, "stopped_at_step": global_step,
-        "resumed_from_step": int(state["global_step"]) if state is not None else None,
-        "wall_s": round(time.perf_counter() - t_start, 3), "train_s": round(train_s, 3),
-        "train_cpu_s": round(train_cpu_s, 3),
-        "eval_s": round(eval_s, 3), "probe_s": round(engine.probe_seconds, 3),
-        "probe_s_by_probe": {k: round(v, 3) for k, v in engine.seconds_by_probe.items()},
-        "tokens_per_s": round(tokens / train_s, 1) if train_s > 0 else None,
-        "peak_gpu_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-        "checkpoint": str(path) if path else None,
-        "world_size": dist.world, "error": error,
-        "probe_budget": budget.summary() if budget is not None else None,
-    }
-    statuses = engine.statuses(findings)      # every rank's findings under DDP
-    report = judge.conclude(run_info, findings, statuses,
-                            judge.Context(skipped=unavailable, history=history))
-    return TrainResult(report, model, opt, engine, path)
+    def evaluate(self, at_end: bool) -> tuple[dict[str, Any], float]:
+        """(exact match and token accuracy on the held-out set, seconds): greedy decoding, on
+        rank 0, unless the run was interrupted or failed."""
+        scores: dict[str, Any] = {"exact_match": None, "token_accuracy": None}
+        t_eval = time.perf_counter()
+        cfg = self.cfg
+        if at_end and self.status not in ("interrupted", "failed") and self.dist.is_main:
+            held_out = eval_set(self.task, cfg.eval_size, cfg.seed, cfg.pad_share)
+            with torch.random.fork_rng(devices=self.rng_devices):
+                scores = evaluate(self.model, held_out,
+                                  autocast=self.autocast if cfg.amp != "none" else None)
+            if self.session is not None:
+                self.session.log_scalars(self.global_step, {
+                    "eval/exact_match": scores["exact_match"],
+                    "eval/token_accuracy": scores["token_accuracy"]})
+        return scores, time.perf_counter() - t_eval
+
+    def run_info(self, scores: dict, path: Path | None, eval_s: float, wall_s: float) -> dict:
+        """report.json's `run`: what was trained, how it ended, its figures and timings."""
+        model_cfg, cfg, history, device = self.model_cfg, self.cfg, self.history, self.device
+        tail = [x for x in history["loss"][-10:] if math.isfinite(x)]
+        train_s, engine = self.train_s, self.engine
+        return {
+            "task": self.task.name, "preset": preset_name(model_cfg), "arch": model_cfg.arch,
+            "norm": model_cfg.norm, "norm_kind": model_cfg.norm_kind, "pos": model_cfg.pos,
+            "faults": list(model_cfg.faults), "seed": cfg.seed, "steps": cfg.steps,
+            "device": str(device), "amp": cfg.amp,
+            "dtype": str(self.compute_dtype).replace("torch.", ""),
+            "batch_size": cfg.batch_size, "warmup": cfg.warmup, "lr_factor": cfg.lr_factor,
+            "final_loss": sum(tail) / len(tail) if tail else (history["loss"][-1] if history["loss"] else None),
+            "final_lr": self.last_lr, "exact_match": scores["exact_match"],
+            "token_accuracy": scores["token_accuracy"], "eval_size": cfg.eval_size,
+            "status": self.status, "stopped_at_step": self.global_step,
+            "resumed_from_step": int(self.state["global_step"]) if self.state is not None else None,
+            "wall_s": round(wall_s, 3), "train_s": round(train_s, 3),
+            "train_cpu_s": round(self.train_cpu_s, 3),
+            "eval_s": round(eval_s, 3), "probe_s": round(engine.probe_seconds, 3),
+            "probe_s_by_probe": {k: round(v, 3) for k, v in engine.seconds_by_probe.items()},
+            "tokens_per_s": round(self.tokens / train_s, 1) if train_s > 0 else None,
+            "peak_gpu_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            "checkpoint": str(path) if path else None,
+            "world_size": self.dist.world, "error": self.error,
+            "probe_budget": self.budget.summary() if self.budget is not None else None,
+        }
 
 
 def _batch_accuracy(logits: torch.Tensor, tgt_out: torch.Tensor, pad: int) -> float:
     """Teacher-forced token accuracy of one batch (argmax vs target, real positions only)."""
     real = tgt_out != pad
     return float(((logits.argmax(-1) == tgt_out) & real).sum()) / max(int(real.sum()), 1)
-
