@@ -88,6 +88,11 @@ class GradientFlowProbe(Probe):
     """
 
     name = "gradient-flow"
+    cause = (
+        "Residual connections let gradients go straight back to earlier layers, and without "
+        "residual+LayerNorm a deep Transformer cannot be trained [note 002]. A wrong LN "
+        "order or a bad init (use Xavier) destabilises gradients [notes 000, 001, 002]."
+    )
     summary = "per-layer gradient norms (non-finite, spikes, no gradient) and dead ReLU units"
     codes = {
         "dead-units": "FFN units that never fire on the probe batch (dead ReLUs)",
