@@ -82,6 +82,13 @@ class HeadCollapse(Probe):
     """Per-layer head diversity; duplicated or shared projections at step 0; entropy collapse."""
 
     name = "head-collapse"
+    cause = (
+        "A multi-head output equal to the single-head one means W_q=W_k=W_v or one Linear "
+        "reused [note 001]; heads initialised from one copy stay copies (FAILURE_MODES 4b); "
+        "attention entropy collapses together with an unstable loss, from a high lr without "
+        "warmup (FAILURE_MODES 4a). Heads that attend uniformly (an unused cross-attention) "
+        "agree whatever their draw: that is not a copy."
+    )
     summary = "duplicated heads, shared Q/K/V projections, and attention entropy collapse"
     codes = {
         "near-symmetric": "scores nearly symmetric (q close to k), advisory",
