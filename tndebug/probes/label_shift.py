@@ -58,6 +58,11 @@ class LabelShiftProbe(Probe):
     """
 
     name = "label-shift"
+    cause = (
+        "The loss compares logits[:, t] with the token at t (labels not shifted: the model "
+        "copies its input) or at t + 2 (shifted in the data and again in the loss) instead of "
+        "t + 1 (not in the notes)."
+    )
     summary = ("decoder-only: which position the trained model predicts (own input, next, after "
                "next); encoder-only: the masked-LM loss only where the input hides the label")
     codes = {
