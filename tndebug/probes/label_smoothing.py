@@ -59,6 +59,11 @@ class LabelSmoothingProbe(Probe):
     """
 
     name = "label-smoothing"
+    cause = (
+        "KLDivLoss needs log_softmax input, not logits, and the pad column and pad-target "
+        "rows must be zeroed or the model learns to predict pad [note 003]. Note 000 "
+        "instead spreads eps/(V-1) over every class, pad included [notes 000, 001]."
+    )
     summary = "criterion unit test: smoothing mass on <pad>, loss from pad-target rows"
     codes = {
         "pad-rows-gradient": "rows whose target is <pad> still produce loss gradient",
