@@ -168,6 +168,12 @@ class LMDecoding(Probe):
     """
 
     name = "lm-decoding"
+    cause = (
+        "A decoder-only model gives other logits when it generates than when it is trained: "
+        "positions counted from column 0 under left padding, or a KV cache whose causal mask is "
+        "aligned top-left (is_causal=True with a one-token query), whose positions are one off, "
+        "or that is not updated (not in the notes)."
+    )
     summary = "decoder-only: left padding and the KV cache leave the logits of real tokens exact"
     codes = {
         "left-pad": "pads put before a row change the logits of its real tokens",
