@@ -84,6 +84,11 @@ class LnPlacement(Probe):
     """Detects pre-/post-LN from activations; flags pre-LN without final norm, post-LN without warmup."""
 
     name = "ln-placement"
+    cause = (
+        "The paper is Post-LN norm(x + sublayer(x)); the annotated code is pre-norm for "
+        "brevity and then needs a final LayerNorm [note 003]. Pre-LN trains more stably "
+        "without warmup, and Post-LN needs warmup and a modest lr [notes 002, 003]."
+    )
     summary = "LayerNorm placement from activations; pre-LN without final norm, post-LN without warmup"
     codes = {
         "placement": "the norm placement found (pre-LN, post-LN), advisory",
