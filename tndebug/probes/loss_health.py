@@ -74,6 +74,11 @@ class LossHealthProbe(Probe):
     """
 
     name = "loss-health"
+    cause = (
+        "A plateau near ln V points to missing PE or attention to pads, and early inf/NaN "
+        "points to lr/warmup [notes 000, 002]; a KLDivLoss given raw logits instead of "
+        "log_softmax makes the loss unbounded below [notes 001, 003]."
+    )
     summary = "initial loss vs ln V, plateau at the uniform level, exploding or non-finite loss"
     codes = {
         "nonfinite-loss": "the loss (or cross-entropy) is NaN/Inf",
