@@ -52,6 +52,11 @@ class LrScheduleProbe(Probe):
     """
 
     name = "lr-schedule"
+    cause = (
+        "Use Noam with warmup_steps=4000 and step_num counted from 1; resuming without "
+        "step_num resets warmup and the loss jumps [note 000]. No warmup with a high lr "
+        "gives NaN, and note 002 keeps the peak at about 1e-4 [note 002]."
+    )
     summary = "observed lr follows the declared schedule; warmup and optimizer state survive resume"
     codes = {
         "lr-mismatch": "the optimizer's lr differs from the declared schedule",
