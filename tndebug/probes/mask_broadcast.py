@@ -69,6 +69,12 @@ class MaskBroadcast(Probe):
     """
 
     name = "mask-broadcast"
+    cause = (
+        "The mask has the wrong shape or is broadcast wrongly in some module, so attention "
+        "is blocked or pads take part and loss won't drop [note 002]. src mask (B,1,S) and "
+        "tgt mask (B,T,T) need unsqueeze(1) for the heads, and mask==0 must not be "
+        "inverted [notes 003, 001]."
+    )
     summary = "exact step-0 tests of causal and padding masks; names the attention that leaks"
     codes = {
         "not-repeatable": "eval outputs differ between identical calls (randomness on in eval)",
