@@ -142,6 +142,11 @@ class MissingScale(Probe):
     """
 
     name = "missing-scale"
+    cause = (
+        "The / sqrt(d_k) was dropped, so Var(q.k) grows with d_k (std ~8 at d_k=64) and "
+        "softmax saturates toward one-hot with vanishing gradients [notes 001, 002]. Check "
+        "that scores stay within about [-10, 10] [note 001]."
+    )
     summary = "fitted QK^T scale vs 1/sqrt(d_k), with softmax saturation"
     codes = {
         "absent": "no 1/sqrt(d_k) on the scores",
