@@ -133,6 +133,15 @@ class NanScores(Probe):
     """
 
     name = "nan-scores"
+    cause = (
+        "Filling masks with -inf gives NaN on rows whose every key is masked (an all-pad "
+        "sequence, or pad queries masked too) [notes 000, 002]; -1e9 is finite but overflows "
+        "fp16, so fill with torch.finfo(dtype).min. A LayerNorm eps that rounds to 0 in fp16 "
+        "(1e-8, 1e-12) gives 0/0 on constant rows there, never in fp32 [note 000, as measured] "
+        "unless eps is 0, which gives 0/0 in every dtype; "
+        "a too-high lr also sends the loss to NaN [note 002]. A loss that is NaN on finite "
+        "logits comes from the loss code (a log of 0, a division by a zero count)."
+    )
     summary = "first NaN/Inf in execution order; fully-masked rows; fp16-unsafe mask fill and LayerNorm eps"
     codes = {
         "norm-fp16": "a norm whose eps rounds to 0, or that gives NaN, in float16",
