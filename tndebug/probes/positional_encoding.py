@@ -99,6 +99,12 @@ class PositionalEncodingProbe(Probe):
     """
 
     name = "positional-encoding"
+    cause = (
+        "The PE was never added to the embeddings, so the encoder cannot see token order, or "
+        "pads take part in attention [notes 000, 002]. Also check that the embeddings are "
+        "scaled by sqrt(d_model) and that max_len exceeds the sequence length [notes 001, 000, "
+        "002]."
+    )
     summary = "PE added (encoder permutation test), embedding/PE scale ratio, PE rows past max_len"
     codes = {
         "order-ignored": "the encoder ignores token order (no positional encoding used)",
