@@ -37,6 +37,11 @@ class TrainModeProbe(Probe):
     """Optimizer steps taken with the model in eval mode (`model.train()` forgotten)."""
 
     name = "train-mode"
+    cause = (
+        "model.eval() for an evaluation was never undone by model.train(): the training "
+        "steps run with the modules' evaluation behaviour (no random masking, batch-norm on "
+        "frozen running statistics) (not in the notes)."
+    )
     summary = "optimizer steps taken in eval mode (model.train() forgotten after an evaluation)"
     codes = {
         "eval-mode-steps": "optimizer steps taken with dropout/batch-norm in eval mode",
