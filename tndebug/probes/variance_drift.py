@@ -70,6 +70,16 @@ class VarianceDrift(Probe):
     """Residual-stream RMS and rank ratio along depth; catches a missing residual at step 0."""
 
     name = "variance-drift"
+    cause = (
+        "A sublayer whose output replaces the stream (x = sublayer(x), no residual add) "
+        "stops gradients and collapses the tokens, and without residual+LayerNorm a deep "
+        "Transformer cannot be trained [note 002]. Pre-LN growth of the stream with depth is "
+        "expected (our sim: 2.15 at layer 3). A low rank ratio in trained weights while the "
+        "sublayer keeps its input's token differences is a statistic of a model still learning "
+        "or of its data, not a defect (a half-trained BlenderbotSmall passes through r = 0.002; "
+        "a model on the plateau of its targets' prior gives one answer at every position); "
+        "the code's own collapse shows at initialisation."
+    )
     summary = "residual-stream rank collapse (missing residual) and RMS growth along depth"
     codes = {
         "rank-collapse": "tokens nearly identical along depth (rank collapse)",
