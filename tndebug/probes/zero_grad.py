@@ -43,6 +43,11 @@ class ZeroGradProbe(Probe):
     """Gradients that carry across optimizer steps: `optimizer.zero_grad()` forgotten."""
 
     name = "zero-grad"
+    cause = (
+        "optimizer.zero_grad() is missing from the training loop (or runs once, before it), "
+        "so every backward adds to the sum of all earlier gradients (not in the notes; "
+        "without this probe its only sign is loss-health's generic plateau)."
+    )
     summary = "gradients carried across optimizer steps (optimizer.zero_grad() forgotten)"
     codes = {
         "grads-accumulate": "gradients carried across optimizer steps (zero_grad forgotten)",
