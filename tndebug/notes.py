@@ -7,7 +7,8 @@ The notes are in /work/shared/seeds/ (written in Chinese):
 * 002: a source-level dissection of the Transformer;
 * 003: a "day 14" reading guide to The Annotated Transformer.
 
-This module holds four tables:
+This module holds three tables (each probe's probable cause, paraphrased
+from the notes with citations such as "[note 001]", is its class's `cause`):
 
 SEED_NOTES
     note id -> one-line English title.
@@ -17,9 +18,6 @@ FAULT_NOTES
     the fix, in the words of the notes).
     If no note describes a fault, the source is "(FAILURE_MODES.md)" and
     the fix text names the closest note as "(closest: note NNN)".
-PROBE_CAUSES
-    probe name -> probable cause, paraphrased from the notes, with
-    citations such as "[note 001]".
 NOTE_CLAIMS
     Concrete claims in the notes that a measurement can confirm or refute.
     Each entry is a dict with the keys note, claim, quote (the original
@@ -225,98 +223,6 @@ FAULT_NOTES: dict[str, tuple[str, str, str]] = {
         "000,002",
         "Use dropout=0.1 on sublayer outputs (before residual add) and on emb+PE; "
         "note 000: dropout=0.1 restored head diversity",
-    ),
-}
-
-PROBE_CAUSES: dict[str, str] = {
-    "nan-scores": (
-        "Filling masks with -inf gives NaN on rows whose every key is masked (an all-pad "
-        "sequence, or pad queries masked too) [notes 000, 002]; -1e9 is finite but overflows "
-        "fp16, so fill with torch.finfo(dtype).min. A LayerNorm eps that rounds to 0 in fp16 "
-        "(1e-8, 1e-12) gives 0/0 on constant rows there, never in fp32 [note 000, as measured] "
-        "unless eps is 0, which gives 0/0 in every dtype; "
-        "a too-high lr also sends the loss to NaN [note 002]. A loss that is NaN on finite "
-        "logits comes from the loss code (a log of 0, a division by a zero count)."
-    ),
-    "missing-scale": (
-        "The / sqrt(d_k) was dropped, so Var(q.k) grows with d_k (std ~8 at d_k=64) and "
-        "softmax saturates toward one-hot with vanishing gradients [notes 001, 002]. Check "
-        "that scores stay within about [-10, 10] [note 001]."
-    ),
-    "mask-broadcast": (
-        "The mask has the wrong shape or is broadcast wrongly in some module, so attention "
-        "is blocked or pads take part and loss won't drop [note 002]. src mask (B,1,S) and "
-        "tgt mask (B,T,T) need unsqueeze(1) for the heads, and mask==0 must not be "
-        "inverted [notes 003, 001]."
-    ),
-    "head-collapse": (
-        "A multi-head output equal to the single-head one means W_q=W_k=W_v or one Linear "
-        "reused [note 001]; heads initialised from one copy stay copies (FAILURE_MODES 4b); "
-        "attention entropy collapses together with an unstable loss, from a high lr without "
-        "warmup (FAILURE_MODES 4a). Heads that attend uniformly (an unused cross-attention) "
-        "agree whatever their draw: that is not a copy."
-    ),
-    "variance-drift": (
-        "A sublayer whose output replaces the stream (x = sublayer(x), no residual add) "
-        "stops gradients and collapses the tokens, and without residual+LayerNorm a deep "
-        "Transformer cannot be trained [note 002]. Pre-LN growth of the stream with depth is "
-        "expected (our sim: 2.15 at layer 3). A low rank ratio in trained weights while the "
-        "sublayer keeps its input's token differences is a statistic of a model still learning "
-        "or of its data, not a defect (a half-trained BlenderbotSmall passes through r = 0.002; "
-        "a model on the plateau of its targets' prior gives one answer at every position); "
-        "the code's own collapse shows at initialisation."
-    ),
-    "ln-placement": (
-        "The paper is Post-LN norm(x + sublayer(x)); the annotated code is pre-norm for "
-        "brevity and then needs a final LayerNorm [note 003]. Pre-LN trains more stably "
-        "without warmup, and Post-LN needs warmup and a modest lr [notes 002, 003]."
-    ),
-    "positional-encoding": (
-        "The PE was never added to the embeddings, so the encoder cannot see token order, or "
-        "pads take part in attention [notes 000, 002]. Also check that the embeddings are "
-        "scaled by sqrt(d_model) and that max_len exceeds the sequence length [notes 001, 000, "
-        "002]."
-    ),
-    "gradient-flow": (
-        "Residual connections let gradients go straight back to earlier layers, and without "
-        "residual+LayerNorm a deep Transformer cannot be trained [note 002]. A wrong LN "
-        "order or a bad init (use Xavier) destabilises gradients [notes 000, 001, 002]."
-    ),
-    "loss-health": (
-        "A plateau near ln V points to missing PE or attention to pads, and early inf/NaN "
-        "points to lr/warmup [notes 000, 002]; a KLDivLoss given raw logits instead of "
-        "log_softmax makes the loss unbounded below [notes 001, 003]."
-    ),
-    "lr-schedule": (
-        "Use Noam with warmup_steps=4000 and step_num counted from 1; resuming without "
-        "step_num resets warmup and the loss jumps [note 000]. No warmup with a high lr "
-        "gives NaN, and note 002 keeps the peak at about 1e-4 [note 002]."
-    ),
-    "label-smoothing": (
-        "KLDivLoss needs log_softmax input, not logits, and the pad column and pad-target "
-        "rows must be zeroed or the model learns to predict pad [note 003]. Note 000 "
-        "instead spreads eps/(V-1) over every class, pad included [notes 000, 001]."
-    ),
-    "zero-grad": (
-        "optimizer.zero_grad() is missing from the training loop (or runs once, before it), "
-        "so every backward adds to the sum of all earlier gradients (not in the notes; "
-        "without this probe its only sign is loss-health's generic plateau)."
-    ),
-    "train-mode": (
-        "model.eval() for an evaluation was never undone by model.train(): the training "
-        "steps run with the modules' evaluation behaviour (no random masking, batch-norm on "
-        "frozen running statistics) (not in the notes)."
-    ),
-    "lm-decoding": (
-        "A decoder-only model gives other logits when it generates than when it is trained: "
-        "positions counted from column 0 under left padding, or a KV cache whose causal mask is "
-        "aligned top-left (is_causal=True with a one-token query), whose positions are one off, "
-        "or that is not updated (not in the notes)."
-    ),
-    "label-shift": (
-        "The loss compares logits[:, t] with the token at t (labels not shifted: the model "
-        "copies its input) or at t + 2 (shifted in the data and again in the loss) instead of "
-        "t + 1 (not in the notes)."
     ),
 }
 

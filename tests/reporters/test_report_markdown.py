@@ -3,7 +3,7 @@ import re
 
 from matplotlib.image import imread
 
-from tndebug.notes import PROBE_CAUSES
+from tndebug.probes import probe_cause
 
 PNG = b"\x89PNG\r\n\x1a\n"
 EXPECTED = {"curves.png", "entropy.png", "head_similarity.png", "attention_enc_self.png",
@@ -22,7 +22,7 @@ def test_findings_are_explained(tiny_run):
     block = md[warn:md.index("## Probes")]
     assert "**Symptom:** entropy fell below the floor" in block
     assert "- **Evidence:** `entropy` = 0.01235\n  - **threshold:** 0.05" in block
-    assert PROBE_CAUSES["missing-scale"] in block
+    assert probe_cause("missing-scale") in block
     assert "**Fix:** Divide the scores by sqrt(d_k)." in block
     assert "**Where:** `encoder.layers.0.self_attn` (layer 0, head 2)" in block
     assert "| `stand-in-skipped` | skipped |" in md
@@ -51,4 +51,4 @@ def test_nested_evidence_as_sub_bullets():
     assert "- **Evidence:** `forbidden_mass` = 0.4" in md
     assert "  - `modules`:\n    - `decoder.layers.0.self_attn`: mass_max=1" in md
     assert "  - **thresholds:** mass: 1.000e-06" in md
-    assert PROBE_CAUSES["mask-broadcast"] in md
+    assert probe_cause("mask-broadcast") in md

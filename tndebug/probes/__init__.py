@@ -57,6 +57,12 @@ def probe_class(name: str) -> type[Probe]:
     raise ProbeError(f"module tndebug.probes.{_MODULES[name]} defines no probe named {name!r}")
 
 
+def probe_cause(name: str) -> str | None:
+    """The probable cause a probe's findings point to (its class's `cause`: report.md's
+    "Probable cause"); None for a name that is no probe (triage's file checks, the front-ends')."""
+    return (probe_class(name).cause or None) if name in _MODULES else None
+
+
 def parse_probe_spec(spec: str | None) -> list[str]:
     """'all' | 'none' | 'a,b' -> names, validated at once."""
     if spec is None or spec.strip() in ("", "none"):

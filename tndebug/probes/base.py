@@ -114,6 +114,9 @@ class Probe:
     summary: ClassVar[str] = ""       # one line for `tndebug probes`
     reads: ClassVar[tuple[str, ...]] = ()
     fix: ClassVar[str] = ""           # default fix text, from the notes
+    # the probable cause its findings point to (report.md), in the tutorial notes' words with
+    # their citations ([note 001]), or "(not in the notes)"
+    cause: ClassVar[str] = ""
     codes: ClassVar[dict[str, str]] = {}   # kind -> one line: every finding's code (probe/kind)
     default_schedule: ClassVar[Callable[[], Schedule]] = staticmethod(lambda: every(100))
     # True when the probe's verdict rests on training steps (gradients, the loss, the lr): in a

@@ -3,7 +3,7 @@ module path), the probes' statuses, and the figures as relative PNG links."""
 from __future__ import annotations
 
 from tndebug.findings import NUMBER, Finding
-from tndebug.notes import PROBE_CAUSES
+from tndebug.probes import probe_cause
 from tndebug.report import Report
 from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, counts_text, coverage_counts, \
     first_sign_text, fmt_value, group_where_text, no_verdict_places, reasons_text, sorted_groups, \
@@ -141,7 +141,7 @@ def _finding(i: int, f: Finding) -> list[str]:
              f"- **Symptom:** {f.message}"]
     if f.evidence:
         lines += evidence_lines(f.evidence)
-    cause = PROBE_CAUSES.get(f.probe)
+    cause = probe_cause(f.probe)
     if cause:
         lines.append(f"- **Probable cause (from the notes):** {cause}")
     if f.fix:
@@ -165,7 +165,7 @@ def _group(i: int, fs: list[Finding]) -> list[str]:
     if f.evidence:
         ev = evidence_lines(f.evidence)
         lines += [ev[0].replace("- **Evidence:**", f"- **Evidence** (`{where_text(f)}`):", 1)] + ev[1:]
-    cause = PROBE_CAUSES.get(f.probe)
+    cause = probe_cause(f.probe)
     if cause:
         lines.append(f"- **Probable cause (from the notes):** {cause}")
     if f.fix:
