@@ -47,6 +47,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     _F("pos_max_len_small", "positional-encoding", "embedding",
        "PE table too short; positions past max_len are clamped onto its last row"),
     _F("no_residual", "variance-drift", "block", "sublayer output replaces the stream: x = f(x) with no residual"),
+    _F("no_attn_residual", "ln-placement", "block",
+       "self-attention's output replaces the stream: x = attn(x) with no residual, the FFN keeps its own"),
     _F("pre_ln_no_final_norm", "ln-placement", "block", "Pre-LN stacks without the final LayerNorm", norms=("pre",)),
     _F("tiny_ln_eps", "nan-scores", "block", "LayerNorm eps=1e-12, which rounds to 0 in float16", needs="fp16"),
     _F("neg_inf_fill_all_masked", "nan-scores", "mask",

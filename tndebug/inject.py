@@ -24,7 +24,7 @@ from tndebug.config import ModelConfig
 from tndebug.model.attention import MultiHeadAttention
 from tndebug.model.embedding import Embeddings, sinusoid_table
 from tndebug.model.hooks import tap
-from tndebug.model.layers import Stack, Sublayer
+from tndebug.model.layers import DecoderLayer, EncoderLayer, Stack, Sublayer
 from tndebug.model.norm import RMSNorm
 from tndebug.model.transformer import build
 
@@ -252,14 +252,24 @@ def _pos_max_len_small(model):
 
 
 # -- blocks ------------------------------------------------------------------------------------
+def _residual_dropped(self, prev, x, f):
+    """Sublayer.forward without its residual: x = f(x)."""
+    y = self.dropout(f(self.norm(x) if self.pre else x))
+    return tap(self.hook_resid, y if self.pre else self.norm(y))
+
+
 def _no_residual(model):
     """x = f(x): the sublayer's output replaces the stream."""
-    def forward(self, prev, x, f):
-        y = self.dropout(f(self.norm(x) if self.pre else x))
-        return tap(self.hook_resid, y if self.pre else self.norm(y))
     for m in model.modules():
         if isinstance(m, Sublayer):
-            _swap(m, "forward", forward)
+            _swap(m, "forward", _residual_dropped)
+
+
+def _no_attn_residual(model):
+    """x = attn(x) in every layer's self-attention sublayer (sublayer 0); the others keep theirs."""
+    for m in model.modules():
+        if isinstance(m, (EncoderLayer, DecoderLayer)):
+            _swap(m.sublayer[0], "forward", _residual_dropped)
 
 
 def _pre_ln_no_final_norm(model):
@@ -320,6 +330,7 @@ INJECT = {
     "no_emb_scale": _no_emb_scale,
     "pos_max_len_small": _pos_max_len_small,
     "no_residual": _no_residual,
+    "no_attn_residual": _no_attn_residual,
     "pre_ln_no_final_norm": _pre_ln_no_final_norm,
     "tiny_ln_eps": _tiny_ln_eps,
     "fill_1e9_fp16": _each_attention(_fill(-1e9)),

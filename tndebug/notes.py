@@ -138,6 +138,12 @@ FAULT_NOTES: dict[str, tuple[str, str, str]] = {
         "Keep x + dropout(sublayer(x)) around every sublayer (2 per encoder layer, 3 per "
         "decoder layer) before/with LayerNorm",
     ),
+    "no_attn_residual": (
+        "The attention sublayer drops its residual (x = attn(norm(x))) while the FFN keeps x + ffn(x)",
+        "(FAILURE_MODES.md)",
+        "Keep x + dropout(sublayer(x)) around the attention sublayer as around the FFN "
+        "(closest: note 002)",
+    ),
     "pre_ln_no_final_norm": (
         "Pre-LN blocks x+sublayer(norm(x)) with no final LayerNorm; output stream unnormalised",
         "(FAILURE_MODES.md)",

@@ -326,6 +326,26 @@ def test_no_residual(norm):
         assert without < 1e-5 < 0.1 < with_res                     # faulted: the stream is replaced
 
 
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_no_attn_residual(norm):
+    """The self-attention sublayer's output replaces the stream; the FFN keeps its residual."""
+    def parts(model):
+        a = "encoder.layers.0."
+        names = ["src_embed.hook_out", a + "self_attn.hook_out", a + "sublayer.0.hook_resid",
+                 a + "ffn.hook_out", a + "sublayer.1.hook_resid"]
+        got = taps(model, names, *batch())
+        x, f, h, g, out = (got[n] for n in names)
+        sub = model.encoder.layers[0].sublayer
+        if norm == "post":
+            return (h - sub[0].norm(f)).abs().max().item(), (out - sub[1].norm(h + g)).abs().max().item()
+        return (h - f).abs().max().item(), (out - (h + g)).abs().max().item()
+    with torch.no_grad():
+        attn, ffn = parts(build("no_attn_residual", norm=norm))
+        assert attn < 1e-5 and ffn < 1e-5                          # h = attn(x); out = h + ffn(h)
+        attn, _ = parts(build(norm=norm))
+        assert attn > 0.1                                          # healthy: h = x + attn(x)
+
+
 def test_pre_ln_no_final_norm():
     def off_norm(model):
         with torch.no_grad():

@@ -197,7 +197,7 @@ _ALL = [
         "yes", "ln-placement", "error", _swap((Residual, X.ResidualOfNorm))),
     Bug("residual_x_plus_x", "https://github.com/kyegomez/BitNet/issues/32",
         "x = attn(x); x = x + x: the attention output added to itself, no residual",
-        "yes", "variance-drift", "error", _doubled_attention_residual),
+        "yes", "ln-placement", "error", _doubled_attention_residual),   # residual-missing (exact)
     # -- the training loop (tndebug.watch) ----------------------------------------------------
     Bug("no_zero_grad", "https://github.com/tenstorrent/tt-blacksmith/pull/711",
         "zero_grad left out of the trainer: gradients accumulate across steps",
