@@ -36,7 +36,55 @@ def test_no_scale_is_fitted_at_one(norm):
 def test_scale_by_d_model_is_named():
     pairs, findings = found(ModelConfig.tiny().with_faults("scale_by_d_model"))
     assert pairs == [("error", "encoder.layers.0.self_attn")]
-    assert "scale 0.125, expected 1/sqrt(16)=0.250 (1/sqrt(d_model))" in findings[0].message
+    f = findings[0]
+    assert f.evidence["scale_used"] == {"form": "1/sqrt", "n": 64, "named": "d_model"}
+    # the constant used and the one expected, each in the model's numbers
+    assert f.message.startswith("encoder.layers.0.self_attn: scale 0.125 = 1/sqrt(64): divided by "
+                                "sqrt(d_model), the width of all 4 heads together (64); expected "
+                                "1/sqrt(16) = 0.250: 1/sqrt(d_k), one head's width = 64 / 4 heads = 16")
+
+
+def test_per_head_modules_scaled_by_the_embedding_width_name_that_width(tmp_path):
+    """The lecture's per-head modules written `* C ** -0.5` (C = n_embd): the message read
+    "expected 1/sqrt(8)" then "(1/sqrt(d_model))"; it names C, the split and head_size."""
+    import tndebug
+    from tndebug.capture.adapters import import_file
+    from pathlib import Path
+    style = Path(__file__).resolve().parents[1] / "foreign" / "styles" / "head_modules.py"
+    old = "wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5"
+    text = style.read_text()
+    assert text.count(old) == 1
+    (tmp_path / "heads_by_width.py").write_text(text.replace(old, "wei = q @ k.transpose(-2, -1) * C ** -0.5"))
+    mod = import_file(tmp_path / "heads_by_width.py")
+    torch.manual_seed(0)
+    report = tndebug.check(mod.build(), mod.forward, probes="missing-scale", arch="decoder", pad_id=None)
+    (f,) = [f for f in report.findings if f.probe == "missing-scale"]
+    assert f.code == "missing-scale/by-d-model" and f.severity == "error"
+    assert f.evidence["scale_used"] == {"form": "1/sqrt", "n": 32, "split": True,
+                                        "named": "the embedding width, split across per-head modules"}
+    assert f.message.startswith("blocks.0.sa: scale 0.177 = 1/sqrt(32): each of its 4 per-head modules "
+                                "divides by sqrt of the embedding width, C = n_embd = 32; expected "
+                                "1/sqrt(8) = 0.354: 1/sqrt(head_size), each module's own width = "
+                                "32 / 4 heads = 8"), f.message
+    assert "(1/sqrt(d_model))" not in f.message
+    assert "math.sqrt(head_size)" in f.fix
+
+
+@pytest.mark.parametrize("divide, used, text", [
+    (lambda d_k: d_k, {"form": "1/n", "n": 8, "named": "d_k"},
+     "scale 0.125 = 1/8: divided by d_k itself (8), not by its square root; expected 1/sqrt(8) = 0.354"),
+    (lambda d_k: 2.0, {"form": "1/sqrt", "n": 4.0, "named": "another constant"},
+     "scale 0.500 = 1/sqrt(4): divided by sqrt(4), none of this attention's widths (d_k 8, d_model 32); "
+     "expected 1/sqrt(8) = 0.354"),
+], ids=["by-d_k", "other"])
+def test_other_wrong_constants_name_the_constant_used(divide, used, text):
+    class Divided(HandAttention):
+        def score(self, q, k):
+            return q @ k.transpose(-2, -1) / divide(self.d_k)
+
+    (f,) = run_probe(hand_subject(HandModel(attn_cls=Divided)), MissingScale(at(1)))
+    assert f.code == "missing-scale/wrong-constant" and f.evidence["scale_used"] == used
+    assert text in f.message, f.message
 
 
 # -- the same bug written by hand --------------------------------------------------------------

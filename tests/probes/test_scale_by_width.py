@@ -15,7 +15,8 @@ def test_heads_as_modules_scaled_by_the_embedding_width_are_named_by_d_model():
     found = [f for f in report.findings if f.probe == "missing-scale" and f.severity == "error"]
     assert [f.code for f in found] == ["missing-scale/by-d-model"], report.findings
     f = found[0]
-    assert "divides by sqrt(32), the embedding width" in f.message, f.message
+    assert "= 1/sqrt(32): each of its 4 per-head modules divides by sqrt of the embedding width, " \
+           "C = n_embd = 32" in f.message, f.message
     assert f.evidence["d_model"] == 32 and f.evidence["heads"] == 4 and f.evidence["d_k"] == 8
     assert "d_k = 32 / 4 heads = 8" in f.fix
 

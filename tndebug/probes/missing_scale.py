@@ -267,19 +267,25 @@ class MissingScale(Probe):
             site, meta, c, resid, max_p, ent, tol, rms_q, rms_k = items[0]
             d_k, d_model, h = meta["d_k"], meta["d_model"], meta["heads"]
             tail = f" (+{len(items) - 1} more attention modules)" if len(items) > 1 else ""
-            msg = (f"{site}: scale {c:.3f}, expected 1/sqrt({d_k})={1 / math.sqrt(d_k):.3f} "
-                   f"({label}){tail}")
+            used = scale_used(label, c, d_k, d_model, h, meta.get("split_modules", False))
+            if label == "no 1/sqrt(d_k)":     # the unscaled message as README and the samples show it
+                msg = (f"{site}: scale {c:.3f}, expected 1/sqrt({d_k})={1 / math.sqrt(d_k):.3f} "
+                       f"({label}){tail}")
+            else:                             # the constant used and the one expected, in the user's numbers
+                own = ("1/sqrt(head_size), each module's own width" if used.get("split")
+                       else "1/sqrt(d_k), one head's width")
+                msg = (f"{site}: scale {c:.3f} = {used['form_text']}: {used['text']}; expected "
+                       f"1/sqrt({d_k}) = {1 / math.sqrt(d_k):.3f}: {own} = {d_model} / {h} heads = "
+                       f"{d_k}{tail}")
             evidence = {
                 "fitted_scale": c, "expected_scale": 1 / math.sqrt(d_k), "scale_x_sqrt_dk": c * math.sqrt(d_k),
                 "d_k": d_k, "d_model": d_model, "heads": h, "fit": meta["source"], "fit_residual": resid,
                 "mean_max_prob": max_p, "normalised_entropy": ent, "rms_q": rms_q, "rms_k": rms_k,
                 "modules": {s: round(cc * math.sqrt(m["d_k"]), 6) for s, m, cc, *_ in items},
                 "qk_rms_ratio": {it[0]: round(_ratio(it[7], it[8]), 6) for it in items},
-                "diagnosis": label, "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}",
+                "diagnosis": label, "scale_used": {k: v for k, v in used.items() if "text" not in k},
+                "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}",
                 "qk_traced_by": meta.get("qk_match", "values")}
-            if meta.get("split_modules"):
-                msg += (f": each of the {h} head modules divides by sqrt({d_model}), the embedding "
-                        f"width (C, n_embd), not by sqrt of its own width ({d_k})")
             if severity == "warning":
                 msg += ("; q and k are one tensor here, so the weights cannot show whether the "
                         "scale was meant to be folded into W_Q (as T5 does)")
@@ -289,7 +295,9 @@ class MissingScale(Probe):
                         f"initialisation does")
                 fix = by_design_fix(d_k)
             else:
-                what = ("math.sqrt(d_k), the per-head width, not math.sqrt(d_model)"
+                what = ("math.sqrt(head_size) (k.shape[-1], each head module's own width), not "
+                        "math.sqrt(C), the embedding width," if used.get("split") else
+                        "math.sqrt(d_k), the per-head width, not math.sqrt(d_model)"
                         if label == "1/sqrt(d_model)" else "math.sqrt(d_k)")
                 fix = (f"Divide the scores q @ k.transpose(-2, -1) by {what} after the head split, "
                        f"before the mask and the softmax: here d_k = {d_model} / {h} heads = {d_k}, "
@@ -302,6 +310,28 @@ class MissingScale(Probe):
                     label, "wrong-constant"))
             self.report(severity, msg, where=site, step=step, layer=meta["layer"], fix=fix,
                         evidence=evidence, code=code, source=meta.get("line"))
+
+
+def scale_used(label: str, c: float, d_k: int, d_model: int, heads: int, split: bool) -> dict:
+    """The constant the code scaled by, in the user's numbers: {"form_text" (1/sqrt(32)), "text"
+    (what it is), "form" ("1/sqrt" | "1/n" | "none"), "n" (what the code divided by), "named"}."""
+    if label == "no 1/sqrt(d_k)":
+        return {"form_text": "1", "text": "no scale", "form": "none", "n": 1, "named": "no scale"}
+    if label == "1/sqrt(d_model)" and split:
+        return {"form_text": f"1/sqrt({d_model})", "split": True, "form": "1/sqrt", "n": d_model,
+                "text": f"each of its {heads} per-head modules divides by sqrt of the embedding "
+                        f"width, C = n_embd = {d_model}",
+                "named": "the embedding width, split across per-head modules"}
+    if label == "1/sqrt(d_model)":
+        return {"form_text": f"1/sqrt({d_model})", "form": "1/sqrt", "n": d_model, "named": "d_model",
+                "text": f"divided by sqrt(d_model), the width of all {heads} heads together ({d_model})"}
+    if label == "1/d_k, not 1/sqrt(d_k)":
+        return {"form_text": f"1/{d_k}", "form": "1/n", "n": d_k, "named": "d_k",
+                "text": f"divided by d_k itself ({d_k}), not by its square root"}
+    n = 1 / (c * c) if c > 0 else math.nan
+    return {"form_text": f"1/sqrt({n:.4g})", "form": "1/sqrt", "n": round(n, 4), "named": "another constant",
+            "text": f"divided by sqrt({n:.4g}), none of this attention's widths (d_k {d_k}, "
+                    f"d_model {d_model})"}
 
 
 def your_line(src: dict | None, d_k: int) -> str:
