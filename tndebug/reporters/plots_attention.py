@@ -42,14 +42,7 @@ def figure_attention_maps(rec: Recorder, kind: str, fig_dir: Path,
         or [str(i) for i in range(T)]
     k_labels = _token_labels(keys, snap, bos=kind == "dec_self", names=names) \
         or [str(i) for i in range(S)]
-    grid = np.full((L * (T + 1) - 1, H * (S + 1) - 1), np.nan)          # NaN: the white gaps
-    nonfinite = 0
-    for i, a in enumerate(recs):
-        for h in range(a.probs.shape[1]):
-            p = a.probs[example, h].numpy()                                   # [T, S]
-            bad = ~np.isfinite(p)
-            nonfinite += int(bad.sum())
-            grid[i * (T + 1):i * (T + 1) + T, h * (S + 1):h * (S + 1) + S] = np.where(bad, -1.0, p)
+    grid, nonfinite = _tiled(recs, example, T, S, H)
     cell = min(0.24, 7.5 / max(H * (S + 1), 1), 6.0 / max(L * (T + 1), 1))   # inches per cell
     fig = Figure(figsize=(max(5.0, cell * H * (S + 1) + 2.6), max(3.0, cell * L * (T + 1) + 2.2)),
                  dpi=DPI)
@@ -70,22 +63,8 @@ def figure_attention_maps(rec: Recorder, kind: str, fig_dir: Path,
     for i, a in enumerate(recs):
         ax.text(H * (S + 1) - 0.6, i * (T + 1) + (T - 1) / 2, f"layer {a.layer}", ha="left",
                 va="center", rotation=90, fontsize=8)
-    k0 = _first_pad(keys, snap.pad_id)
-    q0 = _first_pad(queries, snap.pad_id)
-    segs = []
-    for i in range(L):
-        y0, x0s = i * (T + 1) - 0.5, [h * (S + 1) - 0.5 for h in range(H)]
-        if k0 is not None:
-            segs += [[(x + k0, y0), (x + k0, y0 + T)] for x in x0s]
-        if q0 is not None:
-            segs += [[(x, y0 + q0), (x + S, y0 + q0)] for x in x0s]
-    if segs:
-        ax.add_collection(LineCollection(segs, colors="red", linestyles="--", linewidths=1.0))
-    if kind == "dec_self":
-        n = min(S, T)
-        ax.add_collection(LineCollection(
-            [[(x, y), (x + n, y + n)] for i in range(L) for x in [h * (S + 1) - 0.5 for h in range(H)]
-             for y in [i * (T + 1) - 0.5]], colors="white", linewidths=0.5, alpha=0.6))
+    _pad_and_causal_lines(ax, L, H, T, S, _first_pad(keys, snap.pad_id),
+                          _first_pad(queries, snap.pad_id), causal=kind == "dec_self")
     ax.set_xlabel("keys (one block per head)", fontsize=8)
     ax.set_ylabel("queries (one block per layer)", fontsize=8)
     index = snap.rows[example] if example < len(snap.rows) else example
@@ -109,6 +88,40 @@ def figure_attention_maps(rec: Recorder, kind: str, fig_dir: Path,
                 f". Queries: {_fmt_tokens(queries, snap.pad_id, names)}; keys: "
                 f"{_fmt_tokens(keys, snap.pad_id, names)}. "
                 f"{marks}Mass on padding is a mask bug.", labels=labels)
+
+
+def _tiled(recs, example: int, T: int, S: int, H: int):
+    """(grid, NaN/Inf count): each layer's heads side by side, the layers stacked, one blank
+    (NaN) row and column between blocks; a non-finite cell is -1 (drawn magenta)."""
+    L = len(recs)
+    grid = np.full((L * (T + 1) - 1, H * (S + 1) - 1), np.nan)          # NaN: the white gaps
+    nonfinite = 0
+    for i, a in enumerate(recs):
+        for h in range(a.probs.shape[1]):
+            p = a.probs[example, h].numpy()                                   # [T, S]
+            bad = ~np.isfinite(p)
+            nonfinite += int(bad.sum())
+            grid[i * (T + 1):i * (T + 1) + T, h * (S + 1):h * (S + 1) + S] = np.where(bad, -1.0, p)
+    return grid, nonfinite
+
+
+def _pad_and_causal_lines(ax, L: int, H: int, T: int, S: int, k0, q0, causal: bool) -> None:
+    """Red dashed lines where padding starts in every block (k0: keys, q0: queries; None: no
+    padding), and for decoder self-attention the faint diagonal of the causal limit."""
+    segs = []
+    for i in range(L):
+        y0, x0s = i * (T + 1) - 0.5, [h * (S + 1) - 0.5 for h in range(H)]
+        if k0 is not None:
+            segs += [[(x + k0, y0), (x + k0, y0 + T)] for x in x0s]
+        if q0 is not None:
+            segs += [[(x, y0 + q0), (x + S, y0 + q0)] for x in x0s]
+    if segs:
+        ax.add_collection(LineCollection(segs, colors="red", linestyles="--", linewidths=1.0))
+    if causal:
+        n = min(S, T)
+        ax.add_collection(LineCollection(
+            [[(x, y), (x + n, y + n)] for i in range(L) for x in [h * (S + 1) - 0.5 for h in range(H)]
+             for y in [i * (T + 1) - 0.5]], colors="white", linewidths=0.5, alpha=0.6))
 
 
 def _every(cell: float) -> int:
