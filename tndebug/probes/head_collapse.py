@@ -144,6 +144,14 @@ class HeadCollapse(Probe):
         return match_projections(site, rec, calls, modules)
 
     def _shared(self, site, rec, roles, module, trace) -> None:
+        measured = self._shared_measures(site, rec, roles, module, trace)
+        if measured is not None:
+            self._shared_verdict(site, rec, *measured)
+
+    def _shared_measures(self, site, rec, roles, module, trace):
+        """(evidence, one(a, b): roles a and b come from one projection, the scores' symmetry or
+        None) of whether Q and K (and V) share a projection; None when that cannot be told (the
+        site is covered as no verdict)."""
         ev: dict[str, Any] = {}
         # the same module (the same part of a fused output), or the same weight tensor,
         # produced q and k; V is named when it comes from that projection too
@@ -186,6 +194,11 @@ class HeadCollapse(Probe):
             ev.update(sym)
         if ("q" in mods and "k" in mods) or packed is not None or "q_minus_k_rel" in ev or sym is not None:
             self.cover(site, "checked")
+        return ev, one, sym
+
+    def _shared_verdict(self, site, rec, ev: dict, one, sym) -> None:
+        """shared-projection (error, or warning on inexact symmetry alone), near-symmetric or
+        shared-qk-self-masked (info), or nothing, from `_shared_measures`."""
         # The claim follows the measurements: shared weights (the same module, or equal packed
         # slices) or q == k say "one projection"; symmetric scores say it only when q and k
         # were not measured, or were measured equal. Measured q != k with symmetric scores is

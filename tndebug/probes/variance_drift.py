@@ -170,8 +170,11 @@ class VarianceDrift(Probe):
             self.metric(step, tags.DEPTH.build(stack=stack, layer=layer, stat="resid_rms"), rms)
             self.metric(step, tags.DEPTH.build(stack=stack, layer=layer, stat="rank"), r)
 
-    def _rank(self, step: int, stack: str, pts, logits_r=None) -> None:
-        hit = None          # (severity, index)
+    @staticmethod
+    def _first_collapse(pts) -> tuple[str, int] | None:
+        """(severity, index) of the first point whose rank ratio is below R_FLOOR, or dropped
+        abruptly (by DROP) below R_ERROR (error); else the first abrupt drop below R_WARN."""
+        hit = None
         for i, (_, _, kind, r, _, _) in enumerate(pts):
             if kind == "embed" or math.isnan(r):
                 continue
@@ -183,10 +186,13 @@ class VarianceDrift(Probe):
             elif abrupt and r < R_WARN:
                 sev = "warning"
             if sev == "error":
-                hit = (sev, i)
-                break
+                return sev, i
             if sev == "warning" and hit is None:
                 hit = (sev, i)
+        return hit
+
+    def _rank(self, step: int, stack: str, pts, logits_r=None) -> None:
+        hit = self._first_collapse(pts)
         first = stack not in self.seen
         self.seen.add(stack)
         if hit is None:
@@ -237,23 +243,7 @@ class VarianceDrift(Probe):
             return
         self.flagged.add((stack, sev))
         when = " in the trained weights" if self.mode == "triage" else " during training"
-        out = ("nan" if math.isnan(lr_) else f"{lr_:.3g}")
-        how = {"missing": "; its output keeps nothing of its input (no residual add)",
-               "swamped": "; the residual is there but the sublayer's output swamps it",
-               "dynamic": when,
-               "output": (f"; the residual is there but the sublayer's output swamps it, and the "
-                          f"logits are collapsed too (r={out} < {R_ERROR})"),
-               "statistic": (f"{when}, but the sublayer keeps its input's token differences "
-                             f"(retention {rho:.2f} >= {RETAIN})"
-                             + (f" and the logits still vary over the positions (r={out} >= {R_ERROR})"
-                                if lr_ >= R_ERROR else
-                                f"; the logits are nearly the same at every position (r={out} < "
-                                f"{R_ERROR}): the model gives one answer whatever its input, as one "
-                                f"that has learned only its targets' frequencies does"
-                                if lr_ < R_ERROR else " (the logits were not captured)")
-                             + ": a statistic of the weights, not a defect shown (a model still "
-                               "learning, or trained on targets its input does not predict, passes "
-                               "through this; judge it by its held-out loss)")}[cause]
+        how = _collapse_how(cause, when, rho, lr_)
         self.report(
             sev, f"rank collapse in the {stack}: tokens at {where} are nearly identical "
                  f"(r={r:.4f}, from {r_in:.3f} at its input){how}",
@@ -334,3 +324,24 @@ class VarianceDrift(Probe):
             return
         if label in ("pre", "post"):
             self.placement, self.placement_evidence = label, ev
+
+
+def _collapse_how(cause: str, when: str, rho: float, lr_: float) -> str:
+    """The rank-collapse message's account of its cause (see VarianceDriftProbe._rank)."""
+    out = ("nan" if math.isnan(lr_) else f"{lr_:.3g}")
+    return {"missing": "; its output keeps nothing of its input (no residual add)",
+            "swamped": "; the residual is there but the sublayer's output swamps it",
+            "dynamic": when,
+            "output": (f"; the residual is there but the sublayer's output swamps it, and the "
+                       f"logits are collapsed too (r={out} < {R_ERROR})"),
+            "statistic": (f"{when}, but the sublayer keeps its input's token differences "
+                          f"(retention {rho:.2f} >= {RETAIN})"
+                          + (f" and the logits still vary over the positions (r={out} >= {R_ERROR})"
+                             if lr_ >= R_ERROR else
+                             f"; the logits are nearly the same at every position (r={out} < "
+                             f"{R_ERROR}): the model gives one answer whatever its input, as one "
+                             f"that has learned only its targets' frequencies does"
+                             if lr_ < R_ERROR else " (the logits were not captured)")
+                          + ": a statistic of the weights, not a defect shown (a model still "
+                            "learning, or trained on targets its input does not predict, passes "
+                            "through this; judge it by its held-out loss)")}[cause]
