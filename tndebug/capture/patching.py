@@ -3,6 +3,7 @@ one table, with a TorchFunctionMode for the calls a model bound before the patch
 """
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 
@@ -19,193 +20,14 @@ if TYPE_CHECKING:                       # annotations only: no import circle
 # -- patching ------------------------------------------------------------------------------------
 @contextmanager
 def _patched(state: _State):
-    """Swap torch's attention primitives for recording wrappers; always restored."""
+    """Swap torch's attention primitives for recording wrappers (`_PATCHES`, in this order);
+    always restored."""
     originals = []
-
-    def patch(owner, name, make):
-        orig = getattr(owner, name)
-        originals.append((owner, name, orig))
-        setattr(owner, name, make(orig))
-
-    def product(orig, kT=True):
-        def wrapper(a, b, *args, **kwargs):
-            if state.current() is None:
-                return orig(a, b, *args, **kwargs)
-            if state.kv_swap:
-                b = state.swap_kv(b)
-            state.busy = True
-            try:
-                out = orig(a, b, *args, **kwargs)
-            finally:
-                state.busy = False
-            state.on_product(a, b, out, kT)
-            return out
-        return wrapper
-
-    def add(orig, inplace=False):
-        def wrapper(a, b, *args, **kwargs):
-            if state.current() is None:
-                return orig(a, b, *args, **kwargs)
-            before = a.clone() if inplace and isinstance(a, torch.Tensor) else a
-            state.busy = True
-            try:
-                out = orig(a, b, *args, **kwargs)
-            finally:
-                state.busy = False
-            if args or kwargs:                   # add(a, b, alpha=...): not a plain sum
-                return out
-            state.on_add(before, b, out)
-            return out
-        return wrapper
-
-    def linear(orig):
-        def wrapper(x, *args, **kwargs):
-            out = orig(x, *args, **kwargs)
-            if state.calls:
-                state.on_linear(x, out, args[0] if args else kwargs.get("weight"))
-            return out
-        return wrapper
-
-    def addmm(orig):
-        def wrapper(inp, x, w, *args, **kwargs):       # bias + x @ w: Hugging Face's Conv1D
-            out = orig(inp, x, w, *args, **kwargs)
-            if state.calls and isinstance(w, torch.Tensor) and w.dim() == 2:
-                state.on_linear(x, out, w)
-            return out
-        return wrapper
-
-    def baddbmm(orig):
-        def wrapper(inp, b1=None, b2=None, *args, beta=1, alpha=1, batch1=None, batch2=None, **kwargs):
-            b1, b2 = (batch1 if b1 is None else b1), (batch2 if b2 is None else b2)   # BLOOM's keywords
-            if state.current() is None:
-                return orig(inp, b1, b2, *args, beta=beta, alpha=alpha, **kwargs)
-            state.busy = True
-            try:
-                out = orig(inp, b1, b2, *args, beta=beta, alpha=alpha, **kwargs)
-                raw = torch.bmm(b1, b2)
-            finally:
-                state.busy = False
-            state.on_product(b1, b2, raw)
-            call = state.current()
-            # out = alpha * q k^T + beta * inp: the scores, scaled, with inp added (a mask, ALiBi)
-            # as `scores + mask` is; beta = 0 (GPT-2's reordered path): the scaled scores alone,
-            # to be followed like a matmul's
-            if call is not None and call.raw is raw and beta != 0 and isinstance(inp, torch.Tensor):
-                state.busy = True
-                try:
-                    call.add_pre, call.add_terms = (raw * alpha).detach(), [(inp * beta).detach()]
-                finally:
-                    state.busy = False
-                call.chain_out = out
-            return out
-        return wrapper
-
-    def einsum(orig):
-        def wrapper(eq, *operands, **kwargs):
-            ops = operands[0] if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
-            if state.current() is None or len(ops) != 2:
-                return orig(eq, *operands, **kwargs)
-            a, b = ops
-            if state.kv_swap:                # k or v with its kv heads swapped: one product
-                b = state.swap_kv(b)
-            state.busy = True
-            try:
-                out = (orig(eq, *operands, **kwargs) if b is ops[1]
-                       else orig(eq, a, b, **kwargs))
-            finally:
-                state.busy = False
-            call = state.current()
-            if call is not None and isinstance(b, torch.Tensor) and b.dim() == 2:
-                if state.trace is not None:                  # "btd,de->bte": a projection
-                    call.linears.append((a.detach(), out.detach(), b))
-            elif call is not None and out.dim() >= 3:
-                if not call.softmaxed and call.raw is None and a.shape[-1] == b.shape[-1]:
-                    call.q, call.k, call.raw = a, b, out            # "...qd,...kd->...qk"
-                    state.locate(call, "scores")
-                    layout = einsum_scores_layout(eq, a, b, out)
-                    if layout:
-                        call.extra["layout"] = layout
-                elif call.softmaxed and call.z is None:
-                    call.v, call.z = b, out
-                    layout = einsum_values_layout(eq, call.extra.get("layout"), a, b, out)
-                    if layout:
-                        call.extra["layout"] = {**call.extra["layout"], **layout}
-            return out
-        return wrapper
-
-    def masked_fill(orig, inplace=False):
-        def wrapper(x, mask, value, *args, **kwargs):
-            if state.current() is None:
-                return orig(x, mask, value, *args, **kwargs)
-            before = x.clone() if inplace else x
-            state.busy = True
-            try:
-                out = orig(x, mask, value, *args, **kwargs)
-            finally:
-                state.busy = False
-            state.on_masked_fill(before, mask, out)
-            return out
-        return wrapper
-
-    def softmax(orig):
-        def wrapper(x, *args, **kwargs):
-            if state.current() is None:
-                return orig(x, *args, **kwargs)
-            x_in = state.softmax_input(x)
-            state.busy = True
-            try:
-                out = orig(x_in, *args, **kwargs)
-            finally:
-                state.busy = False
-            state.on_softmax(x_in, out)
-            return out
-        return wrapper
-
-    def sdpa(orig):
-        def wrapper(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                    scale=None, **kwargs):
-            call = state.current()
-            if call is None:
-                return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                            is_causal=is_causal, scale=scale, **kwargs)
-            use_scale = scale
-            if state.kv_swap:
-                key, value = state.swap_kv(key), state.swap_kv(value)
-            if state.alpha is not None and not call.scaled:
-                call.scaled = True
-                use_scale = (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])) * state.alpha
-            state.busy = True
-            try:
-                out = orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                           is_causal=is_causal, scale=use_scale, **kwargs)
-            finally:
-                state.busy = False
-            state.on_sdpa(query, key, value, attn_mask, is_causal, use_scale, out)
-            return out
-        return wrapper
-
     try:
-        for owner in (torch, torch.Tensor):
-            patch(owner, "matmul", product)
-            patch(owner, "bmm", product)
-            patch(owner, "masked_fill", masked_fill)
-            patch(owner, "softmax", softmax)
-        patch(torch.Tensor, "__matmul__", product)
-        patch(torch, "add", add)
-        patch(torch.Tensor, "add", add)
-        patch(torch.Tensor, "__add__", add)
-        patch(torch.Tensor, "__radd__", add)
-        patch(torch.Tensor, "add_", lambda o: add(o, inplace=True))
-        patch(torch.Tensor, "__iadd__", lambda o: add(o, inplace=True))
-        patch(F, "linear", linear)
-        patch(torch.Tensor, "masked_fill_", lambda o: masked_fill(o, inplace=True))
-        patch(torch, "addmm", addmm)
-        patch(torch.Tensor, "addmm", addmm)
-        patch(torch, "baddbmm", baddbmm)
-        patch(torch.Tensor, "baddbmm", baddbmm)        # `alibi.baddbmm(...)`: BLOOM
-        patch(torch, "einsum", einsum)
-        patch(F, "softmax", softmax)
-        patch(F, "scaled_dot_product_attention", sdpa)
+        for owner, name, make in _PATCHES:
+            orig = getattr(owner, name)
+            originals.append((owner, name, orig))
+            setattr(owner, name, make(state, orig))
         wrapped = {orig: getattr(owner, name) for owner, name, orig in originals
                    if (owner, name) in ((torch, "einsum"), (F, "softmax"))}
         with _rebound(state, wrapped):
@@ -213,6 +35,199 @@ def _patched(state: _State):
     finally:
         for owner, name, orig in reversed(originals):
             setattr(owner, name, orig)
+
+
+# each wrapper factory `make(state, orig)`: the recording's view of one torch primitive
+def _product(state: _State, orig, kT=True):
+    def wrapper(a, b, *args, **kwargs):
+        if state.current() is None:
+            return orig(a, b, *args, **kwargs)
+        if state.kv_swap:
+            b = state.swap_kv(b)
+        state.busy = True
+        try:
+            out = orig(a, b, *args, **kwargs)
+        finally:
+            state.busy = False
+        state.on_product(a, b, out, kT)
+        return out
+    return wrapper
+
+
+def _add(state: _State, orig, inplace=False):
+    def wrapper(a, b, *args, **kwargs):
+        if state.current() is None:
+            return orig(a, b, *args, **kwargs)
+        before = a.clone() if inplace and isinstance(a, torch.Tensor) else a
+        state.busy = True
+        try:
+            out = orig(a, b, *args, **kwargs)
+        finally:
+            state.busy = False
+        if args or kwargs:                   # add(a, b, alpha=...): not a plain sum
+            return out
+        state.on_add(before, b, out)
+        return out
+    return wrapper
+
+
+def _linear(state: _State, orig):
+    def wrapper(x, *args, **kwargs):
+        out = orig(x, *args, **kwargs)
+        if state.calls:
+            state.on_linear(x, out, args[0] if args else kwargs.get("weight"))
+        return out
+    return wrapper
+
+
+def _addmm(state: _State, orig):
+    def wrapper(inp, x, w, *args, **kwargs):       # bias + x @ w: Hugging Face's Conv1D
+        out = orig(inp, x, w, *args, **kwargs)
+        if state.calls and isinstance(w, torch.Tensor) and w.dim() == 2:
+            state.on_linear(x, out, w)
+        return out
+    return wrapper
+
+
+def _baddbmm(state: _State, orig):
+    def wrapper(inp, b1=None, b2=None, *args, beta=1, alpha=1, batch1=None, batch2=None, **kwargs):
+        b1, b2 = (batch1 if b1 is None else b1), (batch2 if b2 is None else b2)   # BLOOM's keywords
+        if state.current() is None:
+            return orig(inp, b1, b2, *args, beta=beta, alpha=alpha, **kwargs)
+        state.busy = True
+        try:
+            out = orig(inp, b1, b2, *args, beta=beta, alpha=alpha, **kwargs)
+            raw = torch.bmm(b1, b2)
+        finally:
+            state.busy = False
+        state.on_product(b1, b2, raw)
+        call = state.current()
+        # out = alpha * q k^T + beta * inp: the scores, scaled, with inp added (a mask, ALiBi)
+        # as `scores + mask` is; beta = 0 (GPT-2's reordered path): the scaled scores alone,
+        # to be followed like a matmul's
+        if call is not None and call.raw is raw and beta != 0 and isinstance(inp, torch.Tensor):
+            state.busy = True
+            try:
+                call.add_pre, call.add_terms = (raw * alpha).detach(), [(inp * beta).detach()]
+            finally:
+                state.busy = False
+            call.chain_out = out
+        return out
+    return wrapper
+
+
+def _einsum(state: _State, orig):
+    def wrapper(eq, *operands, **kwargs):
+        ops = operands[0] if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
+        if state.current() is None or len(ops) != 2:
+            return orig(eq, *operands, **kwargs)
+        a, b = ops
+        if state.kv_swap:                # k or v with its kv heads swapped: one product
+            b = state.swap_kv(b)
+        state.busy = True
+        try:
+            out = (orig(eq, *operands, **kwargs) if b is ops[1]
+                   else orig(eq, a, b, **kwargs))
+        finally:
+            state.busy = False
+        call = state.current()
+        if call is not None and isinstance(b, torch.Tensor) and b.dim() == 2:
+            if state.trace is not None:                  # "btd,de->bte": a projection
+                call.linears.append((a.detach(), out.detach(), b))
+        elif call is not None and out.dim() >= 3:
+            if not call.softmaxed and call.raw is None and a.shape[-1] == b.shape[-1]:
+                call.q, call.k, call.raw = a, b, out            # "...qd,...kd->...qk"
+                state.locate(call, "scores")
+                layout = einsum_scores_layout(eq, a, b, out)
+                if layout:
+                    call.extra["layout"] = layout
+            elif call.softmaxed and call.z is None:
+                call.v, call.z = b, out
+                layout = einsum_values_layout(eq, call.extra.get("layout"), a, b, out)
+                if layout:
+                    call.extra["layout"] = {**call.extra["layout"], **layout}
+        return out
+    return wrapper
+
+
+def _masked_fill(state: _State, orig, inplace=False):
+    def wrapper(x, mask, value, *args, **kwargs):
+        if state.current() is None:
+            return orig(x, mask, value, *args, **kwargs)
+        before = x.clone() if inplace else x
+        state.busy = True
+        try:
+            out = orig(x, mask, value, *args, **kwargs)
+        finally:
+            state.busy = False
+        state.on_masked_fill(before, mask, out)
+        return out
+    return wrapper
+
+
+def _softmax(state: _State, orig):
+    def wrapper(x, *args, **kwargs):
+        if state.current() is None:
+            return orig(x, *args, **kwargs)
+        x_in = state.softmax_input(x)
+        state.busy = True
+        try:
+            out = orig(x_in, *args, **kwargs)
+        finally:
+            state.busy = False
+        state.on_softmax(x_in, out)
+        return out
+    return wrapper
+
+
+def _sdpa(state: _State, orig):
+    def wrapper(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                scale=None, **kwargs):
+        call = state.current()
+        if call is None:
+            return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, **kwargs)
+        use_scale = scale
+        if state.kv_swap:
+            key, value = state.swap_kv(key), state.swap_kv(value)
+        if state.alpha is not None and not call.scaled:
+            call.scaled = True
+            use_scale = (scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])) * state.alpha
+        state.busy = True
+        try:
+            out = orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                       is_causal=is_causal, scale=use_scale, **kwargs)
+        finally:
+            state.busy = False
+        state.on_sdpa(query, key, value, attn_mask, is_causal, use_scale, out)
+        return out
+    return wrapper
+
+
+_inplace_add = functools.partial(_add, inplace=True)
+_inplace_masked_fill = functools.partial(_masked_fill, inplace=True)
+# (owner, name, make): what `_patched` swaps, in order (restored in the reverse order)
+_PATCHES = [
+    *((owner, name, make) for owner in (torch, torch.Tensor)
+      for name, make in (("matmul", _product), ("bmm", _product), ("masked_fill", _masked_fill),
+                         ("softmax", _softmax))),
+    (torch.Tensor, "__matmul__", _product),
+    (torch, "add", _add),
+    (torch.Tensor, "add", _add),
+    (torch.Tensor, "__add__", _add),
+    (torch.Tensor, "__radd__", _add),
+    (torch.Tensor, "add_", _inplace_add),
+    (torch.Tensor, "__iadd__", _inplace_add),
+    (F, "linear", _linear),
+    (torch.Tensor, "masked_fill_", _inplace_masked_fill),
+    (torch, "addmm", _addmm),
+    (torch.Tensor, "addmm", _addmm),
+    (torch, "baddbmm", _baddbmm),
+    (torch.Tensor, "baddbmm", _baddbmm),        # `alibi.baddbmm(...)`: BLOOM
+    (torch, "einsum", _einsum),
+    (F, "softmax", _softmax),
+    (F, "scaled_dot_product_attention", _sdpa),
+]
 
 
 class _Rebound(TorchFunctionMode):
