@@ -58,9 +58,11 @@ def test_an_embedding_finding_points_at_the_embedding_sum(tmp_path):
     assert lines[f.source["line"]] == f.source["code"] and f.source["function"] == "GPT.forward"
 
 
-def test_a_norm_finding_points_at_the_norm_call(tmp_path):
-    model, _ = variant(tmp_path, "nn.LayerNorm(n_embd)", "nn.LayerNorm(n_embd, eps=1e-12)")
+def test_an_eps_finding_points_at_the_line_that_sets_eps(tmp_path):
+    """The norm's eps is set where the norm is constructed, not where it is called (issue 48)."""
+    model, lines = variant(tmp_path, "nn.LayerNorm(n_embd)", "nn.LayerNorm(n_embd, eps=1e-12)")
     report = tndebug.check(model)
     found = {f.where: f for f in report.findings if f.code == "nan-scores/norm-fp16"}
     f = found["transformer.h.0.ln_1"]
-    assert f.source["code"] == "x = x + self.attn(self.ln_1(x))" and f.source["function"] == "Block.forward"
+    assert f.source["code"] == "self.ln_1 = nn.LayerNorm(n_embd, eps=1e-12)"
+    assert f.source["function"] == "Block.__init__" and lines[f.source["line"]] == f.source["code"]

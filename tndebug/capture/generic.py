@@ -372,6 +372,14 @@ class GenericCapture:
         """Hooks on `paths`; torch's attention primitives patched when an attention's insides
         are recorded or scaled; MHA fast path off (it runs a layer as one call, past the hooks
         inside it); all undone."""
+        # the lines that made each tensor (origins.py): on recordings with a Trace only (probed
+        # passes), never on tndebug's own model, whose lines are not the user's. The notes run
+        # while the model's own forward runs (its root's hooks open and close them), not through
+        # a backward that a step's recording may stay open into
+        if state.trace is not None and not type(self.model).__module__.startswith("tndebug."):
+            from tndebug.capture.origins import Origins
+            state.origins = Origins(state)
+            paths = paths if "" in paths else ["", *paths]
         handles = []
         for name in paths:
             module = self.model.get_submodule(name)
@@ -385,6 +393,8 @@ class GenericCapture:
             with patching:
                 yield
         finally:
+            if state.origins is not None:
+                state.origins.close()            # a forward that raised (StacksEntered) ends here
             torch.backends.mha.set_fastpath_enabled(fastpath)
             for h in handles:
                 h.remove()

@@ -93,6 +93,7 @@ class _State(_Streams):
         self.stream_norm: dict[int, tuple] = {}   # stream index -> its norm's (weight, bias)
         self.records: list[tuple[_AttnCall, AttentionRecord]] = []
         self.seen_sites: dict[str, int] = {}
+        self.origins = None                     # origins.Origins: the lines that made tensors
 
     def _all_entered(self) -> bool:
         """Every stack the capture found (a named stack module, or numbered blocks) has an input."""
@@ -106,6 +107,8 @@ class _State(_Streams):
         def hook(module, args, kwargs):
             if in_backward():            # activation checkpointing's recompute: seen once already
                 return None
+            if self.origins is not None and name == "":
+                self.origins.open()              # the model's forward begins
             if name == self.stop_before:
                 raise HeadReached
             if name in cap.attention and (self.follow_attention or self.alpha is not None
@@ -138,6 +141,8 @@ class _State(_Streams):
         def hook(module, args, kwargs, output):
             if in_backward():
                 return None
+            if self.origins is not None and name == "":
+                self.origins.close()             # the model's forward is over
             if name in cap.attention and self.calls and self.calls[-1].path == name:
                 call = self.calls.pop()
                 if self.trace is not None:
@@ -154,6 +159,12 @@ class _State(_Streams):
             if not isinstance(out, torch.Tensor):
                 return None
             x = out.detach()
+            if self.origins is not None and name not in self.trace.made and (
+                    name in cap.layers or name in cap.sublayers or name in cap.stacks
+                    or name in cap.positional):     # a stream point's op: the residual add
+                made = self.origins.line(out)
+                if made is not None:
+                    self.trace.made[name] = made
             if self.keep_order:
                 self.trace.order.append((name, x))
             if name in cap.tok_wrappers:
@@ -241,6 +252,7 @@ class _State(_Streams):
         if not call.softmaxed and call.raw is None:
             call.q, call.k, call.raw = a, (b.transpose(-2, -1) if b_is_kT else b), out
             self.locate(call, "scores")
+            self.made_line(call, "q_made", a)
         elif call.softmaxed and call.z is None:
             call.v, call.z = b, out
 
@@ -264,12 +276,17 @@ class _State(_Streams):
         call.add_terms.append(term)
         call.chain_out = out
         self.locate(call, "add")
+        if self.origins is not None:             # each term's line: the mask's, if one masks
+            from tndebug.capture.source import user_line
+            call.extra.setdefault("add_lines", []).append((term, user_line()))
 
     def on_linear(self, x, out, weight=None) -> None:
         if self.trace is None or self.busy or not self.calls or not self.intercept:
             return
         if isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor):
             self.calls[-1].linears.append((x.detach(), out.detach(), weight))
+            if self.calls[-1].softmaxed:          # the output projection's input: heads merged
+                self.made_line(self.calls[-1], "merged", x, last=True)
 
     def on_masked_fill(self, x, mask, out) -> None:
         call = self.current()
@@ -280,9 +297,11 @@ class _State(_Streams):
                     and x.shape == call.raw.shape:   # not the fill that builds an additive mask
                 call.scores, call.masked_scores = x, out
                 self.locate(call, "mask")
+                self.mask_built(call, mask)
         elif call.z is None:                  # a mask applied to the probabilities
             call.probs = out
             self.locate(call, "mask")
+            self.mask_built(call, mask)
 
     def softmax_input(self, x):
         call = self.current()
@@ -300,6 +319,8 @@ class _State(_Streams):
         call.softmaxed = True
         call.probs = out
         self.locate(call, "softmax")
+        if self.origins is not None:
+            self._mask_lines(call, x)
         if call.masked_scores is None and call.chain_out is not None and x is call.chain_out:
             # the mask (and any position bias) was added to the scores: the mask is the part of
             # the added terms that removes keys; the rest (a bias) stays in the scores
@@ -331,6 +352,10 @@ class _State(_Streams):
         if call is None or call.raw is not None:
             return
         self.locate(call, "sdpa")
+        if attn_mask is not None:
+            self.mask_built(call, attn_mask)
+        elif not is_causal:
+            self.mask_none(call)
         if q.shape[:-1].numel() * k.shape[-2] > MAX_RECOMPUTED:   # too big to materialise: q, k, v, z only
             call.q, call.k, call.v, call.z, call.softmaxed = q.detach(), k.detach(), v.detach(), out.detach(), True
             return
@@ -425,7 +450,8 @@ class _State(_Streams):
         call.q, call.k = call.q / sq, call.k / sk
         call.extra.update(qk_source="projection", shared_projection=_same_map(q_map, k_map),
                           kv_from_other_input=not _same(q_in, k_in),
-                          qk_match="norms" if "norms" in (q_at[-1], k_at[-1]) else "values",
+                          qk_match=next((m for m in ("norms", "position0") if m in (q_at[-1], k_at[-1])),
+                                        "values"),
                           kv_order=k_at[-2])        # grouped-query k: "interleaved" | "tiled" | ""
 
     def locate(self, call: _AttnCall, role: str) -> None:
@@ -435,6 +461,51 @@ class _State(_Streams):
             loc = user_line()
             if loc is not None:
                 call.sources[role] = loc
+
+    def made_line(self, call: _AttnCall, role: str, x, last: bool = False) -> None:
+        """sources[role] := the user's line that made `x` (origins.py), when known; with
+        `last`, the latest such tensor's."""
+        if self.origins is not None and (last or role not in call.sources):
+            loc = self.origins.line(x)
+            if loc is not None:
+                call.sources[role] = loc
+
+    def _mask_lines(self, call: _AttnCall, x) -> None:
+        """At the softmax: the added term that removes keys (not a position bias) is the mask:
+        sources["mask_add"] its line, "mask_built" where it was built; with no mask seen, the
+        line that made the softmax's input ("softmax_in": scores masked by an op not followed)
+        or the call that passed None for the mask ("mask_none")."""
+        from tndebug.capture.projections import masked_by_addition
+        if call.masked_scores is None and call.chain_out is not None and x is call.chain_out:
+            self.busy = True
+            try:
+                hit = next(((t, loc) for t, loc in call.extra.get("add_lines", ())
+                            if masked_by_addition(t, x.shape) is not None), None)
+            finally:
+                self.busy = False
+            if hit is not None:
+                if hit[1] is not None:
+                    call.sources.setdefault("mask_add", hit[1])
+                self.mask_built(call, hit[0])
+        if not {"mask", "mask_add"} & set(call.sources):
+            self.made_line(call, "softmax_in", x)
+            if "softmax_in" not in call.sources or call.sources["softmax_in"] == call.sources.get("scores"):
+                self.mask_none(call)
+
+    def mask_built(self, call: _AttnCall, mask) -> None:
+        """sources["mask_built"] := where the mask applied in `call` was built (origins.py)."""
+        if self.origins is not None and "mask_built" not in call.sources \
+                and isinstance(mask, torch.Tensor):
+            loc = self.origins.mask_origin(mask, call)
+            if loc is not None:
+                call.sources["mask_built"] = loc
+
+    def mask_none(self, call: _AttnCall) -> None:
+        """sources["mask_none"] := the call that passed None for this attention's mask."""
+        if self.origins is not None and "mask_none" not in call.sources:
+            loc = self.origins.none_passed()
+            if loc is not None:
+                call.sources["mask_none"] = loc
 
     def wants(self, read: str) -> bool:
         return read in self.reads or "all" in self.reads
@@ -484,6 +555,8 @@ class _State(_Streams):
         self.tok, self.tok_site, self.stack_in = {}, {}, {}
         self.last_add = self.normed = None
         self.norm_outs, self.stream_norm = [], {}
+        if self.origins is not None:
+            self.origins.made = {}
 
     def finalise(self) -> None:
         t = self.trace
@@ -507,6 +580,9 @@ class _State(_Streams):
         if self.reads & {"embed", "stream", "grad.stream", "all"}:
             for role, stack in (("src", "encoder"), ("tgt", "decoder")):
                 self._embedding_parts(role, stack)
+        if t.made:
+            from tndebug.capture.source import remember_made
+            remember_made(self.cap.model, t.made)
 
 
 def _forward_source(module) -> dict:

@@ -17,6 +17,7 @@ import linecache
 import os
 import sys
 import sysconfig
+import weakref
 from functools import lru_cache
 from pathlib import Path
 
@@ -117,6 +118,55 @@ def pick(sources: dict, *roles: str) -> dict | None:
     return sources.get("forward")
 
 
+# model -> {module path (or "<stack>:embedding"): the line that made its output}, from the
+# recordings of its probed passes (capture/origins.py); read where a finding has no op's line
+_MADE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def remember_made(model, made: dict) -> None:
+    if made:
+        try:
+            _MADE.setdefault(model, {}).update(made)
+        except TypeError:                  # a model that cannot be weakly referenced
+            pass
+
+
+def made_line(model, key: str) -> dict | None:
+    """The line that made the output of the module at `key` (or "encoder:embedding", the
+    embedding addition whose result enters that stack) in a recorded pass of `model`."""
+    try:
+        loc = _MADE.get(model, {}).get(key)
+    except TypeError:
+        return None
+    return dict(loc) if loc else None
+
+
+def same_line(a: dict | None, b: dict | None) -> bool:
+    return bool(a and b) and (a.get("file"), a.get("line")) == (b.get("file"), b.get("line"))
+
+
+def with_also(primary: dict | None, *others: tuple[dict | None, str]) -> dict | None:
+    """`primary` carrying the other relevant lines of the finding as `also`: [{...location,
+    "why"}] (the line that applies a mask built elsewhere), each once, none equal to primary."""
+    if primary is None:
+        return None
+    out, also = dict(primary), []
+    for loc, why in others:
+        if loc and not loc.get("def") and not same_line(loc, primary) \
+                and not any(same_line(loc, a) for a in also):
+            also.append({k: v for k, v in loc.items() if k not in ("also", "why")} | {"why": why})
+    if also:
+        out["also"] = also
+    return out
+
+
+def also_text(src: dict) -> list[str]:
+    """`also model.py:91 (MultiHeadAttention.apply_mask), the mask is applied here`, one per
+    other line of the finding."""
+    return [f"also {shown_path(a['file'])}:{a['line']} ({a['function']}), {a['why']}: {a.get('code', '')}".rstrip(": ")
+            for a in src.get("also", ()) if a.get("file")]
+
+
 def shown_path(file: str) -> str:
     """`file` relative to the working directory when it lies under it."""
     try:
@@ -141,6 +191,27 @@ def context_lines(src: dict, around: int = 2) -> list[tuple[int, str]]:
     lo = max(1, src["line"] - around)
     rows = [(n, linecache.getline(src["file"], n).rstrip("\n")) for n in range(lo, src["line"] + around + 1)]
     return [(n, t) for n, t in rows if t or n <= src["line"]]
+
+
+def excerpt(src: dict, width: int, around: int = 2) -> list[tuple[bool, str]]:
+    """The lines around `src`'s line as (is the line itself, text) rows of at most `width`
+    characters: `> 52 | att = q @ k.transpose(-2, -1)`, dedented together; a line too long is
+    continued on the next row at a space, never inside a name or number (a single token longer
+    than the row is left whole)."""
+    import textwrap
+    rows = context_lines(src, around)
+    indent = min((len(t) - len(t.lstrip()) for _, t in rows if t.strip()), default=0)
+    out: list[tuple[bool, str]] = []
+    for n, line in rows:
+        text, mine = line[indent:], n == src["line"]
+        head = f"{'>' if mine else ' '}{n:4d} | "
+        pad = len(text) - len(text.lstrip())
+        room = max(16, width - len(head) - pad)
+        parts = textwrap.wrap(text.strip(), room, break_long_words=False, break_on_hyphens=False,
+                              subsequent_indent="    ") or [""]
+        out.append((mine, head + " " * pad + parts[0]))
+        out += [(mine, " " * (len(head) - 2) + "| " + " " * pad + p) for p in parts[1:]]
+    return out
 
 
 def call_site(model, path: str) -> dict | None:
@@ -191,8 +262,10 @@ def _call_in(cls, attr: str, call: bool = True) -> dict | None:
 
 
 def module_place(model, path: str, modules: dict | None = None) -> dict | None:
-    """Where a finding on the module at `path` sits in the model's code: the module's own
-    forward (its def line, marked `def`) when that is the user's or transformers' code; else,
+    """Where a finding on the module at `path` sits in the model's code: the line of the
+    module's own code that made its output in a recorded pass (the residual add of a block,
+    `made_line`), else its forward (its def line, marked `def`) when that is the user's or
+    transformers' code; else,
     for torch's modules (an embedding, a norm, a Linear), the line that calls it (`call_site`);
     else the forward def wherever it is."""
     module = (modules if modules is not None else dict(model.named_modules())).get(path)
@@ -200,6 +273,10 @@ def module_place(model, path: str, modules: dict | None = None) -> dict | None:
         return None
     own = _forward_def(type(module))
     if own is not None and _kind(own["file"]) is not None:
+        made = made_line(model, path)         # the op of its own code that made its output
+        cls = own["function"].rpartition(".")[0]
+        if made is not None and cls and made["function"].startswith(cls + "."):
+            return made
         return dict(own)
     site = call_site(model, path)
     return site if site is not None else (dict(own) if own else None)

@@ -131,6 +131,8 @@ class _Streams:
             for path, x_in, x_out in self.pos_calls:
                 if x_out.shape == out.shape and (x_out is out or torch.equal(x_out, out)):
                     tok, site = x_in, site or path
+                    if path in t.made:          # the embedding addition's line (origins.py)
+                        t.made.setdefault(f"{stack}:embedding", t.made[path])
                     break
         if tok is None and site is not None and self.cap.tok_wrappers.get(site):
             tok = self.tok.get(role)

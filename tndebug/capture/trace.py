@@ -112,6 +112,8 @@ class Trace:
     logits: torch.Tensor | None = None
     order: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    # module path -> the user's line that made its output (capture/origins.py; probed passes)
+    made: dict[str, dict] = field(default_factory=dict)
 
     def records(self, kind: str | None = None) -> list[AttentionRecord]:
         return [r for r in self.attention.values() if kind is None or r.kind == kind]

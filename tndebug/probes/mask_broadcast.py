@@ -9,7 +9,7 @@ from tndebug.probes._mask_tests import (FIT_TOL, INPUTS, KINDS, MASS_TOL, NOTE, 
                                         Check, Module, _likely_cause, behaviour, compare, probs_check)
 from tndebug.probes._raised import ModelRaised, call as _call, raised_in as _raised_in
 from tndebug.probes._attn_stats import KIND_WORDS, head_split_fits, probe_batch
-from tndebug.capture.source import pick
+from tndebug.capture.source import pick, same_line, with_also
 from tndebug.probes.base import Probe, RunContext
 from tndebug.probes.schedule import never
 from tndebug.subject import Subject
@@ -31,13 +31,34 @@ OUTSIDE_FIX = ("The masks are right; something else moves information between po
 AT_SOFTMAX = ("softmax-axis", "row-sums")
 
 
-def mask_line(sources: dict, code: str) -> dict | None:
-    """The user's line for a mask-broadcast finding of kind `code` on a module."""
+# the codes that say what a mask lets through: the mask as built is the likelier bug (a mask
+# helper, the model's forward, a buffer's `__init__` line) than the generic line applying it,
+# which the finding carries second (capture/origins.py follows the mask back)
+MASK_CONTENT = ("mask-inverted", "causal-transposed", "causal-leak", "memory-leak", "pad-leak",
+                "tgt-pad-leak", "encoder-causal", "encoder-one-sided")
+
+
+def mask_line(sources: dict, code: str, sides: dict | None = None) -> dict | None:
+    """The user's line for a mask-broadcast finding of kind `code` on a module (with the other
+    relevant lines as `also`: capture/source.with_also)."""
     if code in AT_SOFTMAX:
         return pick(sources, "softmax", "sdpa")
-    if code == "head-split":
-        return pick(sources, "scores", "sdpa")
-    return pick(sources, "mask", "add", "sdpa", "softmax")
+    if code == "head-split":            # q as split into heads, or the heads' output merged
+        merge = bool(sides) and sides.get("merge", 0.0) > sides.get("split", 0.0)
+        first = ("merged", "q_made") if merge else ("q_made", "merged")
+        return with_also(pick(sources, *first, "scores", "sdpa"),
+                         (sources.get("scores") or sources.get("sdpa"), "the scores are computed here"))
+    applied = next((sources[r] for r in ("mask", "mask_add", "sdpa") if sources.get(r)), None)
+    attention = sources.get("sdpa") or sources.get("softmax")
+    if code in MASK_CONTENT:
+        if sources.get("mask_none") and not (sources.get("mask") or sources.get("mask_add")):
+            return with_also(sources["mask_none"], (attention, "the attention that gets no mask"))
+        if applied is None and sources.get("softmax_in") \
+                and not same_line(sources["softmax_in"], sources.get("scores")):
+            return with_also(sources["softmax_in"], (attention, "the softmax of these scores"))
+        if sources.get("mask_built") and applied is not None:
+            return with_also(sources["mask_built"], (applied, "the mask is applied here"))
+    return pick(sources, "mask", "mask_add", "add", "sdpa", "softmax")
 
 
 # the behaviour tests of padding (pad_id=None: the data hold none, so they are not run)
@@ -142,13 +163,15 @@ class MaskBroadcast(Probe):
         c = compare(a, b)
         if not c.failed:
             return True
+        from tndebug.capture.origins import random_op_line
+        line = random_op_line(lambda: s.logits(src, tgt))          # the op drawing at random
         self.report("error", f"the model's outputs change by {c.delta:.3g} between two identical "
                     f"calls in eval mode: something random (dropout) is active in eval",
                     where="", step=0, evidence={"repeat": vars(c), "threshold":
                                                f"max|change| > {REL_TOL:g}*(1+max|logit|)"},
                     fix="Use nn.Dropout modules (model.eval() switches them off) or "
                         "F.dropout(x, p, training=self.training); never a bare F.dropout(x, p) "
-                        "or a Dropout made inside forward", code="not-repeatable")
+                        "or a Dropout made inside forward", code="not-repeatable", source=line)
         self.skip("the model's eval outputs are not repeatable, so no comparison can decide",
                   where="")
         return False
@@ -306,7 +329,7 @@ class MaskBroadcast(Probe):
             tail = f" (+{len(mods) - 1} more {KIND_WORDS[kind]} modules)" if len(mods) > 1 else ""
             self.report("error", f"{first.site}: {first.problem}{tail}", where=first.site, step=0,
                         evidence=ev, fix=first.fix, code=first.code,
-                        source=mask_line(first.sources, first.code))
+                        source=mask_line(first.sources, first.code, getattr(first, "fit_sides", None)))
             return
         t = tests[0]
         c = checks[t]

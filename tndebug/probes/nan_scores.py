@@ -11,6 +11,7 @@ from tndebug.probes._attn_stats import fully_masked_rows, masked_entries, probe_
 from tndebug.probes._nan_checks import constant_rows_nonfinite, loss_story
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
+from tndebug.capture.source import pick, with_also
 from tndebug.capture.trace import Trace
 
 FP16_MAX = 65504.0                      # torch.finfo(torch.float16).max
@@ -73,8 +74,44 @@ def first_nonfinite(trace: Trace) -> dict | None:
         rec = trace.attention.get(site)
         if rec is not None:
             out.update(_fully_masked(rec))
+        line = nonfinite_line(trace, site, out)
+        if line is not None:
+            out["source"] = line        # popped into the finding's source, not its evidence
         return out
     return None
+
+
+def _attention_at(trace: Trace, where: str):
+    """The attention record of `where` or of the attention module holding it (its dropout)."""
+    rec = trace.attention.get(where)
+    if rec is None:
+        rec = next((r for s, r in trace.attention.items() if where.startswith(s.split("#")[0] + ".")), None)
+    return rec
+
+
+def fill_line(rec) -> dict | None:
+    """The line that fills the masked scores (masked_fill, the added mask, SDPA's mask), the
+    line that built the mask second."""
+    if rec is None:
+        return None
+    s = rec.sources
+    applied = next((s[r] for r in ("mask", "mask_add", "add", "sdpa") if s.get(r)), None)
+    return with_also(applied, (s.get("mask_built"), "the mask is built here"))
+
+
+def nonfinite_line(trace: Trace, where: str, found: dict) -> dict | None:
+    """The user's line for the first non-finite tensor: in an attention whose rows are all
+    masked, the fill; elsewhere in an attention its softmax or score product; else the line
+    that made the module's output (capture/origins.py), when recorded."""
+    rec = _attention_at(trace, where)
+    if rec is not None:
+        fm = fully_masked_rows(rec)
+        if fm is not None and bool(fm.any()):
+            line = fill_line(rec)
+            if line is not None:
+                return line
+        return pick(rec.sources, "softmax", "sdpa", "scores") if rec.sources else None
+    return trace.made.get(where)
 
 
 def _fill(rec) -> float | None:
@@ -237,7 +274,7 @@ class NanScores(Probe):
                               "fp16_constant_row_nonfinite": behaviour,
                               "compute_dtype": str(self._run.compute_dtype),
                               "threshold": f"eps must not round to 0 in float16 (< {FP16_TINY / 2:.1e})"},
-                    fix=FAULT_NOTES["tiny_ln_eps"][2], code="norm-fp16")
+                    fix=FAULT_NOTES["tiny_ln_eps"][2], code="norm-fp16", source=self._eps_line(first))
 
     def _report_own_dtype(self, own: list[str], eps_of: dict, dtype: torch.dtype) -> None:
         """Norms that give NaN/Inf on a constant row in the model's own dtype: the hazard bites
@@ -253,14 +290,22 @@ class NanScores(Probe):
                               "constant_row_nonfinite": own,
                               "threshold": "a norm must stay finite on a constant row in its own dtype"},
                     fix="use eps=1e-5 (1e-6 for RMSNorm) inside the square root: the norm then "
-                        "returns its bias on a constant row", code="eps-zero")
+                        "returns its bias on a constant row", code="eps-zero", source=self._eps_line(first))
+
+    def _eps_line(self, path: str) -> dict | None:
+        """Where the norm's eps is set: the line that constructs it (capture/origins.py)."""
+        from tndebug.capture.origins import constructor_line
+        subject = self._run.subject if self._run is not None else None
+        return constructor_line(getattr(subject, "model", None), path)
 
     def _check_fill(self, trace: Trace) -> None:
         by_fill: dict[float, list[str]] = {}
+        lines: dict[float, dict | None] = {}
         for rec in trace.records():
             fill = _fill(rec)
             if fill is not None:
                 by_fill.setdefault(fill, []).append(rec.site)
+                lines.setdefault(fill, fill_line(rec))
         dtype = self._run.compute_dtype
         for fill, sites in by_fill.items():
             if not math.isfinite(fill) or abs(fill) <= FP16_MAX or fill in SAFE_FILLS:
@@ -270,11 +315,13 @@ class NanScores(Probe):
                   "threshold": "|fill| <= 65504, or finfo(dtype).min / -inf"}
             if dtype == torch.float16:
                 self.report("error", f"{sites[0]}: mask fill {fill:g} overflows float16 (max 65504){tail}",
-                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2], code="fill-overflow-fp16")
+                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2], code="fill-overflow-fp16",
+                            source=lines.get(fill))
             else:             # an fp16 portability advisory (docs/severity.md)
                 self.report("info", f"{sites[0]}: mask fill {fill:g} would overflow float16 "
                             f"(max 65504){tail} ({_portability(dtype)})",
-                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2], code="fill-overflow-fp16")
+                            where=sites[0], step=0, evidence=ev, fix=FAULT_NOTES["fill_1e9_fp16"][2], code="fill-overflow-fp16",
+                            source=lines.get(fill))
 
     def _check_all_pad(self, src: torch.Tensor, tgt: torch.Tensor) -> None:
         """A source made only of pads: its rows have no key at all in every source attention."""
@@ -286,6 +333,7 @@ class NanScores(Probe):
             if bool(logits.isfinite().all()):
                 return
             found = first_nonfinite(subject.trace(src, tgt, reads=("all",)))
+        source = found.pop("source", None) if found else None
         where = found["where"] if found else "logits"
         msg = (f"{where}: a source made only of pads gives {found['what'] if found else 'NaN/Inf'}"
                f" ({found['op'] if found else 'logits'}, rows with every key masked); real batches "
@@ -294,10 +342,12 @@ class NanScores(Probe):
         # unless the data has empty sequences; a NaN on real inputs is reported as an error
         self.report("info", msg, where=where, step=0,
                     evidence={**(found or {}), "threshold": "any non-finite output"},
-                    fix=FAULT_NOTES["neg_inf_fill_all_masked"][2], code="all-pad-source")
+                    fix=FAULT_NOTES["neg_inf_fill_all_masked"][2], code="all-pad-source", source=source)
 
     def _report_nonfinite(self, found: dict, step: int, context: str) -> None:
         self._forward_done = True
+        found = dict(found)
+        source = found.pop("source", None)
         msg = f"{found['tensor']}: {found['op']} produced {found['what']} in {found['rows']} rows"
         fix = self.fix
         n_fm = found.get("fully_masked_nonfinite_rows", 0)
@@ -308,7 +358,7 @@ class NanScores(Probe):
             fix = FAULT_NOTES["neg_inf_fill_all_masked"][2]
         self.report("error", msg, where=found["where"], step=step,
                     evidence={**found, "context": context, "threshold": "any NaN/Inf (-inf allowed in masked scores)"},
-                    fix=fix, code="nonfinite-forward")
+                    fix=fix, code="nonfinite-forward", source=source)
 
     # -- every step --------------------------------------------------------------------------
     def observe(self, trace: Trace, info: StepInfo) -> dict:

@@ -214,7 +214,8 @@ class PositionalEncodingProbe(Probe):
                         f"{no_pe}", where=where, step=0,
                         evidence={"rel_diff": rel, "threshold": tol, "compared": what,
                                   "control_rel_diff": rel_ctrl, "vs_control": PERM_VS_CONTROL,
-                                  "sites_without_pe": list(self._no_pe_sites)}, code="order-ignored")
+                                  "sites_without_pe": list(self._no_pe_sites)}, code="order-ignored",
+                        source=_embedding_line(subject, where))
 
     def _declared_not_applied(self, subject: Subject, what: str, rel: float, rel_ctrl: float,
                               tol: float) -> bool:
@@ -549,6 +550,16 @@ class PositionalEncodingProbe(Probe):
             text = item["what"] if severity == "warning" and not still_low else item["deviation"]
             self.report(severity, f"{text}; {why}", where=item["site"], step=0,
                         evidence=ev, fix=_fix("no_emb_scale"), code="emb-scale")
+
+
+def _embedding_line(subject: Subject, where: str) -> dict | None:
+    """The user's line of the embedding addition whose result enters the encoder (a recorded
+    pass's, capture/origins.py), for a finding on the encoder as a whole; None: the engine
+    places a finding on a module itself."""
+    if where != "encoder":
+        return None
+    from tndebug.capture.source import made_line
+    return made_line(getattr(subject, "model", None), "encoder:embedding")
 
 
 def _fitted_scale(subject: Subject, tok: torch.Tensor, tokens: torch.Tensor | None) -> float | None:

@@ -127,12 +127,14 @@ def source_lines(f: Finding) -> list[str]:
     """`- **Source:** model.py:24 (Class.method)` and the line with two either side."""
     if not f.source:
         return []
-    from tndebug.capture.source import context_lines, source_text
+    from tndebug.capture.source import also_text, context_lines, source_text
     src = f.source
     lines = [f"- **Source:** `{source_text({**src, 'code': ''})}`", "", "  ```python"]
     for n, text in context_lines(src):
         lines.append(f"  {'>' if n == src['line'] else ' '}{n:5d}  {text}")
-    return lines + ["  ```", ""]
+    lines.append("  ```")
+    lines += [f"- **Also:** `{also}`" for also in also_text(src)]
+    return lines + [""]
 
 
 def _finding(i: int, f: Finding) -> list[str]:
