@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressC
 from rich.table import Table
 from rich.text import Text
 
-from tndebug.capture.source import context_lines, source_text
+from tndebug.capture.source import also_text, excerpt, source_text
 from tndebug.report import Report
 from tndebug.reporters.common import SEVERITY_WORD, VERDICT_WORD, break_at_dots, \
     first_sign_text, fmt_value, full_evidence, group_where_text, places_text, probe_groups, \
@@ -162,18 +162,33 @@ PLACES_SHOWN = 6             # places of a group listed in the terminal; all are
 
 
 def source_block(f, verbose: bool) -> Text | None:
-    """`source: FILE:LINE (Class.method): code`; with `-v` the lines around it too, numbered,
-    the finding's own marked `>` (report.md's context)."""
+    """`source: FILE:LINE (Class.method): code` and the finding's other lines (`also ...`);
+    with `-v` the code goes with the lines around it below the table (`source_excerpts`), where
+    a table column cannot break it inside a name."""
     if not f.source:
         return None
     out = Text()
-    out.append("source: ", style="bold").append(source_text(f.source))
-    if verbose and f.source.get("file") and f.source.get("line"):
-        rows = context_lines(f.source)
-        indent = min((len(t) - len(t.lstrip()) for _, t in rows if t.strip()), default=0)
-        for n, line in rows:              # dedented: the column is narrow at 80 columns
-            mark = ">" if n == f.source["line"] else " "
-            out.append(f"\n{mark}{n:4d} | {line[indent:]}", style="bold" if mark == ">" else "dim")
+    shown = {**f.source, "code": ""} if verbose and f.source.get("line") else f.source
+    out.append("source: ", style="bold").append(source_text(shown))
+    for line in also_text(f.source):
+        out.append("\n" + line, style="dim")
+    return out
+
+
+def source_excerpts(report: Report, width: int) -> list[Text]:
+    """-v: for each finding shown with a source line, the lines of the user's file around it,
+    numbered, dedented, the line itself marked `>`, each row within `width` (a long line goes
+    on at a space: never broken inside a token)."""
+    out = []
+    for _, fs in shown_groups(report, True):
+        src = fs[0].source
+        if not src or not src.get("file") or not src.get("line"):
+            continue
+        text = Text()
+        text.append(f"{fs[0].probe}: ", style="bold").append(source_text({**src, "code": ""}))
+        for mine, row in excerpt(src, width - 1):
+            text.append("\n" + row, style="bold" if mine else "dim")
+        out.append(text)
     return out
 
 
@@ -275,6 +290,8 @@ def summary(report: Report, paths: dict[str, str] | None = None, width: int = PL
     shown = shown_groups(report, verbose)
     if shown:
         parts.append(findings_table(report, width, verbose))
+        if verbose:
+            parts.extend(source_excerpts(report, width))
     notes = len(sorted_groups(report)) - len(shown)
     if notes:
         where = "see report.md" if paths else "-v shows them"
