@@ -1,4 +1,6 @@
-"""Adapters: how tndebug calls a user's model, and loading the user's own code.
+"""Adapters: how tndebug calls a user's model (the user's own files are imported by
+capture/user_files.py, whose `import_file` this module hands on; The Annotated Transformer's
+masks are capture/annotated.py).
 
 An adapter is a function
 
@@ -35,19 +37,19 @@ else decoder-only; `Adapter.kind_from` says which, and the report repeats it.
 """
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import re
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
 from tndebug.errors import UsageError
+from tndebug.capture.annotated import TNDEBUG_MASKS_NOTE, annotated_encode, annotated_forward, \
+    annotated_mask_source
 from tndebug.capture.structure import is_attention
+from tndebug.capture.user_files import import_file, line, load_callable  # noqa: F401 - handed on
 from tndebug.task_names import ADAPTER_NAMES
 
 BUILTIN = ADAPTER_NAMES                 # torch-free there: the CLI refuses an unknown name early
@@ -55,55 +57,6 @@ ARCHS = ("seq2seq", "decoder", "encoder")
 
 
 # -- built-in adapters --------------------------------------------------------------------------
-def subsequent_mask(size: int, device=None) -> torch.Tensor:
-    """True where position i may attend to j <= i.  # [1, T, T]"""
-    return torch.ones(1, size, size, dtype=torch.bool, device=device).tril()
-
-
-TNDEBUG_MASKS_NOTE = ("masks built by tndebug: the model's module defines neither subsequent_mask "
-                      "nor Batch.make_std_mask, so the model's own mask code was not exercised")
-
-
-def _model_module(model: nn.Module):
-    """The module the model's class was defined in (the user's file), or None."""
-    return sys.modules.get(type(model).__module__)
-
-
-def annotated_mask_source(model: nn.Module) -> str:
-    """Where the annotated adapter's decoder mask comes from: 'Batch.make_std_mask',
-    'subsequent_mask' (the user's own functions) or 'tndebug'."""
-    mod = _model_module(model)
-    if callable(getattr(getattr(mod, "Batch", None), "make_std_mask", None)):
-        return "Batch.make_std_mask"
-    if callable(getattr(mod, "subsequent_mask", None)):
-        return "subsequent_mask"
-    return "tndebug"
-
-
-def annotated_masks(model: nn.Module, src, tgt, pad_id):
-    """(src_mask [B, 1, S], tgt_mask [B, T, T]) as The Annotated Transformer's `Batch` builds them,
-    with the user's own mask functions when the model's module defines them (a bug in them is
-    then exercised, not hidden)."""
-    src_mask = (src != pad_id).unsqueeze(-2)                                   # [B, 1, S]
-    source, mod = annotated_mask_source(model), _model_module(model)
-    if source == "Batch.make_std_mask":
-        tgt_mask = mod.Batch.make_std_mask(tgt, pad_id)
-    elif source == "subsequent_mask":
-        tgt_mask = (tgt != pad_id).unsqueeze(-2) & mod.subsequent_mask(tgt.shape[-1]).to(tgt.device).bool()
-    else:
-        tgt_mask = (tgt != pad_id).unsqueeze(-2) & subsequent_mask(tgt.shape[-1], tgt.device)
-    return src_mask, tgt_mask.to(tgt.device)                                   # [B, T, T]
-
-
-def annotated_forward(model, src, tgt, pad_id):
-    src_mask, tgt_mask = annotated_masks(model, src, tgt, pad_id)
-    return model.generator(model(src, tgt, src_mask, tgt_mask))               # [B, T, V]
-
-
-def annotated_encode(model, src, pad_id):
-    return model.encode(src, (src != pad_id).unsqueeze(-2))                   # [B, S, d]
-
-
 def tndebug_forward(model, src, tgt, pad_id):
     return model(src, tgt)
 
@@ -403,63 +356,3 @@ def _agree(adapter: Adapter, arch: str | None, what: str) -> Adapter:
                          f"{calls[adapter.kind]} ({adapter.kind}); pass an adapter that calls it "
                          f"as {calls[arch]}")
     return adapter
-
-
-# -- user code ------------------------------------------------------------------------------------
-def load_callable(spec: str, flag: str):
-    """'path/to/file.py:name' -> (the function, its module). Errors are one line."""
-    from tndebug.paths import code_spec
-    path = code_spec(spec, flag)             # the form and the file (the CLI checks them first)
-    path_s, _, name = spec.rpartition(":")
-    module = import_file(path, flag)
-    fn = getattr(module, name, None)
-    if fn is not None and not callable(fn):
-        raise UsageError(f"{flag}: {path_s} defines {name} = {_shown(fn)} (type "
-                         f"{type(fn).__name__}), not a function; pass FILE.py:NAME of a function")
-    if fn is None:
-        have = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                and getattr(v, "__module__", None) == module.__name__]
-        raise UsageError(f"{flag}: {path_s} defines no function {name!r} "
-                         f"(it has: {', '.join(have[:8]) or 'none'})")
-    return fn, module
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-_imported: dict[str, object] = {}
-
-
-def import_file(path: Path, flag: str = "--model"):
-    """Import a user's .py file as a module (its directory goes on sys.path while importing)."""
-    key = str(path.resolve())
-    if key in _imported:
-        return _imported[key]
-    mod_name = f"tndebug_user_{abs(hash(key)) % 10**8}_{path.stem}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"{flag}: cannot import {path} (not a Python file?)")
-    module = importlib.util.module_from_spec(spec)
-    folder = str(path.resolve().parent)
-    sys.path.insert(0, folder)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's code may raise anything
-        sys.modules.pop(mod_name, None)
-        raise UsageError(f"{flag}: importing {path} raised {type(e).__name__}: {line(e)}") from None
-    finally:
-        try:
-            sys.path.remove(folder)
-        except ValueError:
-            pass
-    _imported[key] = module
-    return module
-
-
-def line(e: Exception) -> str:
-    """The first line of an exception's message (200 characters at most), or its type."""
-    s = str(e).strip()
-    return s.splitlines()[0][:200] if s else type(e).__name__

@@ -7,7 +7,7 @@ import inspect
 
 from torch import nn
 
-from tndebug.capture.adapters import line, load_callable
+from tndebug.capture.user_files import line, load_callable
 from tndebug.errors import UsageError
 from tndebug.paths import config_json
 
