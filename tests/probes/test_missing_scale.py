@@ -155,3 +155,53 @@ def test_fix_on_the_users_line_drops_a_one_space_comment():
     compile(fix.split("`")[1], "fix", "exec")                       # the suggestion is Python
     keep = {"file": "gpt.py", "line": 9, "code": "att = einsum('bhid,bhjd->bhij', q, k)  # '#'"}
     assert "`att = (einsum('bhid,bhjd->bhij', q, k)) / 4`" in your_line(keep, 16)
+
+
+# -- rotary whose cos/sin tables pair other features than its rotate function ------------------
+_ROPE_EDITS = {      # (the corpus's mismatched-pairs bug, the scale removed as well)
+    "rope_half": (("emb = torch.cat((freqs, freqs), dim=-1)", "emb = freqs.repeat_interleave(2, dim=-1)"),
+                  ("is_causal=True)", "is_causal=True, scale=1.0)")),
+    "rope_interleaved": (("t[None, :, None, :].repeat_interleave(2, dim=3)", "t[None, :, None, :].repeat(1, 1, 1, 2)"),
+                         ("attn_weights = attn_weights / self.scale_attn", "")),
+}
+
+
+@pytest.mark.parametrize("style", sorted(_ROPE_EDITS))
+@pytest.mark.parametrize("scaled", [True, False], ids=["scaled", "unscaled"])
+def test_mismatched_rotary_pairs_still_get_a_scale_verdict(tmp_path, style, scaled):
+    """Such a "rotation" changes the vectors' norms, so q and k were matched neither by values
+    nor by norms: no verdict, at init and after training. Every rotary map is the identity at
+    position 0, where q and k match the projections by values (`_position0_projection`)."""
+    import tndebug
+    from pathlib import Path
+    import torch.nn.functional as F
+    from tndebug.capture.adapters import import_file
+    text = (Path(__file__).resolve().parents[1] / "foreign" / "styles" / f"{style}.py").read_text()
+    for old, new in _ROPE_EDITS[style][:1 if scaled else 2]:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    (tmp_path / f"{style}_mismatched.py").write_text(text)
+    mod = import_file(tmp_path / f"{style}_mismatched.py")
+    torch.manual_seed(0)
+    model = mod.build()
+    for when in ("init", "trained"):
+        if when == "trained":
+            opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+            g = torch.Generator().manual_seed(0)
+            for _ in range(30):
+                ids = torch.randint(0, 96, (8, 17), generator=g)
+                loss = F.cross_entropy(mod.forward(model, ids[:, :-1], None).flatten(0, 1), ids[:, 1:].flatten())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            model.eval()
+        report = tndebug.check(model, mod.forward, probes="missing-scale", arch="decoder", pad_id=None)
+        cover = report.probes["missing-scale"]["coverage"]
+        assert {c["status"] for c in cover.values()} == {"checked"}, (when, cover)
+        found = [f for f in report.findings if f.probe == "missing-scale"]
+        if scaled:
+            assert found == [], (when, found)
+        else:
+            (f,) = found
+            assert f.code == "missing-scale/absent" and f.severity == "error", (when, f)
+            assert f.evidence["qk_traced_by"] == "position0", f.evidence

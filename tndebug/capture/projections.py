@@ -222,6 +222,47 @@ def _norm_projection(operand: torch.Tensor, cands: list):
     return None
 
 
+def _position0_projection(operand: torch.Tensor, cands: list):
+    """`_find_projection` for an operand that is s * P_t applied to each head vector of one
+    linear map's output chunk, P_t any map that depends on the position t alone and is the
+    identity at t = 0. Every rotary embedding is (cos 0 = 1, sin 0 = 0), also one whose cos/sin
+    tables pair other features than its rotate function does (cos/sin laid out for interleaved
+    pairs, rotate_half pairing i with i + D/2): that one is no rotation, so the vectors' norms
+    change and `_norm_projection` cannot match it. At t = 0 the vectors match by values, which
+    gives s with its sign; the fit then reads the scale between the operands' product and the
+    softmax, as for a rotation. Needs the first position of every row to be position 0 (a
+    batch from its start: a row whose positions are offset fails the match)."""
+    if operand.dim() != 4 or operand.shape[2] < 2 or not operand.numel():
+        return None
+    B, h, T, dk = operand.shape
+    a = operand[:, :, 0].detach().float()                                     # [B, h, dk]
+    a_norm = a.norm()
+    if not a_norm > 0:
+        return None
+    tol = FOLD_TOL[operand.dtype in (torch.float16, torch.bfloat16)]
+    for back, (inp, out, weight), n, j, layout in cands:
+        rows = _rows(out, B, T)
+        for view, order in (() if rows is None else _split_heads(rows, n, j, layout, h, dk)):
+            c = view[:, :, 0].float()                                         # [B, h, dk]
+            cc = (c * c).sum()
+            if not cc > 0:
+                continue
+            s = float((a * c).sum() / cc)
+            if s == 0 or float((a - s * c).norm() / a_norm) > tol:
+                continue
+            # later positions: the norms' ratio must vary between the vectors of one position (a
+            # map that mixes each vector's features); one ratio per position is a position factor
+            # (log-n scaling: a scale that varies with position, which one fitted constant cannot
+            # state) or a norm-preserving map that `_norm_projection` found no evidence for
+            r = operand[:, :, 1:].detach().float().norm(dim=-1) / (
+                abs(s) * view[:, :, 1:].float().norm(dim=-1)).clamp_min(1e-30)  # [B, h, T-1]
+            spread = float((r / r.mean(dim=(0, 1), keepdim=True).clamp_min(1e-30) - 1).pow(2).mean().sqrt())
+            if spread > NORM_EVIDENCE * tol:
+                return (s, inp, (weight, _columns(rows.shape[-1], n, j, layout, dk)),
+                        (back, n, j, layout, order, "position0"))
+    return None
+
+
 def _sorted_projection(operand: torch.Tensor, cands: list):
     """`_find_projection` by sorted values: any rearrangement of s * a chunk matches."""
     a = operand.detach().float().flatten()
@@ -288,17 +329,20 @@ def _match(operand: torch.Tensor, pool: list, hint=None, hq: int = 0):
     tried first, element by element (O(n); an element-wise match is a sorted-value match):
     sorting is 90% of a probed training step's cost under `tndebug.watch`.
     By norms (`_norm_projection`): a rotation between the projection and the product (RoPE),
-    which no value match survives; s is exact, its sign is not known.
+    which no value match survives; s is exact, its sign is not known. By the first position
+    (`_position0_projection`): a position-dependent map that is no rotation (rotary tables
+    laid out for other pairs than the rotation's) but the identity at position 0.
     The hint (the same code runs each step) is checked first, by the test that found it.
     """
     cands = list(_candidates(pool, hint, operand.shape[-1] if operand.dim() else 0, hq))
-    if hint is not None and hint[-1] == "norms" and hint[0] < len(pool):
+    if hint is not None and hint[-1] in ("norms", "position0") and hint[0] < len(pool):
         first = cands[:1]                # still a rotation? (a value match would be found first)
-        hit = _head_split_projection(operand, first) or _norm_projection(operand, first)
+        hit = (_head_split_projection(operand, first) or _norm_projection(operand, first)
+               or _position0_projection(operand, first))
         if hit is not None:
             return hit
     return (_head_split_projection(operand, cands) or _sorted_projection(operand, cands)
-            or _norm_projection(operand, cands))
+            or _norm_projection(operand, cands) or _position0_projection(operand, cands))
 
 
 def projection_weights(model: nn.Module) -> list:

@@ -130,7 +130,10 @@ class MissingScale(Probe):
     out; with probabilities only, row-centred ln P on row-centred QK^T. Q and K are the
     projections' outputs: the generic capture traces the product's operands back to them, so a
     scale folded into q or k (`q * self.scaling`) counts; through a rotation after the
-    projection (RoPE) by the vectors' norms, which it keeps, as it keeps q.k's size. With
+    projection (RoPE) by the vectors' norms, which it keeps, as it keeps q.k's size; through a
+    map that is no rotation but the identity at position 0 (rotary tables that pair other
+    features than the rotate function: every vector's norm changes differently) by the values
+    at position 0, and the scale is then the one at the operands' product. With
     QK-norm (Qwen3, Gemma-3, OLMo-2: q and k normalised inside the attention module) the
     norms' outputs stand for the projections, and the scale is the one the code applies after
     them. |c*sqrt(d_k) - 1| > 1e-3 (1e-2 in
