@@ -204,3 +204,46 @@ def n_heads(rec: AttentionRecord, module: nn.Module | None) -> int | None:
 def fmt_heads(pairs) -> str:
     heads = sorted({i for p in pairs for i in p})
     return ",".join(map(str, heads))
+
+
+def token_constant(t: torch.Tensor | None, same: float) -> bool:
+    """t [..., T, d_k] the same at every position to `same` of its scale (0 included): a tensor
+    made from an input with no token in it."""
+    if t is None or t.dim() < 2 or t.shape[-2] < 2:
+        return False
+    t = t.detach().float()
+    spread = (t.amax(-2) - t.amin(-2)).abs().max()
+    return bool(spread <= same * t.abs().max())
+
+
+def score_symmetry(rec: AttentionRecord, trace: Trace) -> dict | None:
+    """How symmetric the scores S [B, h, T, T] are over the real tokens (head-collapse's shared
+    Q/K test): {"asymmetry": ‖Sc − Scᵀ‖/‖Sc‖ of the double-centred scores, "self_argmax": the
+    share of queries attending most to themselves, "self_masked"}; None when S is not square or
+    does not depend on the pair."""
+    S = rec.scores
+    if S is None or S.dim() != 4 or S.shape[-1] != S.shape[-2]:
+        return None
+    B, h, T, _ = S.shape
+    rows = query_keep(trace, rec, B, T, S.device)                        # [B, T]
+    pair = (rows[:, :, None] & rows[:, None, :])[:, None].expand_as(S)    # [B, h, T, T]
+    # double-centred over the real tokens: row and column offsets (which the softmax
+    # ignores, and which dominate when the tokens are nearly alike) drop out, while
+    # S = Sᵀ stays symmetric
+    w = pair.float()
+    n = rows.sum(-1).clamp(min=1).float()[:, None, None, None]            # [B, 1, 1, 1]
+    S0 = S.float() * w
+    Sc = (S0 - S0.sum(-1, keepdim=True) / n - S0.sum(-2, keepdim=True) / n
+          + S0.sum((-1, -2), keepdim=True) / n ** 2) * w
+    if float(Sc.norm()) <= FLAT * float(S0.norm()):
+        return None                          # scores do not depend on the pair: nothing to test
+    asym = float((Sc - Sc.transpose(-1, -2)).norm() / Sc.norm().clamp(min=1e-30))
+    keys = rec.key_keep()
+    allowed = pair if keys is None else pair & keys.expand_as(S)
+    diag = torch.eye(T, dtype=torch.bool, device=S.device)
+    self_masked = bool((~allowed[..., diag] | ~rows[:, None, :]).all()) and bool(rows.any())
+    top = S.float().masked_fill(~allowed, float("-inf")).argmax(-1)        # [B, h, T]
+    ok = rows[:, None, :].expand(B, h, T) & allowed.any(-1)
+    hits = (top == torch.arange(T, device=S.device)) & ok
+    frac = float(hits.sum() / ok.sum().clamp(min=1))
+    return {"asymmetry": round(asym, 5), "self_argmax": round(frac, 4), "self_masked": self_masked}

@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from tndebug.notes import FAULT_NOTES
-from tndebug.probes._head_stats import (FLAT, Proj, flat_scores, fmt_heads, head_stats,
+from tndebug.probes._head_stats import (Proj, flat_scores, fmt_heads, head_stats,
                                           match_projections, n_heads, packed_slices, query_keep,
-                                          same_weight, uniform_js)
+                                          same_weight, score_symmetry, token_constant, uniform_js)
 from tndebug import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
@@ -65,16 +65,6 @@ SAME = 1e-6           # relative difference for "the same tensor"
 REDUNDANT_JS = 0.01   # every pair below this: redundant layer (info only, 4c)
 
 _QKV = ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.masked_scores", "attn.probs")
-
-
-def _token_constant(t: torch.Tensor | None) -> bool:
-    """t [..., T, d_k] the same at every position to SAME of its scale (0 included): a tensor
-    made from an input with no token in it."""
-    if t is None or t.dim() < 2 or t.shape[-2] < 2:
-        return False
-    t = t.detach().float()
-    spread = (t.amax(-2) - t.amin(-2)).abs().max()
-    return bool(spread <= SAME * t.abs().max())
 
 
 # -- the probe ------------------------------------------------------------------------------
@@ -168,7 +158,7 @@ class HeadCollapse(Probe):
             ev["in_proj_q_equals_k"] = True
             ev["in_proj_v_equals_q"] = bool(torch.equal(packed[0], packed[2]))
         self_attn = rec.kind != "cross"
-        same_for_all = [r for r in ("q", "k") if _token_constant(getattr(rec, r))]
+        same_for_all = [r for r in ("q", "k") if token_constant(getattr(rec, r), SAME)]
         # (which Linear made q or k is matched by value, which tells nothing then; equal packed
         # slices are a weight identity and still count)
         if same_for_all and not ev.get("in_proj_q_equals_k"):
@@ -189,7 +179,7 @@ class HeadCollapse(Probe):
                 if t is not None and t.shape == rec.v.shape and \
                         float((rec.v - t).norm()) < SAME * float(t.norm().clamp(min=1e-30)):
                     ev[f"v_equals_{r}"] = True
-        sym = self._symmetry(rec, trace) if self_attn and not flat_scores(rec) else None
+        sym = score_symmetry(rec, trace) if self_attn and not flat_scores(rec) else None
         if sym is not None:
             ev.update(sym)
         if ("q" in mods and "k" in mods) or packed is not None or "q_minus_k_rel" in ev or sym is not None:
@@ -254,34 +244,6 @@ class HeadCollapse(Probe):
             what = what.replace(" come", " may come")
         self.report(severity, f"{what} from one projection in {site}: {'; '.join(how)}",
                     where=site, step=0, layer=rec.layer, evidence=ev_out, code="shared-projection")
-
-    def _symmetry(self, rec: AttentionRecord, trace: Trace) -> dict | None:
-        S = rec.scores
-        if S is None or S.dim() != 4 or S.shape[-1] != S.shape[-2]:
-            return None
-        B, h, T, _ = S.shape
-        rows = query_keep(trace, rec, B, T, S.device)                        # [B, T]
-        pair = (rows[:, :, None] & rows[:, None, :])[:, None].expand_as(S)    # [B, h, T, T]
-        # double-centred over the real tokens: row and column offsets (which the softmax
-        # ignores, and which dominate when the tokens are nearly alike) drop out, while
-        # S = Sᵀ stays symmetric
-        w = pair.float()
-        n = rows.sum(-1).clamp(min=1).float()[:, None, None, None]            # [B, 1, 1, 1]
-        S0 = S.float() * w
-        Sc = (S0 - S0.sum(-1, keepdim=True) / n - S0.sum(-2, keepdim=True) / n
-              + S0.sum((-1, -2), keepdim=True) / n ** 2) * w
-        if float(Sc.norm()) <= FLAT * float(S0.norm()):
-            return None                          # scores do not depend on the pair: nothing to test
-        asym = float((Sc - Sc.transpose(-1, -2)).norm() / Sc.norm().clamp(min=1e-30))
-        keys = rec.key_keep()
-        allowed = pair if keys is None else pair & keys.expand_as(S)
-        diag = torch.eye(T, dtype=torch.bool, device=S.device)
-        self_masked = bool((~allowed[..., diag] | ~rows[:, None, :]).all()) and bool(rows.any())
-        top = S.float().masked_fill(~allowed, float("-inf")).argmax(-1)        # [B, h, T]
-        ok = rows[:, None, :].expand(B, h, T) & allowed.any(-1)
-        hits = (top == torch.arange(T, device=S.device)) & ok
-        frac = float(hits.sum() / ok.sum().clamp(min=1))
-        return {"asymmetry": round(asym, 5), "self_argmax": round(frac, 4), "self_masked": self_masked}
 
     def _duplicates(self, site, rec, roles, module, trace) -> None:
         h = n_heads(rec, module)
