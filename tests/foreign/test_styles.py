@@ -146,3 +146,14 @@ def test_encoder_positions_never_applied_is_that_error(tmp_path, style):
     errors = [f for f in report.findings if f.severity == "error"]
     assert [f.code for f in errors] == ["positional-encoding/positions-not-applied"], errors
     assert any(declared in d for d in errors[0].evidence["declared"]), errors[0].evidence
+
+
+@pytest.mark.parametrize("style", sorted(ENC_POSITIONS))
+def test_a_healthy_encoder_says_where_its_positions_enter(tmp_path, style):
+    """Which mechanism was found (issue 45), for an encoder-only model as for a decoder: a table
+    added to the embeddings (learned, sinusoidal) or positions inside attention (T5's bias,
+    rotary). The coverage reason said nothing before."""
+    report, _, _ = _check(tmp_path, style)
+    where = report.probes["positional-encoding"]["coverage"][""]["reason"]
+    absolute = style in ("enc_einsum_learned", "enc_sin_heads")
+    assert where.startswith("encoder positions:") and ("embeddings" in where) == absolute, where

@@ -161,7 +161,8 @@ def applied_where(subject: Subject) -> str:
     ids = torch.full((1, T), subject.first_content, dtype=torch.long, device=subject.device)
     try:
         with subject.evaluating():
-            trace = subject.trace(ids.new_zeros((1, 0)), ids, reads=("embed",), until_stacks=True)
+            src = ids if subject.kind == "encoder" else ids.new_zeros((1, 0))   # its one sequence
+            trace = subject.trace(src, ids, reads=("embed",), until_stacks=True)
     except Exception:  # noqa: BLE001
         return "in attention or the embeddings"
     for parts in trace.embed.values():

@@ -130,7 +130,7 @@ class PositionalEncodingProbe(Probe):
         self._order: str | None = None         # "uses positions" | "ignores order" | None (untested)
         self._losses: list[tuple[int, float]] = []   # training loss at the probed steps
         self._training = run.mode == "train"
-        self.mechanism: str | None = None      # decoder-only: where positions enter (_pe_causal)
+        self.mechanism: str | None = None      # one-stack models: where positions enter (_pe_causal)
         self._rho_last: dict[str, tuple[int, float]] = {}   # site -> (step, rho) last probed
         if subject.capture is None:
             self._skip("no embedding taps: scale and overflow tests skipped")
@@ -191,11 +191,15 @@ class PositionalEncodingProbe(Probe):
             return
         self.cover("", "checked")              # token order: the encoder (or the logits) as a whole
         self._order = "uses positions"
+        if not (rel < tol and rel < PERM_VS_CONTROL * rel_ctrl):
+            self._encoder_mechanism(subject, what, rel)
+            return
         if rel < tol and rel < PERM_VS_CONTROL * rel_ctrl:
             rel64 = _pe_order.rel_in_float64(subject, src, src_p, gather, keep, tgt, what)
             if rel64 is not None and rel64 >= FP64_BLIND and rel64 >= FP64_KEEPS * rel:
                 # a weak order signal, not rounding
                 self.metric(0, "pe/encoder/permutation_rel_diff_float64", rel64)
+                self._encoder_mechanism(subject, what, rel64, weak=True)
                 return
             blind = (_pe_order.attention_blind(subject, src, tgt)
                      or _pe_order.tokens_unmixed(subject, src, keep, tol, g))
@@ -216,6 +220,15 @@ class PositionalEncodingProbe(Probe):
                                   "control_rel_diff": rel_ctrl, "vs_control": PERM_VS_CONTROL,
                                   "sites_without_pe": list(self._no_pe_sites)}, code="order-ignored",
                         source=_embedding_line(subject, where))
+
+    def _encoder_mechanism(self, subject: Subject, what: str, rel: float, weak: bool = False) -> None:
+        """Encoder-only, order used: where the positions enter (report.json's coverage reason), as
+        for a decoder: added to the embeddings, or in attention (rotary, a relative bias)."""
+        if subject.kind != "encoder":
+            return
+        self.mechanism = _pe_causal.applied_where(subject) + (", weak at this init" if weak else "")
+        self.cover("", "checked", f"encoder positions: {self.mechanism} (permuting the tokens moves "
+                   f"the {what} by {rel:.1e})")
 
     def _declared_not_applied(self, subject: Subject, what: str, rel: float, rel_ctrl: float,
                               tol: float) -> bool:
