@@ -338,7 +338,8 @@ class LnPlacement(Probe):
         """Blocks with a sublayer that lost its residual (`_skip_path`): one error per stack."""
         subject = run.subject
         points = {ds.module_path(sp.name): sp for sp in ds.block_points(trace)}
-        src, tgt = ds.probe_batch(subject)
+        # 4 sequences: the test is exact, and each weight module's output is kept for the held run
+        src, tgt = (x if x is None else x[:4] for x in ds.probe_batch(subject))
 
         def skips(sites=None):
             def forward():
