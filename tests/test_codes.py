@@ -44,6 +44,16 @@ def test_the_codes_command_lists_every_declared_code(capsys):
     assert len(out.splitlines()) == len(all_codes())
 
 
+def test_every_code_is_listed_once_at_its_home():
+    """A code a probe declares lives in its `codes`, not again in OTHER_CODES (issue 46:
+    head-collapse's shared-projection and duplicated-heads were listed twice)."""
+    from tndebug.probes.codes import OTHER_CODES
+    codes = [c for c, _ in all_codes()]
+    assert len(codes) == len(set(codes)), sorted(c for c in set(codes) if codes.count(c) > 1)
+    declared = {f"{n}/{k}" for n in PROBE_NAMES for k in probe_class(n).codes}
+    assert not declared & set(OTHER_CODES)
+
+
 def test_a_faulted_run_reports_codes_and_ignore_drops_them(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     args = ["run", "--preset", "tiny", "--steps", "10", "--fault", "no_scale",

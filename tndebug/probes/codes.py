@@ -7,6 +7,7 @@ from __future__ import annotations
 from tndebug.probes import PROBE_NAMES, probe_class
 
 # Findings that are not a probe's own: triage's checks of the file and weights, and the front-ends'.
+# A code a probe declares (`Probe.codes`) is listed there, once, never again here.
 OTHER_CODES = {
     "checkpoint/nonfinite-weights": "non-finite values in the saved weights",
     "checkpoint/implausible-values": "finite values no training produces (|w| > 1e30, a negative "
@@ -24,8 +25,6 @@ OTHER_CODES = {
     "lr-schedule/no-resume-state": "no optimizer state or step in the file (advisory)",
     "positional-encoding/stored-pe": "a stored PE table that is not the paper's sinusoids",
     "positional-encoding/emb-ratio": "the embedding/PE ratio from the weights out of range",
-    "head-collapse/shared-projection": "W_Q and W_K (and W_V) the same weights",
-    "head-collapse/duplicated-heads": "heads duplicated in the weights",
     "missing-scale/sweep-not-applicable": "the temperature sweep on your own code (advisory)",
     "missing-scale/sweep-mismatch": "the checkpoint was trained with another scale",
     "mask-broadcast/tndebug-masks": "the built-in adapter built the masks, not your code",
