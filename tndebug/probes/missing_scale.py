@@ -30,7 +30,10 @@ P_FLOOR = 1e-30                      # probabilities below this are underflow, n
 HALF = (torch.float16, torch.bfloat16)
 
 
-def fit_sums(rec: AttentionRecord):
+_UNSET = object()
+
+
+def fit_sums(rec: AttentionRecord, masked=_UNSET):
     """(sums [<x,y>, <x,x>, <y,y>, sum q^2, n_q, sum k^2, n_k, sum (q-k)^2, n_qk] on the device,
     source); or None.
 
@@ -40,17 +43,22 @@ def fit_sums(rec: AttentionRecord):
     additive causal mask), so the fit sees the scale alone: S = c QK^T + B(h, t, s) gives c
     exactly. From the probabilities only: y = row-centred ln P, x = row-centred QK^T over kept
     entries (the row constant ln Z cancels). Sums, not ratios, so that statistics add across
-    processes.
+    processes. `masked`: masked_entries(rec), when the caller has it already.
     # q [B, h, T, d_k], k [B, h, S, d_k]
     """
     q, k = rec.q, rec.k
     if q is None or k is None or q.dim() != 4 or k.dim() != 4:
         return None
-    qk = (q.float() @ k.float().transpose(-2, -1)).double()              # [B, h, T, S]
-    masked = masked_entries(rec)
+    # finiteness read before the float64 casts (which keep it) as |v| < inf (False for NaN and
+    # +-inf: isfinite's values in 2 ops, not 4): every-step watch fits at every attention site
+    # on small tensors, where each op's fixed cost is the cost
+    qk32 = q.float() @ k.float().transpose(-2, -1)                        # [B, h, T, S]
+    qk = qk32.double()
+    if masked is _UNSET:
+        masked = masked_entries(rec)
     if rec.scores is not None and rec.scores.shape == qk.shape:
+        use = (rec.scores.abs() < math.inf) & (qk32.abs() < math.inf)
         y = rec.scores.double()
-        use = y.isfinite() & qk.isfinite()
         if masked is not None:
             use &= ~masked
         # a probability of exactly 0 is a key the mask removed, even when the captured scores
@@ -85,8 +93,8 @@ def fit_sums(rec: AttentionRecord):
         x = (x - x.sum(-1, keepdim=True) / n).where(use, 0.0)
         y = (y - y.sum(-1, keepdim=True) / n).where(use, 0.0)
         source = "log-probs"
-    qf, kf = q.double(), k.double()
-    qf, kf = qf.where(qf.isfinite(), 0.0), kf.where(kf.isfinite(), 0.0)
+    qf = torch.nan_to_num(q.double(), nan=0.0, posinf=0.0, neginf=0.0)   # non-finite -> 0
+    kf = torch.nan_to_num(k.double(), nan=0.0, posinf=0.0, neginf=0.0)
     one = qk.new_ones(())
     same = q.shape == k.shape                 # self-attention: is q the same tensor as k?
     dd = ((qf - kf) ** 2).sum() if same else one * 0
@@ -203,12 +211,12 @@ class MissingScale(Probe):
                            "q and k at the score product could not be traced to the projections' "
                            "outputs, so a scale folded into them would be invisible")
                 continue
-            fit = fit_sums(rec)
+            masked = masked_entries(rec)
+            fit = fit_sums(rec, masked)
             if fit is None:
                 self.cover(rec.site, "no verdict", "no q/k with scores or per-head probabilities")
                 continue
             sums, source = fit
-            masked = masked_entries(rec)
             sat = (saturation_sums(rec.probs, None if masked is None else ~masked)
                    if rec.probs is not None else sums.new_zeros(3))
             meta = dict(kind=rec.kind, layer=rec.layer, d_k=rec.q.shape[-1], heads=rec.q.shape[1],
