@@ -35,7 +35,14 @@ def test_a_bidirectional_model_told_encoder_is_checked_as_one():
 def test_without_arch_the_name_decides_and_the_report_says_so():
     guessed = tndebug.check(_net())
     assert guessed.run["arch"] == "decoder" and "arch='encoder'" in guessed.run["arch_from"]
-    assert "mask-broadcast/causal-leak" in {f.code for f in guessed.findings}
+    (leak,) = [f for f in guessed.findings if f.code == "mask-broadcast/causal-leak"]
+    # the judge's rule (judge/arch.py), in check as in triage: the fix says how to read an
+    # encoder-only model as one (it ended at the causal mask's fix in check and watch before)
+    assert leak.severity == "error" and leak.fix.endswith(
+        "rerun with --arch encoder (arch='encoder' in tndebug.check and tndebug.watch).")
+    told = tndebug.check(_net(), arch="decoder")
+    (leak,) = [f for f in told.findings if f.code == "mask-broadcast/causal-leak"]
+    assert "--arch encoder" not in leak.fix                        # told: no second guess
     torch.manual_seed(0)
     named = tndebug.check(minibert.build())
     assert named.run["arch"] == "encoder" and "class name MiniBert" in named.run["arch_from"]

@@ -15,7 +15,8 @@ statuses of the front-end's own checks, --select / --ignore -- is judged here, b
       rank-at-init
     gather                            the front-end's own checks join; the temperature
                                       sweep's findings (judge/scale.py, missing-scale)
-    wording                           hf/wording.py (Hugging Face), the user's paths, fix hints
+    wording                           hf/wording.py (Hugging Face), the user's paths,
+                                      judge/arch.py (a decoder read by a guess)
     dedupe                            judge/status.py
     statuses                          judge/status.py                (checks, parts not run)
     nan-story                         judge/nan.py                   (one story per NaN)

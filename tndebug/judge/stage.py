@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from tndebug.findings import Finding
 from tndebug.judge import fresh, nan, status
+from tndebug.judge.arch import arch_hints
 from tndebug.judge.collateral import explained_by_update_fault
 from tndebug.hf.wording import hf_fix, hf_where, with_switches
 from tndebug.judge.scale import scale_at_init, sweep_findings, unscaled_error
@@ -51,7 +52,6 @@ class Context:
     hf_model: Any = None                      # a transformers model: findings in its terms
     hf_switches: dict = field(default_factory=dict)        # hf.wording.scale_switches(config)
     rename: Callable[[str], str] | None = None             # tndebug's module path -> the user's
-    fix_hints: dict[str, str] = field(default_factory=dict)  # code -> a sentence its fix ends with
     # -- statuses
     not_run: list[tuple[str, str, str]] = field(default_factory=list)   # (name, part, why)
     sweep: dict | None = None                 # the temperature sweep's evidence (its findings)
@@ -129,9 +129,10 @@ def gather(j: Judged, ctx: Context) -> None:
 def wording(j: Judged, ctx: Context) -> None:
     """Findings in the user's terms: a fix's hint, Hugging Face fixes and module paths, the
     user's module names (findings and coverage)."""
-    if ctx.fix_hints:
-        j.findings = [replace(f, fix=f.fix.rstrip(". ") + "." + ctx.fix_hints[f.code])
-                      if f.code in ctx.fix_hints else f for f in j.findings]
+    hints = arch_hints(j.run)           # judge/arch.py: a decoder read by a guess
+    if hints:
+        j.findings = [replace(f, fix=f.fix.rstrip(". ") + "." + hints[f.code])
+                      if f.code in hints else f for f in j.findings]
     if ctx.hf_model is not None:
         j.findings = [hf_where(with_switches(hf_fix(f), ctx.hf_switches)
                                if ctx.hf_switches else hf_fix(f), ctx.hf_model)

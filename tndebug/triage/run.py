@@ -35,7 +35,6 @@ from tndebug.probes import TRIAGE_PROBES  # noqa: F401 - tndebug.triage exports 
 from tndebug.probes._head_weights import duplicate_heads
 from tndebug.subject import tndebug_subject
 from tndebug.triage import hygiene, layouts, own_decoder
-from tndebug.capture.adapters import GUESSED
 from tndebug.capture.user_model import parse_config
 from tndebug.probes._kv_order import kv_order, undecided as kv_undecided
 from tndebug.triage.loading import Checkpoint, load_checkpoint
@@ -123,7 +122,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
         one_pass=True, probe_fresh=target.fresh, fresh_how=target.run.get("fresh_init", ""),
         probe_names=probe_names, weights_finite=hygiene.weights_finite(ckpt.state_dict),
         first=findings, checks=checks + kv, rename=target.user_path,
-        fix_hints=_arch_hint(subject.kind, target.run), sweep=sweep_evidence,
+        sweep=sweep_evidence,
         not_run=[("checkpoint", "grouped-query head order", undecided)] if undecided else [],
         started=t0))
 
@@ -154,18 +153,6 @@ def _run_record(opts: TriageOptions, ckpt: Checkpoint, task, batch, subject, pro
                                      if v.is_floating_point()}),
             "trusted_pickle": ckpt.trusted, "probes_run": probe_names,
             "probe_inputs": subject.inputs()}
-
-
-def _arch_hint(kind: str, run: dict) -> dict[str, str]:
-    """A model read as decoder-only by a guess (adapters.GUESSED) whose attention sees the future:
-    the causal-leak finding's fix also says how to triage it as the encoder-only model it may be
-    on purpose (a BERT-style model and a GPT without its causal mask behave alike)."""
-    if kind != "decoder" or not str(run.get("arch_from", "")).startswith(GUESSED):
-        return {}
-    return {"mask-broadcast/causal-leak": (
-        " If this model is encoder-only on purpose (BERT-style: every position sees every "
-        "other), rerun with --arch encoder.")}
-
 
 
 # -- inputs ---------------------------------------------------------------------------------------
