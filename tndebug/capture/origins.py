@@ -35,7 +35,7 @@ from tndebug.capture.source import _kind, location
 _HERE = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _TNDEBUG = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 _PATCHING = _HERE + "patching.py"
-_SKIP, _OURS, _WRAP = 0, 1, 2
+_SKIP, _OURS, _WRAP = "skip", "ours", "wrap"      # a frame's kind (`_file_kind`)
 _FILES: dict[str, object] = {}
 
 
