@@ -53,7 +53,8 @@ class TrainConfig:
                                   # a run that repeats bit for bit (which steps a budget defers
                                   # depends on the machine's timing). `tndebug run` passes its
                                   # --probe-budget, default DEFAULT_FRACTION (0.03, as watch's).
-                                  # One process only: under DDP the ranks must probe the same steps
+                                  # Under DDP the ranks agree on the timings (Budget's agree=), so
+                                  # every rank probes the same steps.
 
     def __post_init__(self) -> None:
         if self.task not in TASK_NAMES:      # tndebug.data (torch) is not imported: the CLI's parser reads _D
