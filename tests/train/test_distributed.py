@@ -29,7 +29,8 @@ from tndebug.data import Batch, data_generator, get_task
 from tndebug.findings import Finding
 from tndebug.inject import make_model
 from tndebug.train import TrainConfig, distributed, model_config, run_training
-from tndebug.train.distributed import Dist, merge_findings, unwrap_state_dict
+from tndebug.train.checkpoint import unwrap_state_dict
+from tndebug.train.distributed import Dist, merge_findings
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]

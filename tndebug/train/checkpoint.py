@@ -27,7 +27,6 @@ from tndebug.config import ModelConfig
 from tndebug.errors import UsageError
 from tndebug.inject import make_model
 from tndebug.train.config import apply_config_faults
-from tndebug.train.distributed import unwrap_state_dict
 
 FORMAT = "tndebug.checkpoint/1"
 FILENAME = "checkpoint.pt"
@@ -104,6 +103,13 @@ def describe_mismatch(e: RuntimeError, limit: int = 3) -> str:
         details += [d.strip() for d in ln.split(". ") if d.strip()] if ln.startswith("size mismatch") else [ln]
     shown = "; ".join(details[:limit])
     return shown + (f" (+{len(details) - limit} more)" if len(details) > limit else "")
+
+
+def unwrap_state_dict(state: dict) -> dict:
+    """A state dict saved from a DDP-wrapped model (`module.` keys) as the plain model's."""
+    if state and all(k.startswith("module.") for k in state):
+        return {k[len("module."):]: v for k, v in state.items()}
+    return state
 
 
 def check_resume_fits(model_cfg: ModelConfig, state: dict) -> None:

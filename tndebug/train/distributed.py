@@ -357,13 +357,6 @@ def reads_loss_every_step(device: torch.device, dist: Dist = LOCAL) -> bool:
 
 
 # -- checkpoints and findings ------------------------------------------------------------------
-def unwrap_state_dict(state: dict) -> dict:
-    """A state dict saved from a DDP-wrapped model (`module.` keys) as the plain model's."""
-    if state and all(k.startswith("module.") for k in state):
-        return {k[len("module."):]: v for k, v in state.items()}
-    return state
-
-
 def merge_findings(per_rank: list[list[Finding]]) -> list[Finding]:
     """Rank 0's findings, then any other rank's that no lower rank reported (same probe,
     severity, place and step)."""

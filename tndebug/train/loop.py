@@ -190,7 +190,7 @@ class _Training:
         self.state = state = resume if isinstance(resume, dict) else \
             ckpt.load_checkpoint(resume, self.device)
         try:
-            self.model.load_state_dict(distributed.unwrap_state_dict(state["model"]))
+            self.model.load_state_dict(ckpt.unwrap_state_dict(state["model"]))
         except RuntimeError as e:
             raise UsageError(f"checkpoint does not fit this model: {ckpt.describe_mismatch(e)}") from None
         self.global_step, self.last_lr = int(state["global_step"]), state.get("last_lr")
