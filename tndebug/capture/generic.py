@@ -116,6 +116,7 @@ class GenericCapture:
         self.sublayers = {n for n, m in modules.items()
                           if re.search(r"sublayer|residual", type(m).__name__, re.I)
                           and _owner_layer(n, self.layers) is not None}
+        self.repeated: set[str] = set()       # blocks counted by calls (`_repeated_blocks`)
         self.positional = {n for n, m in modules.items() if n and _is_positional(n, m)}
         self.norms = {n for n, m in modules.items() if n and is_norm(m)}   # told once, not per call
         self.tok_wrappers = self._token_embedding_modules(modules)
@@ -244,10 +245,21 @@ class GenericCapture:
             if name and all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (a, b)):
                 producted.add(name)
 
+        calls: dict[str, list[bool]] = {}        # module -> per call: a [B, T, d] stream in and out
+
+        def called(name, args, kwargs, out) -> None:
+            stack.pop()
+            x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+            y = out[0] if isinstance(out, (tuple, list)) and out else out
+            calls.setdefault(name, []).append(
+                isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == 3
+                and x.is_floating_point() and y.shape == x.shape)
+
         handles = []
         for name, m in modules.items():
             handles.append(m.register_forward_pre_hook(lambda mod, a, name=name: stack.append(name)))
-            handles.append(m.register_forward_hook(lambda mod, a, o: (stack.pop(), None)[1]))
+            handles.append(m.register_forward_hook(
+                lambda mod, a, kw, o, name=name: called(name, a, kw, o), with_kwargs=True))
 
         def softmax(orig):
             def wrapper(x, *args, **kwargs):
@@ -293,9 +305,35 @@ class GenericCapture:
         new = {n for n in found if n not in self.attention
                and not any(n.startswith(a + ".") for a in self.attention)}
         self.attention |= new
-        if new:
+        if self._repeated_blocks(modules, calls) or new:
             self.ffn_out = self._ffn_outputs(modules)
         return new
+
+    def _repeated_blocks(self, modules: dict, calls: dict[str, list[bool]]) -> bool:
+        """Blocks from behaviour: a module called several times in one forward, a [B, T, d]
+        stream in and out each time, is applied several times along depth (ALBERT's shared
+        layer, a Universal-Transformer-style `for _ in range(n): x = self.block(x)`): each call
+        is a block. Numbered blocks called again make their stack counted by calls; with no
+        numbered blocks, the outermost such modules that hold attention (not inside one) are
+        the blocks. Sets `repeated` (and `layers`, `stacks`, `sublayers`); True if any."""
+        again = {n for n, seen in calls.items() if len(seen) > 1 and all(seen)}
+        if self.layers:
+            stacks = {s for n, (s, _) in self.layers.items() if n in again}
+            self.repeated = {n for n, (s, _) in self.layers.items() if s in stacks and n in calls}
+            return bool(self.repeated)
+        held = {n for n in again if n and n not in self.attention
+                and not any(n.startswith(a + ".") for a in self.attention)
+                and any(a.startswith(n + ".") for a in self.attention)}
+        outer = {n for n in held if not any(n.startswith(o + ".") for o in held)}
+        one_stack = self.kind if self.kind in ("decoder", "encoder") else None
+        self.layers = {n: (one_stack or _stack_of(n) or "encoder", 0) for n in outer}
+        self.repeated = set(outer)
+        self.stacks.update({n: _stack_of(n) for n in modules if n and _STACK.search(n)
+                            and any(c.startswith(n + ".") for c in self.layers)})
+        self.sublayers = {n for n, m in modules.items()
+                          if re.search(r"sublayer|residual", type(m).__name__, re.I)
+                          and _owner_layer(n, self.layers) is not None}
+        return bool(outer)
 
     # -- recording ---------------------------------------------------------------------------
     @contextmanager
@@ -346,7 +384,7 @@ class GenericCapture:
             return [n for n, _ in self.model.named_modules()]
         paths = set(self.tok_wrappers)                  # the layout: the ids they are fed
         if state.follow_attention:
-            paths |= self.attention
+            paths |= self.attention | self.repeated     # a shared block's call: its depth
         if state.intercept:             # QK-norm: norms inside attention (_norm_in_attention)
             paths |= self._attention_norms()
         if "ffn.hidden" in reads:

@@ -93,6 +93,9 @@ class _State(_Streams):
         self.stream_norm: dict[int, tuple] = {}   # stream index -> its norm's (weight, bias)
         self.records: list[tuple[_AttnCall, AttentionRecord]] = []
         self.seen_sites: dict[str, int] = {}
+        self.depth: dict[str, int] = {}         # stack -> calls of its repeated blocks so far
+        self.block_call: dict[str, tuple[int, str]] = {}   # repeated block -> (layer, stream name)
+        self.block_seen: dict[str, int] = {}    # repeated block -> its calls so far
         self.origins = None                     # origins.Origins: the lines that made tensors
 
     def _all_entered(self) -> bool:
@@ -117,6 +120,8 @@ class _State(_Streams):
                 key = args[1] if len(args) > 1 else kwargs.get("key")
                 self.calls.append(_AttnCall(name, _t(query), _t(key)))
                 self.calls_seen += 1
+            if name in cap.repeated:              # one more application along depth
+                self._block_called(name)
             if self.trace is None:
                 return None
             stack = cap.stacks.get(name)
@@ -183,14 +188,27 @@ class _State(_Streams):
                         self._norm_called(args[0], out)
             if name in cap.layers:
                 stack, i = cap.layers[name]
-                self._stream(name, stack, i, "layer", out)
+                i, shown = self.block_call.get(name, (i, name))
+                self._stream(shown, stack, i, "layer", out)
             elif name in cap.sublayers:
-                stack, i = cap.layers[_owner_layer(name, cap.layers)]
-                self._stream(name, stack, i, "sublayer", out)
+                owner = _owner_layer(name, cap.layers)
+                stack, i = cap.layers[owner]
+                i, shown = self.block_call.get(owner, (i, owner))
+                self._stream(name + shown[len(owner):], stack, i, "sublayer", out)
             elif name in cap.stacks:
                 self._stream(name, cap.stacks[name], None, "stack", out)
             return None
         return hook
+
+    def _block_called(self, name: str) -> None:
+        """A repeated block is entered: its layer is the count of such calls in its stack so far,
+        its stream point `name`, then `name#1`, ... (as attention sites called again)."""
+        stack = self.cap.layers[name][0]
+        i = self.depth.get(stack, 0)
+        self.depth[stack] = i + 1
+        n = self.block_seen.get(name, 0)
+        self.block_seen[name] = n + 1
+        self.block_call[name] = (i, f"{name}#{n}" if n else name)
 
     def _norm_in_attention(self, args, kwargs, out: torch.Tensor) -> None:
         """A normalisation inside an attention module of a projection's output (QK-norm: Qwen3,
@@ -512,6 +530,9 @@ class _State(_Streams):
 
     def _classify(self, call: _AttnCall) -> tuple[str, int | None]:
         layer = _layer_index(call.path)
+        owner = _owner_layer(call.path, self.cap.layers) if self.block_call else None
+        if owner in self.block_call:                 # inside a repeated block: its call's layer
+            layer = self.block_call[owner][0]
         q, k = call.query, call.key
         comparable = (q is not None and k is not None and q.is_floating_point()
                       and k.is_floating_point() and k.dim() == q.dim() and k.shape[-1] == q.shape[-1])
