@@ -24,7 +24,7 @@ How it decides (tensors and behaviour only; FAILURE_MODES 2.6, 6):
 * a missing residual (`x = attn(ln_1(x))`, any placement): each block's input is moved while
   every weight inside it is held (`_skip_path`); a block whose output does not move has no
   skip path, exactly: an error naming the sublayer (the attention, or the FFN after it).
-  Measured (bench/residual_skip.py): with a residual a block passes 0.40-0.91 of the input's
+  Measured (bench/residual_skip.py): with a residual a block passes 0.40-0.92 of the input's
   share (calibration: tndebug tiny pre/post, nanoGPT at init), without it 0 (bit-identical);
   MIN_SHARE (1e-6) absorbs float32 rounding only.
 * lr: StepInfo.lr on steps 0, 1, 2, 4, 8, 16 (else the declared schedule).
