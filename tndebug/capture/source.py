@@ -261,10 +261,11 @@ def _call_in(cls, attr: str, call: bool = True) -> dict | None:
     return None
 
 
-def module_place(model, path: str, modules: dict | None = None) -> dict | None:
+def module_place(model, path: str, modules: dict | None = None, *,
+                 by_output: bool = True) -> dict | None:
     """Where a finding on the module at `path` sits in the model's code: the line of the
     module's own code that made its output in a recorded pass (the residual add of a block,
-    `made_line`), else its forward (its def line, marked `def`) when that is the user's or
+    `made_line`; only `by_output`: a finding about the module's output), else its forward (its def line, marked `def`) when that is the user's or
     transformers' code; else,
     for torch's modules (an embedding, a norm, a Linear), the line that calls it (`call_site`);
     else the forward def wherever it is."""
@@ -273,7 +274,7 @@ def module_place(model, path: str, modules: dict | None = None) -> dict | None:
         return None
     own = _forward_def(type(module))
     if own is not None and _kind(own["file"]) is not None:
-        made = made_line(model, path)         # the op of its own code that made its output
+        made = made_line(model, path) if by_output else None   # the op that made its output
         cls = own["function"].rpartition(".")[0]
         if made is not None and cls and made["function"].startswith(cls + "."):
             return made

@@ -126,6 +126,12 @@ class Probe:
     # True when observe/update use only StepInfo's host numbers (step, lr): a step on which only
     # such probes are due needs no batch, no trace and no device sync (`ProbeEngine.host_only`).
     host_only: ClassVar[bool] = False
+    # True when the probe's findings on a module are about that module's output (the stream
+    # a block returns): such a finding is placed at the line that made the output (a block's
+    # residual add); another probe's finding on a module is about its inner computation (the
+    # rotary, the cache, the heads' order), and the output's line (`return self.out_proj(y)`)
+    # would name a line that is not the bug's: it gets the module's forward def.
+    places_by_output: ClassVar[bool] = False
 
     def __init__(self, schedule: Schedule | None = None) -> None:
         if not self.name:

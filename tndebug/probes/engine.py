@@ -221,7 +221,7 @@ class ProbeEngine:
             for i, f in enumerate(p.findings):
                 if f.source or f.where not in modules or not f.where:
                     continue
-                source = module_place(model, f.where, modules)
+                source = module_place(model, f.where, modules, by_output=p.places_by_output)
                 if source is not None:
                     p.findings[i] = replace(f, source=source)
 

@@ -91,6 +91,7 @@ class LnPlacement(Probe):
     """Detects pre-/post-LN from activations; flags pre-LN without final norm, post-LN without warmup."""
 
     name = "ln-placement"
+    places_by_output = True           # residual findings: the block's residual add
     cause = (
         "The paper is Post-LN norm(x + sublayer(x)); the annotated code is pre-norm for "
         "brevity and then needs a final LayerNorm [note 003]. Pre-LN trains more stably "

@@ -70,6 +70,7 @@ class VarianceDrift(Probe):
     """Residual-stream RMS and rank ratio along depth; catches a missing residual at step 0."""
 
     name = "variance-drift"
+    places_by_output = True           # the stream a block returns
     cause = (
         "A sublayer whose output replaces the stream (x = sublayer(x), no residual add) "
         "stops gradients and collapses the tokens, and without residual+LayerNorm a deep "
