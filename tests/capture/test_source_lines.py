@@ -122,3 +122,15 @@ def test_assert_clean_shows_the_line(tmp_path):
     with pytest.raises(AssertionError) as e:
         CheckResult(report).assert_clean("error")
     assert f"source: {path}:{lines['scores']} (CausalSelfAttention.forward): att = (q @" in str(e.value)
+
+
+def test_a_package_file_is_shown_from_its_package_folder():
+    # an HF finding read `/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/transformers/
+    # models/qwen2/modeling_qwen2.py:187`, wrapped over three rows at 80 columns
+    from tndebug.capture.source import shown_path, source_text
+    file = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/transformers/models/qwen2/modeling_qwen2.py"
+    assert shown_path(file) == "transformers/models/qwen2/modeling_qwen2.py"
+    text = source_text({"file": file, "line": 187, "function": "Qwen2Attention.forward",
+                        "package": "transformers", "code": "attn_output = attn(q, k, v)"})
+    assert text.startswith("transformers/models/qwen2/modeling_qwen2.py:187 (Qwen2Attention.forward) "
+                           "[package: transformers]")

@@ -168,7 +168,14 @@ def also_text(src: dict) -> list[str]:
 
 
 def shown_path(file: str) -> str:
-    """`file` relative to the working directory when it lies under it."""
+    """`file` relative to the working directory when it lies under it; an installed package's
+    file from its package folder (`transformers/models/gpt2/modeling_gpt2.py`: the 60
+    characters of `/root/.pyenv/.../site-packages/` in front say nothing at 80 columns);
+    report.json keeps the whole path."""
+    parts = Path(file).parts
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] in ("site-packages", "dist-packages"):
+            return "/".join(parts[i + 1:])
     try:
         rel = os.path.relpath(file)
     except ValueError:
