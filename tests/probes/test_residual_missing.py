@@ -170,3 +170,11 @@ def test_hugging_face_models_keep_their_input(name):
     assert missing(report) == []
     cover = report.probes["ln-placement"]["coverage"]
     assert any(c["status"] == "checked" and ".0" in w for w, c in cover.items()), cover
+
+
+def test_the_attention_residual_points_at_the_blocks_line_that_lost_it(tmp_path):
+    # it pointed at the attention's forward def (issue 48: the line the bug was written in)
+    mod = nanogpt(tmp_path, "attn")
+    torch.manual_seed(0)
+    (f,) = missing(tndebug.check(mod.build(), mod.forward, probes="ln-placement", arch="decoder"))
+    assert f.source["code"] == "x = self.attn(self.ln_1(x), pad)" and not f.source.get("def")

@@ -64,6 +64,7 @@ from tndebug.probes._residual import NORM_TOL, normalised_residuals, residual_ca
 from tndebug.probes import _skip_path
 from tndebug.probes.base import Probe, RunContext, StepInfo, grad_norms_of
 from tndebug.probes.schedule import Schedule
+from tndebug.capture.source import call_site
 from tndebug.capture.trace import StreamPoint, Trace
 
 HIGH_LR = 1e-4        # Xiong et al.: post-LN without warmup diverges at lr ≥ 1e-4 (FAILURE_MODES 6)
@@ -378,6 +379,7 @@ class LnPlacement(Probe):
             what = (f"the residual around {' and around '.join(names)} is missing" if names else
                     f"a residual inside {r.where} is missing")
             blocks = [x.where for x, _ in bad]
+            part = next((p for p in parts if p != "rest"), None)
             self.report(
                 "error", f"{what}: with every weight inside {r.where} held, moving the block's input "
                 f"moves its output by {r.share:.1g} of the input's share (a residual passes "
@@ -385,7 +387,10 @@ class LnPlacement(Probe):
                 f"output replaces the stream instead of adding to it ({len(bad)} "
                 f"{stack or 'model'} block{'s' if len(bad) > 1 else ''}: "
                 f"{', '.join(blocks[:3])}{' ...' if len(blocks) > 3 else ''})",
-                where=next((p for p in parts if p != "rest"), r.where), step=step,
+                where=part or r.where, step=step,
+                # the block's line that calls the sublayer (`x = self.attn(self.ln_1(x))`); the
+                # FFN's loss is placed at the line that made the block's output (the engine)
+                source=call_site(subject.model, part) if part else None,
                 layer=sp.layer if sp is not None else None,
                 evidence={"blocks": blocks, "skip_share": r.share,
                           "share_nothing_held": round(r.moves, 4), "weights_held": r.held,
