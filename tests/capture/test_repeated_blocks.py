@@ -145,3 +145,9 @@ def test_albert_shared_layer_is_checked_along_depth():
     assert report.verdict == "clean" and report.exit_code() == 0          # was INCOMPLETE (4)
     cover = report.probes["ln-placement"]["coverage"]
     assert cover["albert.encoder.albert_layer_groups.0"]["status"] == "checked", cover
+    # the stack found, what enters it is the embedding tap (the factorised embedding's output,
+    # before embedding_hidden_mapping_in): its absolute positions are read there (was: "no
+    # embedding taps", and the positions taken for relative ones, in attention)
+    pe = report.probes["positional-encoding"]
+    assert pe["coverage"]["albert.embeddings"]["status"] == "checked", pe
+    assert "added to the embeddings (absolute)" in pe["coverage"][""]["reason"], pe

@@ -18,7 +18,9 @@ How each part of the trace is found:
 * kind: "cross" when the module's query and key inputs differ (or its name says so);
   otherwise "dec_self"/"enc_self" from the path, else from the query length.
 * residual stream: outputs of `<enc|dec>*.layers.N` (layer), their Sublayer/Residual children
-  (sublayer) and the stacks (`encoder`, `decoder`, `transformer.encoder`, ...).
+  (sublayer) and the stacks (`encoder`, `decoder`, `transformer.encoder`, ...); a module called
+  several times in one forward (a block shared across depth, ALBERT's) is one layer per call,
+  found by `discover` (`_repeated_blocks`).
 * embeddings: `tok` is the output of the outermost module around an nn.Embedding that is fed
   the source or target ids (without a positional part inside); `out` is what enters the
   encoder or decoder stack; the PE part is `out - tok`.
@@ -251,9 +253,9 @@ class GenericCapture:
             stack.pop()
             x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
             y = out[0] if isinstance(out, (tuple, list)) and out else out
-            calls.setdefault(name, []).append(
-                isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == 3
-                and x.is_floating_point() and y.shape == x.shape)
+            calls.setdefault(name, []).append(   # (nested tensors, nn.TransformerEncoder's fast path: no)
+                isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and not x.is_nested
+                and not y.is_nested and x.dim() == 3 and x.is_floating_point() and y.shape == x.shape)
 
         handles = []
         for name, m in modules.items():
