@@ -41,6 +41,7 @@ NOT_THRESHOLDS = {
     ("tndebug/probes/zero_grad.py", "TRACKED"): "parameters watched; the test itself is exact",
     ("tndebug/probes/budget.py", "MIN_PLAIN"): "plain steps timed before the budget judges",
     ("tndebug/probes/budget.py", "WINDOW"): "steps the budget's medians are taken over",
+    ("tndebug/probes/budget.py", "SYNC_EVERY"): "steps between the ranks' exchanges of the budget's numbers",
     ("tndebug/capture/recording.py", "MAX_RECOMPUTED"): "memory cap on recomputed SDPA scores",
     ("tndebug/judge/fresh.py", "SEED"): "the fresh initialisation's seed",
     ("tndebug/judge/scale.py", "NO_SCALE"): "missing-scale's diagnosis text, matched",
