@@ -42,7 +42,7 @@ NOT_THRESHOLDS = {
     ("tndebug/probes/budget.py", "MIN_PLAIN"): "plain steps timed before the budget judges",
     ("tndebug/probes/budget.py", "WINDOW"): "steps the budget's medians are taken over",
     ("tndebug/probes/budget.py", "SYNC_EVERY"): "steps between the ranks' exchanges of the budget's numbers",
-    ("tndebug/capture/recording.py", "MAX_RECOMPUTED"): "memory cap on recomputed SDPA scores",
+    ("tndebug/capture/attention_calls.py", "MAX_RECOMPUTED"): "memory cap on recomputed SDPA scores",
     ("tndebug/judge/fresh.py", "SEED"): "the fresh initialisation's seed",
     ("tndebug/judge/scale.py", "NO_SCALE"): "missing-scale's diagnosis text, matched",
     ("tndebug/hf/triage.py", "PROBE_VOCAB"): "logit columns the probes see (exact for those ids)",

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from tndebug.capture.projections import _find_projection, _same_map
+from tndebug.capture.projections import find_projection, same_map
 
 transformers = pytest.importorskip("transformers")
 
@@ -132,16 +132,16 @@ def test_unequal_blocks_are_split_at_the_widths_of_the_operands(g):
     out = lin[1]
     q = 0.5 * heads(out[..., :H * D_K])
     k = heads(out[..., H * D_K:(H + g) * D_K]).repeat_interleave(H // g, dim=1)
-    sq, _, q_map, q_at = _find_projection(q, [lin])
-    sk, _, k_map, k_at = _find_projection(k, [lin], q_shape=q.shape)
+    sq, _, q_map, q_at = find_projection(q, [lin])
+    sk, _, k_map, k_at = find_projection(k, [lin], q_shape=q.shape)
     assert abs(sq - 0.5) < 1e-6 and abs(sk - 1) < 1e-6
     assert q_at[1:] in (((H, g, g), 0, "blocks", "", "values"), (2, 0, "blocks", "", "values"))
     # g < H kv heads repeated as repeat_kv does: the order is recorded (kv_order)
     assert k_at[1:] == ((H, g, g), 1, "blocks", "interleaved" if 1 < g < H else "", "values")
-    assert not _same_map(q_map, k_map)
+    assert not same_map(q_map, k_map)
     # k's g heads unrepeated (Falcon's eager product broadcasts them) match too
     k_g = heads(out[..., H * D_K:(H + g) * D_K])                               # [B, g, T, dk]
-    assert _find_projection(k_g, [lin], q_shape=q.shape)[3][1:3] == ((H, g, g), 1)
+    assert find_projection(k_g, [lin], q_shape=q.shape)[3][1:3] == ((H, g, g), 1)
 
 
 def test_the_k_width_is_told_from_the_q_heads():
@@ -149,8 +149,8 @@ def test_the_k_width_is_told_from_the_q_heads():
     of one head fits [q | k | v] only with the 4 query heads the product's q has."""
     lin = fused((H, 1, 1))
     k = heads(lin[1][..., H * D_K:(H + 1) * D_K])                            # [B, 1, T, dk]
-    assert _find_projection(k, [lin]) is None
-    assert _find_projection(k, [lin], q_shape=(B, H, T, D_K))[3][1:3] == ((H, 1, 1), 1)
+    assert find_projection(k, [lin]) is None
+    assert find_projection(k, [lin], q_shape=(B, H, T, D_K))[3][1:3] == ((H, 1, 1), 1)
 
 
 def test_grouped_interleave_and_3d_operands():
@@ -158,19 +158,19 @@ def test_grouped_interleave_and_3d_operands():
     grouped = out.reshape(B, T, 2, H // 2 + 2, D_K)
     q = grouped[:, :, :, :H // 2].reshape(B, T, H, D_K).transpose(1, 2)
     k = grouped[:, :, :, H // 2].transpose(1, 2).repeat_interleave(H // 2, dim=1)
-    assert _find_projection(k, [(x, out, w)], q_shape=q.shape)[3][1:] == ((2, 1, 1), 1, "heads", "interleaved", "values")
+    assert find_projection(k, [(x, out, w)], q_shape=q.shape)[3][1:] == ((2, 1, 1), 1, "heads", "interleaved", "values")
     # the same kv heads tiled (k.repeat(1, r, 1, 1)) are traced too, and say so
     tiled = grouped[:, :, :, H // 2].transpose(1, 2).repeat(1, H // 2, 1, 1)
-    assert _find_projection(tiled, [(x, out, w)], q_shape=q.shape)[3][1:] == ((2, 1, 1), 1, "heads", "tiled", "values")
+    assert find_projection(tiled, [(x, out, w)], q_shape=q.shape)[3][1:] == ((2, 1, 1), 1, "heads", "tiled", "values")
     # the same q and k flattened to [B*h, T, dk] (BLOOM's baddbmm operands)
     q3, k3 = -2.0 * q.reshape(B * H, T, D_K), k.reshape(B * H, T, D_K)
-    s, _, _, at = _find_projection(q3, [(x, out, w)])
+    s, _, _, at = find_projection(q3, [(x, out, w)])
     assert abs(s + 2.0) < 1e-6 and at[1:] == ((2, 1, 1), 0, "heads", "", "values")
-    assert _find_projection(k3, [(x, out, w)], q_shape=q3.shape)[3][1:3] == ((2, 1, 1), 1)
+    assert find_projection(k3, [(x, out, w)], q_shape=q3.shape)[3][1:3] == ((2, 1, 1), 1)
 
 
 def test_a_chunk_of_another_map_is_not_matched():
     lin = fused((H, 1, 1))
     other = fused((H, 1, 1), seed=1)[1]
     k = heads(other[..., H * D_K:(H + 1) * D_K])
-    assert _find_projection(k, [lin], q_shape=(B, H, T, D_K)) is None
+    assert find_projection(k, [lin], q_shape=(B, H, T, D_K)) is None

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from tndebug.capture.projections import _find_projection
+from tndebug.capture.projections import find_projection
 
 transformers = pytest.importorskip("transformers")
 
@@ -125,27 +125,27 @@ def projection(width, seed=0):
 def test_a_rotated_operand_is_traced_by_norms_with_its_fold_exact(partial):
     lin = projection(H * D_K)
     q = rope(0.25 * heads(lin[1]), partial)                # a scale folded in before the rotation
-    s, inp, _, where = _find_projection(q, [lin])
+    s, inp, _, where = find_projection(q, [lin])
     assert where[-1] == "norms" and inp is lin[0]
     assert abs(s - 0.25) < 1e-6
 
 
 def test_a_plain_head_split_still_matches_by_values_with_its_sign():
     lin = projection(H * D_K)
-    s, _, _, where = _find_projection(-0.5 * heads(lin[1]), [lin])
+    s, _, _, where = find_projection(-0.5 * heads(lin[1]), [lin])
     assert where[-1] == "values" and abs(s + 0.5) < 1e-6
 
 
 def test_grouped_query_fused_per_head_and_addmm_outputs_are_traced():
     kv = projection(2 * D_K)                                      # 2 key heads for 4 query heads
     k = rope(heads(kv[1], 2)).repeat_interleave(2, dim=1)
-    assert _find_projection(k, [kv])[3][-1] == "norms"
+    assert find_projection(k, [kv])[3][-1] == "norms"
     x, out, w = projection(3 * H * D_K)                           # [q_h k_h v_h] per head (NeoX)
     k = rope(out.reshape(B, T, H, 3 * D_K)[..., D_K:2 * D_K].transpose(1, 2))
-    assert _find_projection(k, [(x, out, w)])[3][1:4] == (3, 1, "heads")
+    assert find_projection(k, [(x, out, w)])[3][1:4] == (3, 1, "heads")
     flat = (x.reshape(B * T, -1), out.reshape(B * T, -1), w)      # Conv1D: [B*T, width]
     q = heads(out.reshape(B, T, 3, H * D_K)[:, :, 0])
-    assert _find_projection(q, [flat])[3][1:] == (3, 0, "blocks", "", "values")
+    assert find_projection(q, [flat])[3][1:] == (3, 0, "blocks", "", "values")
 
 
 def test_norm_changing_maps_are_not_traced():
@@ -155,7 +155,7 @@ def test_norm_changing_maps_are_not_traced():
     log_n = q * (1 + 0.1 * torch.arange(T, dtype=torch.float32))[:, None]  # a position factor
     other = rope(heads(projection(H * D_K, seed=1)[1]))
     for operand in (qk_norm, log_n, other):
-        assert _find_projection(rope(operand), [lin]) is None
+        assert find_projection(rope(operand), [lin]) is None
 
 
 def test_norms_that_do_not_vary_prove_nothing():
@@ -164,7 +164,7 @@ def test_norms_that_do_not_vary_prove_nothing():
     x, out, w = projection(H * D_K)
     unit = heads(out) / heads(out).norm(dim=-1, keepdim=True)
     lin = (x, unit.transpose(1, 2).reshape(B, T, -1), w)
-    assert _find_projection(rope(unit), [lin]) is None
+    assert find_projection(rope(unit), [lin]) is None
 
 
 @pytest.mark.parametrize("bug", (False, True))

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from tndebug.capture.projections import _find_projection
+from tndebug.capture.projections import find_projection
 
 transformers = pytest.importorskip("transformers")
 
@@ -110,7 +110,7 @@ def test_a_rotated_per_head_normed_operand_is_traced_to_the_norm_not_the_project
     normed = torch.nn.functional.rms_norm(out.view(B, T, H, D_K), (D_K,), gain)
     q = rope(0.25 * normed.transpose(1, 2))                             # [B, h, T, d_k]
     pool = [(x, out, w), (x, normed.flatten(-2), None)]
-    s, inp, (weight, _), where = _find_projection(q, pool)
+    s, inp, (weight, _), where = find_projection(q, pool)
     assert weight is None and inp is x and where[-1] == "norms"
     assert abs(s - 0.25) < 1e-5
-    assert _find_projection(q, pool[:1]) is None                        # the projection alone: no
+    assert find_projection(q, pool[:1]) is None                        # the projection alone: no

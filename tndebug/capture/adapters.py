@@ -48,6 +48,7 @@ from torch import nn
 from tndebug.errors import UsageError
 from tndebug.capture.annotated import TNDEBUG_MASKS_NOTE, annotated_encode, annotated_forward, \
     annotated_mask_source
+from tndebug.capture.model_parts import numbered_blocks
 from tndebug.capture.structure import is_attention
 from tndebug.capture.user_files import import_file, line, load_callable  # noqa: F401 - handed on
 from tndebug.task_names import ADAPTER_NAMES
@@ -246,10 +247,9 @@ def _lm_shape(model: nn.Module) -> dict:
     weight), numbered
     blocks holding an attention-shaped module (nn.MultiheadAttention, an attention class, or a
     fused d -> 3d projection), and how many arguments its forward requires."""
-    from tndebug.capture.generic import _blocks
     modules = dict(model.named_modules())
     tables = {n: m for n, m in modules.items() if isinstance(m, nn.Embedding)}
-    numbered = _blocks(modules)
+    numbered = numbered_blocks(modules)
     blocks = sorted(numbered, key=lambda n: numbered[n][1])
     heads = [n for n, m in modules.items() if isinstance(m, nn.Linear)
              and not any(n.startswith(b + ".") for b in blocks) and any(

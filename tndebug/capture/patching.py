@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:                       # annotations only: no import circle
-    from tndebug.capture.recording import _State
+    from tndebug.capture.recording import State
 
 
 # -- patching ------------------------------------------------------------------------------------
 @contextmanager
-def _patched(state: _State):
+def patched(state: State):
     """Swap torch's attention primitives for recording wrappers (`_PATCHES`, in this order);
     always restored."""
     originals = []
@@ -38,7 +38,7 @@ def _patched(state: _State):
 
 
 # each wrapper factory `make(state, orig)`: the recording's view of one torch primitive
-def _product(state: _State, orig, kT=True):
+def _product(state: State, orig, kT=True):
     def wrapper(a, b, *args, **kwargs):
         if state.current() is None:
             return orig(a, b, *args, **kwargs)
@@ -54,7 +54,7 @@ def _product(state: _State, orig, kT=True):
     return wrapper
 
 
-def _add(state: _State, orig, inplace=False):
+def _add(state: State, orig, inplace=False):
     def wrapper(a, b, *args, **kwargs):
         if state.current() is None:
             return orig(a, b, *args, **kwargs)
@@ -71,7 +71,7 @@ def _add(state: _State, orig, inplace=False):
     return wrapper
 
 
-def _linear(state: _State, orig):
+def _linear(state: State, orig):
     def wrapper(x, *args, **kwargs):
         out = orig(x, *args, **kwargs)
         if state.calls:
@@ -80,7 +80,7 @@ def _linear(state: _State, orig):
     return wrapper
 
 
-def _addmm(state: _State, orig):
+def _addmm(state: State, orig):
     def wrapper(inp, x, w, *args, **kwargs):       # bias + x @ w: Hugging Face's Conv1D
         out = orig(inp, x, w, *args, **kwargs)
         if state.calls and isinstance(w, torch.Tensor) and w.dim() == 2:
@@ -89,7 +89,7 @@ def _addmm(state: _State, orig):
     return wrapper
 
 
-def _baddbmm(state: _State, orig):
+def _baddbmm(state: State, orig):
     def wrapper(inp, b1=None, b2=None, *args, beta=1, alpha=1, batch1=None, batch2=None, **kwargs):
         b1, b2 = (batch1 if b1 is None else b1), (batch2 if b2 is None else b2)   # BLOOM's keywords
         if state.current() is None:
@@ -116,7 +116,7 @@ def _baddbmm(state: _State, orig):
     return wrapper
 
 
-def _einsum(state: _State, orig):
+def _einsum(state: State, orig):
     def wrapper(eq, *operands, **kwargs):
         ops = operands[0] if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else operands
         if state.current() is None or len(ops) != 2:
@@ -150,7 +150,7 @@ def _einsum(state: _State, orig):
     return wrapper
 
 
-def _masked_fill(state: _State, orig, inplace=False):
+def _masked_fill(state: State, orig, inplace=False):
     def wrapper(x, mask, value, *args, **kwargs):
         if state.current() is None:
             return orig(x, mask, value, *args, **kwargs)
@@ -165,7 +165,7 @@ def _masked_fill(state: _State, orig, inplace=False):
     return wrapper
 
 
-def _softmax(state: _State, orig):
+def _softmax(state: State, orig):
     def wrapper(x, *args, **kwargs):
         if state.current() is None:
             return orig(x, *args, **kwargs)
@@ -180,7 +180,7 @@ def _softmax(state: _State, orig):
     return wrapper
 
 
-def _sdpa(state: _State, orig):
+def _sdpa(state: State, orig):
     def wrapper(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                 scale=None, **kwargs):
         call = state.current()
@@ -206,7 +206,7 @@ def _sdpa(state: _State, orig):
 
 _inplace_add = functools.partial(_add, inplace=True)
 _inplace_masked_fill = functools.partial(_masked_fill, inplace=True)
-# (owner, name, make): what `_patched` swaps, in order (restored in the reverse order)
+# (owner, name, make): what `patched` swaps, in order (restored in the reverse order)
 _PATCHES = [
     *((owner, name, make) for owner in (torch, torch.Tensor)
       for name, make in (("matmul", _product), ("bmm", _product), ("masked_fill", _masked_fill),
@@ -237,7 +237,7 @@ class _Rebound(TorchFunctionMode):
     recording wrappers. A call made through the patched name reaches the mode from inside its
     wrapper, while `state.busy`, and passes through unrecorded a second time."""
 
-    def __init__(self, state: "_State", wrapped: dict) -> None:
+    def __init__(self, state: "State", wrapped: dict) -> None:
         super().__init__()
         self.state, self.wrapped, self.hits = state, wrapped, 0
 
@@ -251,7 +251,7 @@ class _Rebound(TorchFunctionMode):
 
 
 @contextmanager
-def _rebound(state: "_State", wrapped: dict):
+def _rebound(state: "State", wrapped: dict):
     """`_Rebound` for this recording, unless an earlier one of this capture saw attention and
     found every call through the patched names (then it costs nothing: most models)."""
     cap = state.cap

@@ -35,11 +35,11 @@ def masked_by_addition(added, shape) -> torch.Tensor | None:
         return None
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a is b or (a.shape == b.shape and bool(torch.equal(a, b)))
 
 
-def _looks_like_probs(w) -> bool:
+def looks_like_probs(w) -> bool:
     """Attention weights returned by a module: non-negative rows that sum to 1."""
     if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() < 3 or not w.numel():
         return False
@@ -54,7 +54,7 @@ NORM_EVIDENCE = 10.0   # a norm match must fit 10x better than one constant norm
                        # does: otherwise the norms hardly vary and any tensor of the size passes
 
 
-def _same_map(a, b) -> bool:
+def same_map(a, b) -> bool:
     """Two (weight, columns) are one projection: the same columns of one weight."""
     (wa, ca), (wb, cb) = a, b
     if not isinstance(wa, torch.Tensor) or not isinstance(wb, torch.Tensor):
@@ -162,7 +162,7 @@ def _split_heads(out: torch.Tensor, n, j: int, layout: str, h: int, dk: int):
 
 
 def _head_split_projection(operand: torch.Tensor, cands: list):
-    """`_find_projection` for an operand that is s * chunk.view(B, T, h, d_k).transpose(1, 2)
+    """`find_projection` for an operand that is s * chunk.view(B, T, h, d_k).transpose(1, 2)
     of one linear map's output chunk (its heads repeated for grouped-query attention), in
     the order of `cands`; else None."""
     if operand.dim() != 4 or not operand.numel():
@@ -187,7 +187,7 @@ def _head_split_projection(operand: torch.Tensor, cands: list):
 
 
 def _norm_projection(operand: torch.Tensor, cands: list):
-    """`_find_projection` for an operand that is s * U(b, h, t) applied to each head vector of
+    """`find_projection` for an operand that is s * U(b, h, t) applied to each head vector of
     one linear map's output chunk, U norm-preserving (a rotation: RoPE, partial or full; a
     permutation of the head's dimensions): each vector's norm is s times its projection's.
 
@@ -223,7 +223,7 @@ def _norm_projection(operand: torch.Tensor, cands: list):
 
 
 def _position0_projection(operand: torch.Tensor, cands: list):
-    """`_find_projection` for an operand that is s * P_t applied to each head vector of one
+    """`find_projection` for an operand that is s * P_t applied to each head vector of one
     linear map's output chunk, P_t any map that depends on the position t alone and is the
     identity at t = 0. Every rotary embedding is (cos 0 = 1, sin 0 = 0), also one whose cos/sin
     tables pair other features than its rotate function does (cos/sin laid out for interleaved
@@ -264,7 +264,7 @@ def _position0_projection(operand: torch.Tensor, cands: list):
 
 
 def _sorted_projection(operand: torch.Tensor, cands: list):
-    """`_find_projection` by sorted values: any rearrangement of s * a chunk matches."""
+    """`find_projection` by sorted values: any rearrangement of s * a chunk matches."""
     a = operand.detach().float().flatten()
     if not a.numel():
         return None
@@ -301,7 +301,7 @@ def _batches(operand: torch.Tensor, pool: list) -> list[int]:
     return out
 
 
-def _find_projection(operand: torch.Tensor, pool: list, hint=None, q_shape=None):
+def find_projection(operand: torch.Tensor, pool: list, hint=None, q_shape=None):
     """`_match` for an operand [B, h, T, d_k], or [B*h, T, d_k] read as one for each batch size
     the pool's outputs have (`_batches`; the operand itself is returned as it came); `q_shape`:
     the q operand's shape at the product, whose heads the fused splits are fitted to (the

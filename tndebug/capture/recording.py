@@ -1,20 +1,18 @@
-"""What one recording has seen so far: the attention calls in flight, the tensors of each (q, k,
-scores, probabilities, ...) and the records they become; the stream half is `streams._Streams`.
+"""What one recording has seen so far: the module hooks that follow the model's forward, the
+attention calls in flight and the records they become, and the end of a recording. The attention
+half is `attention_calls.AttentionEvents` (the patched primitives' events) and
+`attention_sites.AttentionSites` (a finished call as a site); the stream half is `streams.Streams`.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from dataclasses import field
-
 import torch
 
-from tndebug.capture.kv_heads import kv_swapped
+from tndebug.capture.attention_calls import AttentionEvents, AttnCall
+from tndebug.capture.attention_sites import AttentionSites
+from tndebug.capture.source import remember_made
+from tndebug.capture.streams import Streams
+from tndebug.capture.structure import owner_layer
 from tndebug.capture.trace import AttentionRecord, HeadReached, StacksEntered, StreamPoint, Trace
-from tndebug.capture.projections import _find_projection, _looks_like_probs, _same, _same_map, masked_by_addition
-from tndebug.capture.streams import _Streams
-from tndebug.capture.structure import _CROSS_NAME, _layer_index, _owner_layer, _stack_of
-MAX_RECOMPUTED = 1 << 25     # score entries recomputed for a fused SDPA call (128 MiB in fp32)
 
 
 def in_backward() -> bool:
@@ -22,30 +20,6 @@ def in_backward() -> bool:
     activation checkpointing re-running a forward the recording has already seen; recording it
     again would make every site of the checkpointed blocks a second one (`attn#1`)."""
     return torch._C._current_graph_task_id() != -1
-
-
-@dataclass
-class _AttnCall:
-    path: str
-    query: torch.Tensor | None
-    key: torch.Tensor | None
-    q: torch.Tensor | None = None
-    k: torch.Tensor | None = None
-    v: torch.Tensor | None = None
-    raw: torch.Tensor | None = None           # q k^T before any scale
-    scores: torch.Tensor | None = None
-    masked_scores: torch.Tensor | None = None
-    probs: torch.Tensor | None = None
-    z: torch.Tensor | None = None
-    softmaxed: bool = False
-    scaled: bool = False                      # the temperature was applied in this call
-    add_pre: torch.Tensor | None = None       # the scores before the first addition (bias, mask)
-    add_terms: list = field(default_factory=list)   # what was added to them, in order
-    chain_out: torch.Tensor | None = None     # the result of the last such addition
-    nested: bool = False                      # an attention module inside this one was recorded
-    linears: list = field(default_factory=list)     # (input, output) of every linear map run
-    extra: dict = field(default_factory=dict)
-    sources: dict = field(default_factory=dict)     # op role -> the user's line (capture/source.py)
 
 
 class _Layout:
@@ -60,7 +34,7 @@ class _Layout:
         return x.transpose(0, 1) if seq_first and x.dim() == 3 else x
 
 
-class _State(_Streams):
+class State(AttentionEvents, AttentionSites, Streams):
     """What one recording has seen so far."""
 
     def __init__(self, cap, trace: Trace | None, reads: frozenset) -> None:
@@ -76,7 +50,7 @@ class _State(_Streams):
         self.alpha: float | None = None
         self.kv_swap = False                   # swapping_kv: grouped-query heads in the other order
         self.kv_orders: list[str] = []          # the orders swapped, one per operand
-        self.calls: list[_AttnCall] = []       # attention modules currently running
+        self.calls: list[AttnCall] = []       # attention modules currently running
         self.calls_seen = 0                     # attention calls this recording entered
         self.busy = False                      # inside our own tensor work: no interception
         self.layout = _Layout(cap.seq_first_hint, cap.mha_seq_first)
@@ -91,7 +65,7 @@ class _State(_Streams):
         self.post_norm_stacks: set[str] = set()
         self.norm_outs: list = []               # the last normalisation outputs, with (weight, bias)
         self.stream_norm: dict[int, tuple] = {}   # stream index -> its norm's (weight, bias)
-        self.records: list[tuple[_AttnCall, AttentionRecord]] = []
+        self.records: list[tuple[AttnCall, AttentionRecord]] = []
         self.seen_sites: dict[str, int] = {}
         self.depth: dict[str, int] = {}         # stack -> calls of its repeated blocks so far
         self.block_call: dict[str, tuple[int, str]] = {}   # repeated block -> (layer, stream name)
@@ -118,7 +92,7 @@ class _State(_Streams):
                                           or self.kv_swap):
                 query = args[0] if args else kwargs.get("query", kwargs.get("x"))
                 key = args[1] if len(args) > 1 else kwargs.get("key")
-                self.calls.append(_AttnCall(name, _t(query), _t(key)))
+                self.calls.append(AttnCall(name, _t(query), _t(key)))
                 self.calls_seen += 1
             if name in cap.repeated:              # one more application along depth
                 self._block_called(name)
@@ -153,7 +127,7 @@ class _State(_Streams):
                 if self.trace is not None:
                     self.busy = True
                     try:
-                        if self._finish_attention(call, module, output):
+                        if self.finish_attention(call, module, output):
                             for outer in self.calls:       # wrappers around a site are not sites
                                 outer.nested = True
                     finally:
@@ -191,7 +165,7 @@ class _State(_Streams):
                 i, shown = self.block_call.get(name, (i, name))
                 self._stream(shown, stack, i, "layer", out)
             elif name in cap.sublayers:
-                owner = _owner_layer(name, cap.layers)
+                owner = owner_layer(name, cap.layers)
                 stack, i = cap.layers[owner]
                 i, shown = self.block_call.get(owner, (i, owner))
                 self._stream(name + shown[len(owner):], stack, i, "sublayer", out)
@@ -218,7 +192,7 @@ class _State(_Streams):
         code applies it. Only a norm whose input is (a view of) a map's output already run in
         this call; the map's input stays the entry's input (what q and k were fed, which
         tells self- from cross-attention). No weight: a norm's output never counts as a shared
-        projection (`_same_map`)."""
+        projection (`same_map`)."""
         x = args[0] if args else next(iter(kwargs.values()), None)
         if not isinstance(x, torch.Tensor) or x.shape != out.shape or out.dim() not in (3, 4):
             return
@@ -240,320 +214,8 @@ class _State(_Streams):
                 return
         call.linears.append((fed, rows, None))
 
-    # -- attention events ----------------------------------------------------------------------
-    def current(self) -> _AttnCall | None:
-        """The attention module whose insides are being recorded (or scaled), if any."""
-        if self.busy or not self.calls or not (self.intercept or self.alpha is not None
-                                               or self.kv_swap):
-            return None
-        return self.calls[-1]
-
-    def swap_kv(self, x):
-        """`kv_heads.kv_swapped(x)`, the order it found kept in `kv_orders`."""
-        self.busy = True
-        try:
-            out, order = kv_swapped(x)
-        finally:
-            self.busy = False
-        if order:
-            self.kv_orders.append(order)
-        return out
-
-    def on_product(self, a, b, out, b_is_kT: bool = True) -> None:
-        call = self.current()
-        if call is None or not isinstance(out, torch.Tensor) or out.dim() < 3:
-            return
-        if isinstance(b, torch.Tensor) and b.dim() == 2:     # x @ W: a projection, not q k^T
-            if self.trace is not None:
-                call.linears.append((a.detach(), out.detach(), b))
-            return
-        if not call.softmaxed and call.raw is None:
-            call.q, call.k, call.raw = a, (b.transpose(-2, -1) if b_is_kT else b), out
-            self.locate(call, "scores")
-            self.made_line(call, "q_made", a)
-        elif call.softmaxed and call.z is None:
-            call.v, call.z = b, out
-
-    def on_add(self, a, b, out) -> None:
-        """`scores + mask` / `scores + bias`: remember what was added to the scores."""
-        call = self.current()
-        if call is None or call.raw is None or call.softmaxed or call.masked_scores is not None:
-            return
-        if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() < 3:
-            return
-        if call.chain_out is not None and (a is call.chain_out or b is call.chain_out):
-            term = b if a is call.chain_out else a
-        else:                                    # a new chain: the full-shape operand is the scores
-            if isinstance(a, torch.Tensor) and a.shape == out.shape:
-                chain, term = a, b
-            elif isinstance(b, torch.Tensor) and b.shape == out.shape:
-                chain, term = b, a
-            else:
-                return
-            call.add_pre, call.add_terms = chain.detach(), []
-        call.add_terms.append(term)
-        call.chain_out = out
-        self.locate(call, "add")
-        if self.origins is not None:             # each term's line: the mask's, if one masks
-            from tndebug.capture.source import user_line
-            call.extra.setdefault("add_lines", []).append((term, user_line()))
-
-    def on_linear(self, x, out, weight=None) -> None:
-        if self.trace is None or self.busy or not self.calls or not self.intercept:
-            return
-        if isinstance(x, torch.Tensor) and isinstance(out, torch.Tensor):
-            self.calls[-1].linears.append((x.detach(), out.detach(), weight))
-            if self.calls[-1].softmaxed:          # the output projection's input: heads merged
-                self.made_line(self.calls[-1], "merged", x, last=True)
-
-    def on_masked_fill(self, x, mask, out) -> None:
-        call = self.current()
-        if call is None:
-            return
-        if not call.softmaxed:
-            if call.raw is not None and call.masked_scores is None and x.is_floating_point() \
-                    and x.shape == call.raw.shape:   # not the fill that builds an additive mask
-                call.scores, call.masked_scores = x, out
-                self.locate(call, "mask")
-                self.mask_built(call, mask)
-        elif call.z is None:                  # a mask applied to the probabilities
-            call.probs = out
-            self.locate(call, "mask")
-            self.mask_built(call, mask)
-
-    def softmax_input(self, x):
-        call = self.current()
-        if call is None or call.softmaxed:
-            return x
-        if self.alpha is not None and not call.scaled:
-            call.scaled = True
-            return x * self.alpha
-        return x
-
-    def on_softmax(self, x, out) -> None:
-        call = self.current()
-        if call is None or call.softmaxed:
-            return
-        call.softmaxed = True
-        call.probs = out
-        self.locate(call, "softmax")
-        if self.origins is not None:
-            self._mask_lines(call, x)
-        if call.masked_scores is None and call.chain_out is not None and x is call.chain_out:
-            # the mask (and any position bias) was added to the scores: the mask is the part of
-            # the added terms that removes keys; the rest (a bias) stays in the scores
-            self.busy = True
-            try:
-                added = sum(t.detach() if isinstance(t, torch.Tensor) else t for t in call.add_terms)
-                removed = masked_by_addition(added, x.shape)
-                call.scores = x.where(~removed, call.add_pre) if removed is not None else x
-                call.masked_scores = x
-            finally:
-                self.busy = False
-        elif call.masked_scores is None:
-            call.scores = call.masked_scores = x
-        elif x is not call.masked_scores and x.shape == call.masked_scores.shape:
-            # scaled (or otherwise changed) after the mask: keep what the softmax saw
-            self.busy = True
-            try:
-                keep = (call.masked_scores == call.scores) & (call.masked_scores != 0)
-                ratio = (x.detach() / call.masked_scores.detach())[keep]
-                r = ratio.median() if ratio.numel() else 1.0
-                call.scores, call.masked_scores = call.scores * r, x
-            finally:
-                self.busy = False
-
-    def on_sdpa(self, q, k, v, attn_mask, is_causal, scale, out) -> None:
-        call = self.current() if self.calls else None
-        if self.trace is None:
-            return
-        if call is None or call.raw is not None:
-            return
-        self.locate(call, "sdpa")
-        if attn_mask is not None:
-            self.mask_built(call, attn_mask)
-        elif not is_causal:
-            self.mask_none(call)
-        if q.shape[:-1].numel() * k.shape[-2] > MAX_RECOMPUTED:   # too big to materialise: q, k, v, z only
-            call.q, call.k, call.v, call.z, call.softmaxed = q.detach(), k.detach(), v.detach(), out.detach(), True
-            return
-        self.busy = True
-        try:
-            s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-            qd, kd = q.detach(), k.detach()
-            if kd.shape[-3] != qd.shape[-3] and qd.dim() == 4:       # grouped-query attention
-                kd = kd.repeat_interleave(qd.shape[-3] // kd.shape[-3], dim=-3)
-            raw = qd @ kd.transpose(-2, -1)                            # [B, h, T, S]
-            scores = raw * s
-            masked = scores
-            if is_causal:
-                T, S = scores.shape[-2:]
-                keep = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()
-                masked = masked.masked_fill(~keep, float("-inf"))
-            if attn_mask is not None:
-                m = attn_mask.detach()
-                if m.dtype == torch.bool:
-                    masked = masked.masked_fill(~m, float("-inf"))
-                else:       # a float mask may carry a bias too: only what removes keys is mask
-                    removed = masked_by_addition(m, masked.shape)
-                    masked = masked + m
-                    scores = masked if removed is None else masked.where(~removed, scores)
-            call.q, call.k, call.v, call.raw = qd, kd, v.detach(), raw
-            call.scores, call.masked_scores = scores, masked
-            call.probs, call.z, call.softmaxed = masked.softmax(-1), out.detach(), True
-        finally:
-            self.busy = False
-
-    def _finish_attention(self, call: _AttnCall, module, output) -> bool:
-        """Record `call` as an attention site; False when it is only a wrapper around one (the
-        softmax or SDPA call happened in an attention module inside it, or nowhere)."""
-        t = self.trace
-        if call.raw is None and not call.softmaxed:
-            weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-            if call.nested or not _looks_like_probs(weights):
-                return False
-        self._link_projections(call)
-        kind, layer = self._classify(call)
-        site = call.path
-        n = self.seen_sites.get(site, 0)
-        self.seen_sites[site] = n + 1
-        if n:
-            site = f"{site}#{n}"
-        rec = AttentionRecord(site, kind, layer)
-        layout = call.extra.get("layout") or {}          # an einsum in another axis order
-        for f in ("q", "k", "v", "scores", "masked_scores", "probs", "z"):
-            val = getattr(call, f)
-            if isinstance(val, torch.Tensor) and self.wants(f"attn.{f}"):   # as the taps do
-                perm = layout.get(f)
-                setattr(rec, f, val.detach().permute(perm) if perm and len(perm) == val.dim()
-                        else val.detach())
-        rec.qk_source = call.extra.get("qk_source", "operands")
-        rec.shared_projection = bool(call.extra.get("shared_projection", False))
-        rec.qk_match = call.extra.get("qk_match", "values")
-        rec.sources = dict(call.sources) or _forward_source(module)
-        out = output[0] if isinstance(output, (tuple, list)) else output
-        rec.out = out.detach() if isinstance(out, torch.Tensor) and self.wants("attn.out") else None
-        if rec.probs is None and isinstance(output, (tuple, list)) and len(output) > 1 \
-                and isinstance(output[1], torch.Tensor) and self.wants("attn.probs"):
-            w = output[1].detach()
-            rec.probs, rec.head_averaged = (w, True) if w.dim() == 3 else (w, False)
-        self.records.append((call, rec))
-        t.attention[site] = rec
-        return True
-
-    def _link_projections(self, call: _AttnCall) -> None:
-        """Trace q and k at the product back to the linear maps that made them.
-
-        The scale that matters is the one between the projections' outputs and the softmax
-        input; a model may fold it into q or k before the product (`q * self.scaling`,
-        `(q / temperature) @ k.T`, nn.MultiheadAttention's `q_scaled`). An operand that is a
-        rearrangement of s * (a chunk of a linear map's output) is divided by s, so that q and k
-        are recorded as projected and the fitted scale is the whole scale applied. An operand
-        rotated per vector after the projection (RoPE) is matched by its vectors' norms
-        (`_norm_projection`) and divided by s the same way: q.k keeps its size under the
-        rotation, so the fit still sees the whole scale.
-        """
-        if call.q is None or call.k is None:
-            return
-        pool = call.linears + [lin for outer in reversed(self.calls) for lin in outer.linears]
-        found = []
-        hints = self.cap.projection_hints
-        for role, operand in (("q", call.q), ("k", call.k)):
-            hit = _find_projection(operand, pool, hints.get((call.path, role)), q_shape=call.q.shape)
-            if hit is None:
-                return
-            hints[(call.path, role)] = hit[3]
-            found.append(hit)
-        (sq, q_in, q_map, q_at), (sk, k_in, k_map, k_at) = found
-        call.q, call.k = call.q / sq, call.k / sk
-        call.extra.update(qk_source="projection", shared_projection=_same_map(q_map, k_map),
-                          kv_from_other_input=not _same(q_in, k_in),
-                          qk_match=next((m for m in ("norms", "position0") if m in (q_at[-1], k_at[-1])),
-                                        "values"),
-                          kv_order=k_at[-2])        # grouped-query k: "interleaved" | "tiled" | ""
-
-    def locate(self, call: _AttnCall, role: str) -> None:
-        """Remember the user's line that made `role` of `call` (the first such op)."""
-        if self.trace is not None and role not in call.sources:
-            from tndebug.capture.source import user_line
-            loc = user_line()
-            if loc is not None:
-                call.sources[role] = loc
-
-    def made_line(self, call: _AttnCall, role: str, x, last: bool = False) -> None:
-        """sources[role] := the user's line that made `x` (origins.py), when known; with
-        `last`, the latest such tensor's."""
-        if self.origins is not None and (last or role not in call.sources):
-            loc = self.origins.line(x)
-            if loc is not None:
-                call.sources[role] = loc
-
-    def _mask_lines(self, call: _AttnCall, x) -> None:
-        """At the softmax: the added term that removes keys (not a position bias) is the mask:
-        sources["mask_add"] its line, "mask_built" where it was built; with no mask seen, the
-        line that made the softmax's input ("softmax_in": scores masked by an op not followed)
-        or the call that passed None for the mask ("mask_none")."""
-        from tndebug.capture.projections import masked_by_addition
-        if call.masked_scores is None and call.chain_out is not None and x is call.chain_out:
-            self.busy = True
-            try:
-                hit = next(((t, loc) for t, loc in call.extra.get("add_lines", ())
-                            if masked_by_addition(t, x.shape) is not None), None)
-            finally:
-                self.busy = False
-            if hit is not None:
-                if hit[1] is not None:
-                    call.sources.setdefault("mask_add", hit[1])
-                self.mask_built(call, hit[0])
-        if not {"mask", "mask_add"} & set(call.sources):
-            self.made_line(call, "softmax_in", x)
-            if "softmax_in" not in call.sources or call.sources["softmax_in"] == call.sources.get("scores"):
-                self.mask_none(call)
-
-    def mask_built(self, call: _AttnCall, mask) -> None:
-        """sources["mask_built"] := where the mask applied in `call` was built (origins.py)."""
-        if self.origins is not None and "mask_built" not in call.sources \
-                and isinstance(mask, torch.Tensor):
-            loc = self.origins.mask_origin(mask, call)
-            if loc is not None:
-                call.sources["mask_built"] = loc
-
-    def mask_none(self, call: _AttnCall) -> None:
-        """sources["mask_none"] := the call that passed None for this attention's mask."""
-        if self.origins is not None and "mask_none" not in call.sources:
-            loc = self.origins.none_passed()
-            if loc is not None:
-                call.sources["mask_none"] = loc
-
     def wants(self, read: str) -> bool:
         return read in self.reads or "all" in self.reads
-
-    def _classify(self, call: _AttnCall) -> tuple[str, int | None]:
-        layer = _layer_index(call.path)
-        owner = _owner_layer(call.path, self.cap.layers) if self.block_call else None
-        if owner in self.block_call:                 # inside a repeated block: its call's layer
-            layer = self.block_call[owner][0]
-        q, k = call.query, call.key
-        comparable = (q is not None and k is not None and q.is_floating_point()
-                      and k.is_floating_point() and k.dim() == q.dim() and k.shape[-1] == q.shape[-1])
-        differ = comparable and k is not q and (k.shape != q.shape or not torch.equal(k, q))
-        if "kv_from_other_input" in call.extra:      # behaviour: what the key projection was fed
-            if call.extra["kv_from_other_input"]:
-                return "cross", layer
-        elif differ or _CROSS_NAME.search(call.path.rpartition(".")[2]):
-            return "cross", layer
-        stack = _stack_of(call.path)
-        if stack == "decoder":
-            return "dec_self", layer
-        if stack == "encoder":
-            return "enc_self", layer
-        t = self.trace
-        perm = (call.extra.get("layout") or {}).get("q")         # an einsum's axis order
-        q_len = None if call.q is None else call.q.shape[perm[2] if perm else -2]
-        if call.q is not None and t.tgt is not None and t.src is not None \
-                and t.tgt.shape[1] != t.src.shape[1] and q_len == t.tgt.shape[1]:
-            return "dec_self", layer
-        return "enc_self", layer
 
     # -- the end ----------------------------------------------------------------------------------
     def _bt(self, x: torch.Tensor) -> torch.Tensor:
@@ -602,15 +264,7 @@ class _State(_Streams):
             for role, stack in (("src", "encoder"), ("tgt", "decoder")):
                 self._embedding_parts(role, stack)
         if t.made:
-            from tndebug.capture.source import remember_made
             remember_made(self.cap.model, t.made)
-
-
-def _forward_source(module) -> dict:
-    """{"forward": the module's forward def}, where no op's line was seen."""
-    from tndebug.capture.source import forward_def
-    loc = forward_def(module)
-    return {"forward": loc} if loc else {}
 
 
 def _t(x):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from tndebug.capture.trace import StreamPoint
-from tndebug.capture.structure import _position_only
+from tndebug.capture.structure import position_only
 
 
 def is_norm(module: nn.Module) -> bool:
@@ -15,7 +15,7 @@ def is_norm(module: nn.Module) -> bool:
     return isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)) or "norm" in type(module).__name__.lower()
 
 
-class _Streams:
+class Streams:
     """The residual stream and embedding points of a recording (mixed into `_State`: the
     attention internals are the rest of it)."""
 
@@ -144,7 +144,7 @@ class _Streams:
             site = f"{site}:{role}"
         parts = {}
         if tok is not None and out is not None and out.shape == tok.shape \
-                and not _position_only(self._bt(out) - self._bt(tok)):
+                and not position_only(self._bt(out) - self._bt(tok)):
             tok = None      # out - tok depends on the tokens: `tok` is not the whole token part
         if tok is not None:
             parts["tok"] = self._bt(tok)

@@ -9,13 +9,13 @@ from torch import nn
 import torch
 
 _ATTN_CLASS = re.compile(r"attention|attn", re.I)
-_CROSS_NAME = re.compile(r"cross|src_attn|enc_dec|encdec|multihead_attn|memory|inter_attn", re.I)
-_LAYER = re.compile(r"(?:^|\.)(?P<stack>enc\w*|dec\w*)(?:[._](?:layers|layer|blocks|block|h))?\.(?P<i>\d+)$",
+CROSS_NAME = re.compile(r"cross|src_attn|enc_dec|encdec|multihead_attn|memory|inter_attn", re.I)
+LAYER = re.compile(r"(?:^|\.)(?P<stack>enc\w*|dec\w*)(?:[._](?:layers|layer|blocks|block|h))?\.(?P<i>\d+)$",
                     re.I)
-_STACK = re.compile(r"(?:^|\.)(?P<stack>enc\w*|dec\w*)$", re.I)
+STACK = re.compile(r"(?:^|\.)(?P<stack>enc\w*|dec\w*)$", re.I)
 _POS = re.compile(r"position|pos_?enc|pos_?emb|^w?pe$|^pos$", re.I)
-_FFN = re.compile(r"feed_?forward|ffn|mlp|positionwise", re.I)
-_FFN_OUT = ("w_2", "linear2", "fc2", "lin2", "w2", "out_proj", "dense_2", "c_proj")
+FFN = re.compile(r"feed_?forward|ffn|mlp|positionwise", re.I)
+FFN_OUT = ("w_2", "linear2", "fc2", "lin2", "w2", "out_proj", "dense_2", "c_proj")
 _LAYER_INDEX = re.compile(r"(?:layers|layer|blocks|block|h)\.(\d+)")
 
 
@@ -23,7 +23,7 @@ def is_attention(module: nn.Module) -> bool:
     return isinstance(module, nn.MultiheadAttention) or bool(_ATTN_CLASS.search(type(module).__name__))
 
 
-def _stack_of(path: str) -> str | None:
+def stack_of(path: str) -> str | None:
     for part in reversed(path.split(".")):
         low = part.lower()
         if low.startswith("dec"):
@@ -33,7 +33,7 @@ def _stack_of(path: str) -> str | None:
     return None
 
 
-def _layer_index(path: str) -> int | None:
+def layer_index(path: str) -> int | None:
     m = _LAYER_INDEX.search(path)
     if m:
         return int(m.group(1))
@@ -41,7 +41,7 @@ def _layer_index(path: str) -> int | None:
     return int(nums[0]) if nums else None
 
 
-def _position_only(pe: torch.Tensor, rel: float = 1e-4) -> bool:
+def position_only(pe: torch.Tensor, rel: float = 1e-4) -> bool:
     """Is `out - tok` the same for every row of the batch (a function of position only)?"""
     if pe.dim() != 3 or pe.shape[0] < 2:
         return True
@@ -49,7 +49,7 @@ def _position_only(pe: torch.Tensor, rel: float = 1e-4) -> bool:
     return bool(((pe - pe[:1]).abs().max() / scale) <= rel)
 
 
-def _owner_layer(path: str, layers: dict) -> str | None:
+def owner_layer(path: str, layers: dict) -> str | None:
     parent = path.rpartition(".")[0]
     while parent:
         if parent in layers:
@@ -58,7 +58,7 @@ def _owner_layer(path: str, layers: dict) -> str | None:
     return None
 
 
-def _is_positional(name: str, m: nn.Module) -> bool:
+def is_positional(name: str, m: nn.Module) -> bool:
     """A positional-encoding module: by its name, its class, or a `pe`/`pos_*` tensor it owns."""
     own = [b for b, _ in m.named_buffers(recurse=False)] + [p for p, _ in m.named_parameters(recurse=False)]
     return bool(_POS.search(name.rpartition(".")[2]) or _POS.search(type(m).__name__)
