@@ -7,17 +7,12 @@ The notes are in /work/shared/seeds/ (written in Chinese):
 * 002: a source-level dissection of the Transformer;
 * 003: a "day 14" reading guide to The Annotated Transformer.
 
-This module holds three tables (each probe's probable cause, paraphrased
-from the notes with citations such as "[note 001]", is its class's `cause`):
+This module holds two tables (each probe's probable cause, paraphrased
+from the notes with citations such as "[note 001]", is its class's `cause`; each fault's
+fix text, in the words of the notes, is `faults.FAULT_NOTES`, beside the faults):
 
 SEED_NOTES
     note id -> one-line English title.
-FAULT_NOTES
-    fault name -> (what the bug does, as people usually write it;
-    the note ids that describe it;
-    the fix, in the words of the notes).
-    If no note describes a fault, the source is "(FAILURE_MODES.md)" and
-    the fix text names the closest note as "(closest: note NNN)".
 NOTE_CLAIMS
     Concrete claims in the notes that a measurement can confirm or refute.
     Each entry is a dict with the keys note, claim, quote (the original
@@ -31,6 +26,9 @@ tndebug to test, not as ground truth.
 """
 from __future__ import annotations
 
+# moved to faults.py (issue 46); kept importable here while this session's probe splits land
+from tndebug.faults import FAULT_NOTES  # noqa: F401
+
 SEED_NOTES: dict[str, str] = {
     "000": "Hand-written 'Attention is all you need' code notes (PyTorch 1.13): "
            "module-by-module walkthrough, training config (BPE, Noam, smoothing), pitfall table",
@@ -40,196 +38,6 @@ SEED_NOTES: dict[str, str] = {
            "Pre-LN, padding/causal masks, lr/dropout/smoothing, training pitfalls",
     "003": "Day-14 guide to The Annotated Transformer (Rush 2018 / Huang et al. 2022): pre-norm "
            "deviation from paper, mask shapes, KLDiv label smoothing, copy task",
-}
-
-FAULT_NOTES: dict[str, tuple[str, str, str]] = {
-    "no_scale": (
-        "Scores QK^T not divided by sqrt(d_k); logits std ~8 at d_k=64 and softmax saturates",
-        "000,001,002",
-        "Divide scores by math.sqrt(d_k) (d_k=d_model/h=64) before mask+softmax; "
-        "not a hyperparameter but a mathematical necessity",
-    ),
-    "scale_by_d_model": (
-        "Scores divided by sqrt(d_model)=22.6 instead of sqrt(d_k)=8; attention too flat",
-        "(FAILURE_MODES.md)",
-        "Scale by sqrt(d_k) with d_k=q.size(-1) after the head split (64, not 512) "
-        "(closest: note 001, 'that 64 is d_k')",
-    ),
-    "mask_inverted": (
-        "Fills where mask==1 instead of mask==0, so real tokens are hidden and pads/future kept",
-        "001",
-        "Mask is 1/True for tokens to keep; use masked_fill(mask == 0, fill) and print the "
-        "mask to check it",
-    ),
-    "pad_mask_query_axis": (
-        "Padding mask broadcast over the query axis; real queries still attend to pad keys",
-        "000,002,003",
-        "Build src_mask as (src != pad).unsqueeze(1).unsqueeze(2) -> (batch,1,1,src_len) so "
-        "it masks the key (last) axis",
-    ),
-    "no_causal_mask": (
-        "Decoder self-attention has no subsequent mask; position t sees tokens after t",
-        "000,001,002,003",
-        "AND the target pad mask with a lower-triangular subsequent_mask (torch.tril) in "
-        "decoder self-attention",
-    ),
-    "causal_transposed": (
-        "Causal mask built with triu (upper) instead of tril; each query sees only the future",
-        "001,003",
-        "Row i = query i must see keys 1..i: subsequent_mask(4) must print "
-        "[[1,0,0,0],[1,1,0,0],[1,1,1,0],[1,1,1,1]]",
-    ),
-    "mask_after_softmax": (
-        "Multiplies mask * attn_probs after softmax; pad scores stay in denominator, rows !=1",
-        "000",
-        "Apply masked_fill(mask == 0, fill) to the scores BEFORE softmax so masked "
-        "weights are exactly 0",
-    ),
-    "no_memory_mask": (
-        "Cross-attention gets no src_mask, so decoder queries attend to source padding",
-        "002,001",
-        "Pass the encoder padding mask (src_mask) to the encoder-decoder attention "
-        "src_attn(x, memory, memory, src_mask)",
-    ),
-    "softmax_wrong_dim": (
-        "Softmax over the query axis (dim=-2) instead of keys (dim=-1); rows don't sum to 1",
-        "(FAILURE_MODES.md)",
-        "Use softmax(scores, dim=-1) over seq_len_k; scores are (batch, head, seq_len_q, "
-        "seq_len_k) (closest: note 000)",
-    ),
-    "view_without_transpose": (
-        "view(B,T,h,d_k) with no transpose(1,2); notes say it errors, but it mixes positions",
-        "000,001",
-        "q.view(B,T,h,d_k).transpose(1,2) -> (B,h,T,d_k); merge back with "
-        "transpose(1,2).contiguous().view(B,T,d_model)",
-    ),
-    "shared_qkv": (
-        "One projection (W_q=W_k=W_v, or a single Linear reused) makes Q, K and V identical",
-        "001",
-        "Use three separate Linear layers for Q/K/V plus W_o; check id(linears[0]) != "
-        "id(linears[1])",
-    ),
-    "identical_head_init": (
-        "All heads start from identical weights, so they stay the same as one head",
-        "(FAILURE_MODES.md)",
-        "Give each head its own random xavier_uniform_ draw so heads learn different patterns "
-        "(closest: note 001)",
-    ),
-    "no_pos_encoding": (
-        "PE computed but never added to the embeddings; the model is blind to token order",
-        "000,002,001",
-        "Make sure pe is added: x = x + self.pe[:, :x.size(1)] (with pe as a registered "
-        "buffer), then dropout",
-    ),
-    "no_emb_scale": (
-        "Token embeddings not multiplied by sqrt(d_model) before PE, so PE/emb ratio is off",
-        "001,003",
-        "Embeddings: self.lut(x) * math.sqrt(self.d_model), then add the positional encoding",
-    ),
-    "pos_max_len_small": (
-        "PE table max_len <= longest sequence; longer inputs overrun the table",
-        "000,002",
-        "Set max_len well above the longest sequence (note 000: >=2x, e.g. 256 for 128; "
-        "default 5000) or compute PE on the fly",
-    ),
-    "no_residual": (
-        "A sublayer drops the residual add (x = sublayer(x)); gradients stop flowing",
-        "002,001",
-        "Keep x + dropout(sublayer(x)) around every sublayer (2 per encoder layer, 3 per "
-        "decoder layer) before/with LayerNorm",
-    ),
-    "no_attn_residual": (
-        "The attention sublayer drops its residual (x = attn(norm(x))) while the FFN keeps x + ffn(x)",
-        "(FAILURE_MODES.md)",
-        "Keep x + dropout(sublayer(x)) around the attention sublayer as around the FFN "
-        "(closest: note 002)",
-    ),
-    "pre_ln_no_final_norm": (
-        "Pre-LN blocks x+sublayer(norm(x)) with no final LayerNorm; output stream unnormalised",
-        "(FAILURE_MODES.md)",
-        "With pre-norm SublayerConnection, add a final LayerNorm after the last "
-        "encoder/decoder layer (annotated Encoder.norm) (closest: note 003)",
-    ),
-    "tiny_ln_eps": (
-        "LayerNorm eps set tiny (1e-8/1e-12), which rounds to 0 in fp16; NaN on const rows",
-        "000",
-        "Use eps=1e-5 (note 000: change eps from 1e-8 to 1e-5); tiny eps is unsafe when LN "
-        "runs in fp16",
-    ),
-    "neg_inf_fill_all_masked": (
-        "masked_fill(..., float('-inf')): a fully masked row (all-pad) gives NaN in softmax",
-        "000,001,002",
-        "Fill with a large finite negative (note 002: -1e9; dtype-safe: "
-        "torch.finfo(dtype).min) so all-masked rows give no NaN",
-    ),
-    "fill_1e9_fp16": (
-        "Mask fill of -1e9 overflows fp16 (max 65504); becomes -inf or errors under autocast",
-        "(FAILURE_MODES.md)",
-        "Use torch.finfo(scores.dtype).min (or -1e4) instead of -1e9 when training in "
-        "float16 mixed precision (closest: note 002)",
-    ),
-    "label_smoothing_on_pad": (
-        "Smoothing spreads eps over all V-1 classes incl. <pad>; pad rows also give loss",
-        "000,001,003",
-        "Spread eps over size-2 classes, zero true_dist[:, pad_idx] and rows with "
-        "target==pad, else model learns to predict pad",
-    ),
-    "kl_raw_logits": (
-        "Label-smoothing KLDivLoss called on the generator's raw logits (note 001's usage "
-        "example); the loss is unbounded below and training pushes the logits up forever",
-        "001,003",
-        "KLDivLoss expects log-probabilities: criterion(F.log_softmax(logits, dim=-1), "
-        "true_dist) (note 003: 'input is log_softmax, not logits')",
-    ),
-    "warmup_restart_on_resume": (
-        "Checkpoint omits step_num; after resume warmup restarts and lr jumps",
-        "000",
-        "Save {'model','optimizer', 'step_num': opt.step_num} in the checkpoint and restore "
-        "them so the schedule continues",
-    ),
-    "no_warmup_high_lr": (
-        "No warmup and a large peak lr; loss oscillates or goes to NaN/inf early",
-        "000,002",
-        "Use the Noam schedule with warmup (warmup_steps=4000, step_num from 1) and a modest "
-        "peak lr; Post-LN needs warmup",
-    ),
-    "dead_relu_init": (
-        "Bad FFN init (e.g. negative bias) leaves most ReLU units never active",
-        "(FAILURE_MODES.md)",
-        "Init FFN w_1 with xavier_uniform_ (it feeds the ReLU) and default bias; no "
-        "large negative bias (closest: note 000)",
-    ),
-    "positions_ignore_left_pad": (
-        "Decoder-only positions counted from column 0 (arange(T)), not from the row's first "
-        "real token: a left-padded prompt gets other positions than the same prompt alone",
-        "(FAILURE_MODES.md)",
-        "Derive the positions from the padding mask, as generate() does: position_ids = "
-        "mask.cumsum(-1) - 1 (pads set to any valid id), and pass them to the model with the "
-        "mask (closest: note 002, padding masks)",
-    ),
-    "kv_cache_causal_top_left": (
-        "KV-cache decoding with F.scaled_dot_product_attention(q, k, v, is_causal=True): for a "
-        "one-token query and S cached keys the mask is tril(ones(1, S)), aligned top-left, so "
-        "the new token sees only the first key",
-        "(FAILURE_MODES.md)",
-        "With a cache, align the causal mask bottom-right: query i of a block of n over S keys "
-        "sees keys ..S - n + i (torch.ones(n, S).tril(S - n)); for a one-token query pass no "
-        "causal mask (is_causal=False) and only the padding mask (closest: note 002)",
-    ),
-    "kv_cache_position_off_by_one": (
-        "The token decoded through the KV cache gets position cache_len + 1 (or the count "
-        "before the prefix), not cache_len: its positional encoding is one off",
-        "(FAILURE_MODES.md)",
-        "The new token's position is the number of real tokens before it in the row: "
-        "cache length - left pads (position_ids = mask.cumsum(-1)[:, -1:] - 1) (closest: note "
-        "002)",
-    ),
-    "no_dropout": (
-        "Dropout set to 0 everywhere; note 000 says heads in a layer collapse to one pattern",
-        "000,002",
-        "Use dropout=0.1 on sublayer outputs (before residual add) and on emb+PE; "
-        "note 000: dropout=0.1 restored head diversity",
-    ),
 }
 
 NOTE_CLAIMS: list[dict] = [

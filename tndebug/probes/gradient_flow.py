@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes._misc_stats import (RunningMedian, first_reason, group_parameters,
                                         layer_group, metric_tag)
 from tndebug import tags

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes._head_stats import (Proj, flat_scores, fmt_heads, head_stats,
                                           match_projections, n_heads, packed_slices, query_keep,
                                           same_weight, score_symmetry, token_constant, uniform_js)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes._misc_stats import first_reason
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every

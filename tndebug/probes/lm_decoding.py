@@ -30,7 +30,7 @@ import re
 
 import torch
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes import _rotary
 from tndebug.probes._raised import ModelRaised, call as _call
 from tndebug.probes.base import Probe, RunContext, not_decoder_only

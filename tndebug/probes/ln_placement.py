@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
 from tndebug.probes import _norm_gain
 from tndebug.probes._residual import NORM_TOL, normalised_residuals, residual_carries

@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.capture.trace import Trace

@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.sharded import norms

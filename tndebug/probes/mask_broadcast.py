@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes._tolerance import tol
 from tndebug.probes._mask_tests import (FIT_TOL, INPUTS, KINDS, MASS_TOL, NOTE, REL_TOL, SUM_TOL,
                                         Check, Module, _likely_cause, behaviour, compare, probs_check)

@@ -8,7 +8,7 @@ import tokenize
 import torch
 from torch import nn
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation_sums
 from tndebug import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo

@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes._attn_stats import fully_masked_rows, masked_entries, probe_batch, roles
 from tndebug.probes._nan_checks import constant_rows_nonfinite, loss_story
 from tndebug.probes.base import Probe, RunContext, StepInfo

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug import tags
 from tndebug.probes import _pe_causal, _pe_order
 from tndebug.probes._misc_stats import first_reason, rel_diff, rms

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from tndebug.findings import severity_rank
-from tndebug.notes import FAULT_NOTES
+from tndebug.faults import FAULT_NOTES
 from tndebug.probes import _depth_stats as ds
 from tndebug import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
