@@ -117,6 +117,8 @@ def test_lightning_callback_under_fsdp2(tmp_path, bug, errors):
                     before_retry=lambda: [shutil.rmtree(p, ignore_errors=True)
                                           for p in (out, f"{out}.ranks", f"{out}.pl")])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # rank 1 writes nothing and says so, once (the callback gave it no out=: it was silent)
+    assert proc.stderr.count(NOT_WRITING) == 1 and "rank 1 of 2" in proc.stderr, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["run"]["world_size"] == 2 and report["run"]["sharding"] == "fsdp2"
     assert {c for c, sev in _serious(report) if sev == "error"} == errors, report["findings"]

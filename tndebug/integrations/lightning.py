@@ -58,9 +58,8 @@ class TndebugCallback(Callback):
         kw = {"lr_schedule": schedule, "start_step": trainer.global_step,
               "total_steps": trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
               **self.watch_kwargs}
+        # every rank gets `out`: watch lets rank 0 alone write it, the others say so on stderr
         out = self.out if self.out is not None else Path(trainer.default_root_dir) / "tndebug"
-        if not trainer.is_global_zero:
-            out = None
         self.watch = Watch(self._watched(pl_module), opt, forward=self.forward, out=out,
                            hook_optimizer=False, **kw)
         self.watch.__enter__()
