@@ -378,7 +378,7 @@ def triage(folder: Path, attn: str, patch=None, text: Path | None = None) -> dic
     """The whole CLI on `folder` (with `--text text` when given); `patch(model)` applied where
     triage builds the model."""
     from tndebug.cli import main
-    from tndebug.hf import triage as hf
+    from tndebug.triage import hf_dir as hf
     out = folder.parent / (folder.name + "-triage")
     shutil.rmtree(out, ignore_errors=True)
     build_model = hf.build_model

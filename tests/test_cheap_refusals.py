@@ -96,7 +96,7 @@ def test_a_binary_text_file_is_refused_before_the_model_is_built(tmp_path):
     line = refuse_without_torch(tmp_path, ["triage", "hf", "--text", "pairs.tsv"])
     assert line.startswith("tndebug: error: --text pairs.tsv: not UTF-8 text (byte 128: 0x80)")
     from tndebug.errors import UsageError
-    from tndebug.hf.data import load_text
+    from tndebug.triage.hf_data import load_text
     with pytest.raises(UsageError, match="not UTF-8 text"):  # the loader itself refuses it too
         load_text(str(tmp_path / "pairs.tsv"), tmp_path / "hf", {})
 

@@ -132,7 +132,7 @@ def config_json(text: str | None) -> dict | None:
 
 
 def hf_only(checkpoint: str, attn: str | None, text: str | None) -> None:
-    """--attn and --text apply to a Hugging Face directory only (hf/triage.py's is_hf_dir says
+    """--attn and --text apply to a Hugging Face directory only (triage/hf_dir.py's is_hf_dir says
     which directories are; a file never is)."""
     if (attn or text) and not Path(checkpoint).is_dir():
         raise UsageError("--attn and --text apply to a Hugging Face directory (config.json + weights)")

@@ -69,7 +69,7 @@ def test_its_evidence_is_rounded():
 def test_a_saved_tokenizer_that_pads_left_keeps_it_an_error(tmp_path):
     # triage of a Hugging Face directory sets subject.padding_side from tokenizer_config.json
     import json
-    from tndebug.hf.data import tokenizer_padding_side
+    from tndebug.triage.hf_data import tokenizer_padding_side
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"padding_side": "left"}))
     assert tokenizer_padding_side(tmp_path) == "left"
     assert tokenizer_padding_side(tmp_path / "none") is None

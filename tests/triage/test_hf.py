@@ -22,7 +22,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from tndebug.cli import main                                          # noqa: E402
-from tndebug.hf.triage import triage_hf                               # noqa: E402
+from tndebug.triage.hf_dir import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -204,7 +204,7 @@ def test_ids_come_from_the_config(dirs):
                                        ("pegasus", "no_scale")])
 def test_sliced_output_layer_keeps_verdicts(dirs, monkeypatch, arch, bug):
     """Above PROBE_VOCAB ids the probes see the first PROBE_VOCAB logits only: same verdicts."""
-    import tndebug.hf.triage as hf
+    import tndebug.triage.hf_dir as hf
     full = triage_hf(TriageOptions(str(dirs[arch])), patch=patch_for(bug))
     monkeypatch.setattr(hf, "PROBE_VOCAB", 40)
     sliced = triage_hf(TriageOptions(str(dirs[arch])), patch=patch_for(bug))
@@ -233,7 +233,7 @@ def test_text_runs_the_sweep(dirs, tmp_path):
     pairs.write_text("".join(f"w{i} w{i + 1} w{i + 2}\tw{i + 2} w{i + 1} w{i}\n" for i in range(12)))
     from tndebug.hf.build import load_config
     from tndebug.hf.encoder_decoder import choose_ids
-    from tndebug.hf.data import load_text
+    from tndebug.triage.hf_data import load_text
     ids = choose_ids(load_config(folder)[1], 96)
     text = load_text(str(pairs), folder, ids)
     assert text["src"][0].tolist() == [0, 4, 5, 6, 2]                 # <s> w0 w1 w2 </s>
@@ -420,7 +420,7 @@ def test_without_transformers_one_line(dirs, tmp_path, capsys, monkeypatch):
 
 
 def test_core_does_not_import_transformers():
-    code = ("import sys, tndebug.cli, tndebug.triage, tndebug.hf.triage, tndebug.triage.run; "
+    code = ("import sys, tndebug.cli, tndebug.triage, tndebug.triage.hf_dir, tndebug.triage.run; "
             "sys.exit('transformers' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"}
                           ).returncode == 0

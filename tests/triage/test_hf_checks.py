@@ -13,7 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tndebug.hf.triage import triage_hf                               # noqa: E402
+from tndebug.triage.hf_dir import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 from test_hf import _word_tokenizer, config, describe                 # noqa: E402

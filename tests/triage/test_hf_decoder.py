@@ -11,7 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from tndebug.cli import main                                          # noqa: E402
-from tndebug.hf.triage import triage_hf                               # noqa: E402
+from tndebug.triage.hf_dir import triage_hf                               # noqa: E402
 from tndebug.hf.decoder_only import choose_lm_ids, make_lm_adapter, positions  # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 from conftest import clean_but_for_data                               # noqa: E402

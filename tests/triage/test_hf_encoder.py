@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from tndebug.cli import main                                          # noqa: E402
 from tndebug.probes.base import DECODER_ONLY_ON_ENCODER               # noqa: E402
-from tndebug.hf.triage import triage_hf                               # noqa: E402
+from tndebug.triage.hf_dir import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 from conftest import clean_but_for_data                               # noqa: E402
 

@@ -207,7 +207,7 @@ def test_long_rows_get_thinned_labels(tmp_path, drawn):
 def test_one_stack_text_formats(tmp_path):
     from tndebug.hf.decoder_only import choose_lm_ids
     from tndebug.hf.build import load_config
-    from tndebug.hf.data import load_text
+    from tndebug.triage.hf_data import load_text
     from tndebug.one_stack import one_stack_batch
     for arch in ("gpt2", "llama", "bert"):
         folder = save(arch, tmp_path / arch)
@@ -247,7 +247,7 @@ def test_one_stack_bad_data_is_one_line(tmp_path, capsys):
 
 def test_encoder_sweep_needs_a_mask_id(tmp_path):
     """BERT's --data without a tokenizer: no mask id (BertConfig has none), the sweep says so."""
-    from tndebug.hf.triage import triage_hf
+    from tndebug.triage.hf_dir import triage_hf
     from tndebug.triage.run import TriageOptions
     folder = save("bert", tmp_path / "bert", tokenizer=False)
     g = torch.Generator().manual_seed(0)
@@ -283,7 +283,7 @@ def test_one_batch_feeds_every_figure(bug, tmp_path):
     entropy metric the entropy figure reads are of the same step and the same batch. Healthy:
     no warning; the causal mask removed: still named causal-leak (the exact test's own inputs)."""
     from tndebug.reporters.recorder import Recorder
-    from tndebug.hf.triage import triage_hf
+    from tndebug.triage.hf_dir import triage_hf
     from tndebug.triage.run import TriageOptions
     folder = save("llama", tmp_path / "llama")
     text = text_file("llama", tmp_path / "held_out.txt")
@@ -296,7 +296,7 @@ def test_one_batch_feeds_every_figure(bug, tmp_path):
     assert bad == ({"mask-broadcast/causal-leak"} if bug else set()), bad
     assert traces == [0] and len(rec.snapshots) == 1
     snap = rec.snapshots[0]
-    from tndebug.hf.data import load_text
+    from tndebug.triage.hf_data import load_text
     rows = load_text(str(text), folder, {"start": 1, "pad": snap.pad_id, "specials": {}}, "decoder")["ids"]
     for i, r in zip(snap.rows, snap.tgt.tolist()):
         assert r == rows[i, :-1].masked_fill(rows[i, 1:] == snap.pad_id, snap.pad_id).tolist()

@@ -10,7 +10,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from tndebug.hf.triage import triage_hf                               # noqa: E402
+from tndebug.triage.hf_dir import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

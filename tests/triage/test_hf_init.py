@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from tndebug.probes.missing_scale import FOLD_BAND                    # noqa: E402
 from conftest import clean_but_for_data  # noqa: E402
-from tndebug.hf.triage import triage_hf                               # noqa: E402
+from tndebug.triage.hf_dir import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 from test_hf import config, describe, flagged, patch_for              # noqa: E402

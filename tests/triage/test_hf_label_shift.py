@@ -57,7 +57,7 @@ def _triage(model, ids, tmp_path, name):
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_labels_shifted_twice_are_named(arch, sliced, tmp_path, monkeypatch):
     if sliced:                                    # the probes see ids 0..39 of 96: label-shift
-        import tndebug.hf.triage as hf            # still argmaxes over all 96
+        import tndebug.triage.hf_dir as hf            # still argmaxes over all 96
         monkeypatch.setattr(hf, "PROBE_VOCAB", 40)
     model, ids = _trained(arch, "once", tied=arch == "gpt2")
     code, report, got = _triage(model, ids, tmp_path, "healthy")

@@ -16,7 +16,7 @@ from tndebug.capture.projections import find_projection
 
 transformers = pytest.importorskip("transformers")
 
-from tndebug.hf.triage import triage_hf                               # noqa: E402
+from tndebug.triage.hf_dir import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 try:

@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from tndebug.probes._float64 import in_float64                        # noqa: E402
 from tndebug.probes.gradient_flow import _fires                       # noqa: E402
-from tndebug.hf.triage import triage_hf                               # noqa: E402
+from tndebug.triage.hf_dir import triage_hf                               # noqa: E402
 from tndebug.triage.run import TriageOptions                          # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

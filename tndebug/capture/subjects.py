@@ -12,7 +12,7 @@ logits' width (a head narrower than the table predicts only its own ids). Where 
 seen to receive the ids (a one-hot input, a functional lookup), the names are a hint (a table
 named src/enc/source for the source), then the first token table, then the logits' width.
 A Hugging Face model states the same in its API (`get_input_embeddings()` is the table its
-ids are looked up in, `get_output_embeddings()` the head), which hf/triage.py reads directly.
+ids are looked up in, `get_output_embeddings()` the head), which triage/hf_dir.py reads directly.
 """
 from __future__ import annotations
 

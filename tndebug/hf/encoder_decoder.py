@@ -1,6 +1,6 @@
 """How tndebug calls a Hugging Face model that no user code wraps: the ids it can draw (its
 config's special ids left out), the adapter that calls it as a transformers user does, and its
-attention projections. Used by `tndebug triage DIR` (hf/triage.py) and by `check`/`watch` on a
+attention projections. Used by `tndebug triage DIR` (triage/hf_dir.py) and by `check`/`watch` on a
 transformers model (library/live.py). transformers itself is never imported here: these read
 the model's config and call the model.
 """

@@ -1,6 +1,6 @@
 """Encoder-only Hugging Face models (Bert, Roberta, DistilBert, Electra): any `model_type` that
 `AutoModelForMaskedLM` builds and whose saved architectures name no causal head. Used by
-`tndebug triage DIR` (hf/triage.py) and by `check`/`watch` on such a model (library/live.py).
+`tndebug triage DIR` (triage/hf_dir.py) and by `check`/`watch` on such a model (library/live.py).
 
     forward = make_mlm_adapter()
     Subject(model, forward, kind="encoder", ...)

@@ -52,7 +52,7 @@ def refuse_longer(subject: Subject, tensors, what: str) -> None:
 # shift's one-pass judgement; `tndebug.check`, often of an untrained model, does not: a tied head
 # predicts its input at initialisation, which only triage's fresh re-judgement tells apart).
 # A Hugging Face decoder-only directory gets it too, in a pass of its own over the whole
-# vocabulary (hf/shift.py: its probes see a sliced output layer, hf.triage.PROBE_VOCAB).
+# vocabulary (hf/shift.py: its probes see a sliced output layer, triage.hf_dir.PROBE_VOCAB).
 OWN_CODE_PROBES = tuple(n for n in PROBE_NAMES if n in TRIAGE_PROBES or n == "label-shift")
 
 

@@ -55,7 +55,7 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     def lap(name: str) -> None:
         timings[name] = round(time.perf_counter() - t0 - sum(timings.values()), 3)
 
-    from tndebug.hf import triage as hf       # a save_pretrained directory: no user code (issue 11)
+    from tndebug.triage import hf_dir as hf       # a save_pretrained directory: no user code (issue 11)
     if hf.is_hf_dir(opts.checkpoint):
         if opts.text:
             text_file(opts.text)             # a binary --text: one line before the model is built

@@ -106,7 +106,7 @@ def lm_batch(batch, data: str | None) -> Batch:
 
 def mlm_batch(batch, data: str | None) -> Batch:
     """The held-out batch for an encoder-only model: its ids are the source rows, fed as they are
-    and scored against themselves (src = tgt_in = tgt_out, as hf/triage.py's random batch; the
+    and scored against themselves (src = tgt_in = tgt_out, as triage/hf_dir.py's random batch; the
     loss of hf.encoder_only.MLM_LOSS). --data: its src is the ids (tgt is not used)."""
     src = batch[0]
     if not src.shape[1]:

@@ -6,7 +6,7 @@
    unknown model_type or a shape that is none of the three below is a one-line UsageError;
 2. the model from `AutoModelForSeq2SeqLM.from_config` (a decoder-only model, GPT2, Llama, ...:
    `AutoModelForCausalLM`, called as hf/decoder_only.py says; an encoder-only one, Bert, Roberta, ...:
-   `AutoModelForMaskedLM`, as encoder_only.py says), the weights read with safetensors (or
+   `AutoModelForMaskedLM`, as hf/encoder_only.py says), the weights read with safetensors (or
    torch.load(weights_only=True) for .bin), sharded or not, and loaded tie-aware: a missing key
    is accepted only when it shares storage with a loaded one after `tie_weights()`;
 3. the built-in adapter calls it as a user of transformers does (`input_ids`, `attention_mask`
@@ -18,10 +18,12 @@
    inputs. The temperature sweep needs in-distribution data and is skipped, with a note,
    without it; the axis tokens of the figures are the saved tokenizer's where DIR has one;
 5. findings keep HF's module naming; fixes are rewritten for HF code (hf/wording.py).
-   config.json and the model: build.py; the weights: load.py; --text / --data: data.py.
+   config.json and the model: hf/build.py; the weights: hf/load.py; --text / --data: hf_data.py.
 
 `HFTriage.run` names the steps. transformers is an optional dependency: this file never imports
-it (build.py, load.py and wording.py do, inside functions), so the core package never needs it.
+it (hf/build.py, hf/load.py and hf/wording.py do, inside functions), so the core package never
+needs it. It sits in triage/, not in the HF wing: it is `tndebug triage`'s front-end for a
+directory, above the judge it ends in, while the wing stays below the judge (tests/test_layers.py).
 """
 from __future__ import annotations
 
@@ -37,13 +39,11 @@ from tndebug.driver import PROBE_BATCH
 from tndebug.errors import UsageError
 from tndebug.hf.build import build_model, load_config
 from tndebug.hf.checks import ids_vs_tokenizer, tied_head, weight_files_differ
-from tndebug.hf.data import held_out, mask_token_id, token_names, tokenizer_padding_side, tokenizer_specials
 from tndebug.hf.decoder_only import LM_CALLS, choose_lm_ids, lm_ids_note, make_lm_adapter
 from tndebug.hf.encoder_decoder import attention_weights, choose_ids, make_adapter
 from tndebug.hf.encoder_only import MLM_CALLS, MLM_LOSS, make_mlm_adapter, masked_lm_batch, mlm_ids_note
 from tndebug.hf.head import head_unchecked, judge_head
 from tndebug.hf.load import WEIGHTS, init_missing, load_tied, read_weights, renamed, sliced_output, weight_files
-from tndebug.hf.resume import resume_state
 from tndebug.hf.shift import NAME as LABEL_SHIFT, label_shift
 from tndebug.hf.wording import package_code, scale_switches
 from tndebug.judge.fresh import SEED, seeded
@@ -52,6 +52,9 @@ from tndebug.probes._head_weights import duplicate_heads
 from tndebug.report import Report
 from tndebug.subject import Subject
 from tndebug.triage import hygiene
+from tndebug.triage.hf_data import (held_out, mask_token_id, token_names, tokenizer_padding_side,
+                                     tokenizer_specials)
+from tndebug.triage.hf_resume import resume_state
 from tndebug.triage.options import OWN_CODE_PROBES, probes_of, refuse_longer, weights_dtype
 from tndebug.triage.userdata import check_vocab
 
