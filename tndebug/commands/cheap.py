@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tndebug.errors import UsageError
 from tndebug.outputs import check_place
-from tndebug.probes import _MODULES, ProbeError, parse_probe_spec
+from tndebug.probes import MODULES, ProbeError, parse_probe_spec
 from tndebug.probes.codes import OTHER_CODES
 from tndebug.task_names import ADAPTER_NAMES
 
@@ -26,7 +26,7 @@ def declared_codes() -> tuple[str, ...]:
     """Every finding code, as `probes.codes.all_codes()` lists them, torch-free: each probe's
     `codes` dict read from its module's source, then the codes no probe makes."""
     out: list[str] = []
-    for name, module in _MODULES.items():
+    for name, module in MODULES.items():
         tree = ast.parse((PROBES_DIR / f"{module}.py").read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if not isinstance(node, ast.ClassDef):

@@ -21,7 +21,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'tndebug.probes' has no attribute {name!r}")
 
 # name -> module (one file per probe); the order is the report's order.
-_MODULES = {
+MODULES = {
     "nan-scores": "nan_scores",
     "missing-scale": "missing_scale",
     "mask-broadcast": "mask_broadcast",
@@ -38,7 +38,7 @@ _MODULES = {
     "label-shift": "label_shift",
     "lm-decoding": "lm_decoding",
 }
-PROBE_NAMES = tuple(_MODULES)
+PROBE_NAMES = tuple(MODULES)
 # Probes that judge weights and code from one forward/backward (triage, `check`); the others need
 # a training run (an optimizer, a declared schedule, the user's criterion, a loss curve).
 TRAINING_ONLY = ("lr-schedule", "label-smoothing", "loss-health", "zero-grad", "train-mode",
@@ -47,20 +47,20 @@ TRIAGE_PROBES = tuple(n for n in PROBE_NAMES if n not in TRAINING_ONLY)
 
 
 def probe_class(name: str) -> type[Probe]:
-    if name not in _MODULES:
+    if name not in MODULES:
         raise ProbeError(f"unknown probe {name!r}; valid: {', '.join(PROBE_NAMES)}, all, none")
-    module = importlib.import_module(f"tndebug.probes.{_MODULES[name]}")
+    module = importlib.import_module(f"tndebug.probes.{MODULES[name]}")
     from tndebug.probes.base import Probe
     for obj in vars(module).values():
         if isinstance(obj, type) and issubclass(obj, Probe) and obj.name == name:
             return obj
-    raise ProbeError(f"module tndebug.probes.{_MODULES[name]} defines no probe named {name!r}")
+    raise ProbeError(f"module tndebug.probes.{MODULES[name]} defines no probe named {name!r}")
 
 
 def probe_cause(name: str) -> str | None:
     """The probable cause a probe's findings point to (its class's `cause`: report.md's
     "Probable cause"); None for a name that is no probe (triage's file checks, the front-ends')."""
-    return (probe_class(name).cause or None) if name in _MODULES else None
+    return (probe_class(name).cause or None) if name in MODULES else None
 
 
 def parse_probe_spec(spec: str | None) -> list[str]:
@@ -74,7 +74,7 @@ def parse_probe_spec(spec: str | None) -> list[str]:
         if n in ("all", "none"):          # only alone: 'all,none' or 'all,nan-scores' says nothing clear
             raise ProbeError(f"{spec.strip()!r}: {n!r} is a selection by itself, not a probe name; "
                              f"pass {n} alone, or a list of probe names without it")
-        if n not in _MODULES:
+        if n not in MODULES:
             raise ProbeError(f"unknown probe {n!r}; valid: {', '.join(PROBE_NAMES)}, all, none")
     return names
 

@@ -72,7 +72,7 @@ def build_probes(spec) -> tuple[list[Probe], dict[str, str]]:
     An unknown name raises ProbeError; a probe whose module is not installed yet is left out
     and reported as skipped.
     """
-    from tndebug.probes import _MODULES, parse_probe_spec, probe_class
+    from tndebug.probes import MODULES, parse_probe_spec, probe_class
     if spec is None:
         return [], {}
     if isinstance(spec, (list, tuple)) and all(isinstance(p, Probe) for p in spec):
@@ -83,7 +83,7 @@ def build_probes(spec) -> tuple[list[Probe], dict[str, str]]:
         try:
             probes.append(probe_class(name)())
         except ModuleNotFoundError as e:
-            if e.name != f"tndebug.probes.{_MODULES[name]}":
+            if e.name != f"tndebug.probes.{MODULES[name]}":
                 raise
             missing[name] = f"not available: module {e.name} is not installed"
     return probes, missing
