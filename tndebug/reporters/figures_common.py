@@ -36,7 +36,7 @@ class Plot:
                 "findings": list(self.findings)}
 
 
-def _notes_sentence(notes: dict[str, str]) -> str:
+def notes_sentence(notes: dict[str, str]) -> str:
     """` Encoder self: no finite data after step 20.` for the panels that have a note."""
     by: dict[str, list[str]] = {}
     for panel, note in notes.items():
@@ -45,7 +45,7 @@ def _notes_sentence(notes: dict[str, str]) -> str:
     return "".join(f" {', '.join(p)}: {n}." for n, p in by.items())
 
 
-def _valid_rows(probs: torch.Tensor, snap: TraceSnapshot, kind: str):
+def valid_rows(probs: torch.Tensor, snap: TraceSnapshot, kind: str):
     """probs with non-finite rows zeroed, and which query rows are real tokens whose rows are
     finite in every head (a NaN row is left out, never drawn as 0).  -> [b,h,T,S], [b,T]"""
     b, _, T, _ = probs.shape
@@ -96,7 +96,7 @@ def axis_labels(fig: Figure) -> dict:
 
 
 
-def _colorbar(fig: Figure, im, label: str, **adjust) -> None:
+def add_colorbar(fig: Figure, im, label: str, **adjust) -> None:
     """Axes first, then a colorbar in its own strip on the right (never over a panel)."""
     w = fig.get_figwidth()
     right = 1 - 1.25 / w                            # leave 1.25 in for the bar and its label
@@ -106,7 +106,7 @@ def _colorbar(fig: Figure, im, label: str, **adjust) -> None:
     fig.colorbar(im, cax=cax, label=label)
 
 
-def _grid(blocks: list[list[np.ndarray]], gap: int = 1) -> np.ndarray:
+def block_grid(blocks: list[list[np.ndarray]], gap: int = 1) -> np.ndarray:
     """Rows of equal-sized 2-D blocks into one array, NaN (drawn white) between them."""
     h = max(b.shape[0] for row in blocks for b in row)
     w = max(b.shape[1] for row in blocks for b in row)
@@ -118,14 +118,14 @@ def _grid(blocks: list[list[np.ndarray]], gap: int = 1) -> np.ndarray:
     return out
 
 
-def _ticks(ax, nx: int, ny: int, xlabel: str, ylabel: str) -> None:
+def set_ticks(ax, nx: int, ny: int, xlabel: str, ylabel: str) -> None:
     ax.set_xticks(range(nx), [f"{xlabel[0]}{i}" if xlabel == "head" else str(i) for i in range(nx)])
     ax.set_yticks(range(ny), [f"h{i}" if ylabel == "head" else str(i) for i in range(ny)])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
 
 
-def _annotate(ax, mat: np.ndarray, im, fmt: str = "{:.2f}") -> None:
+def annotate_cells(ax, mat: np.ndarray, im, fmt: str = "{:.2f}") -> None:
     if mat.size > 400:
         return
     lo, hi = im.get_clim()

@@ -15,9 +15,9 @@ from matplotlib.figure import Figure
 
 from tndebug.report import Report
 from tndebug.reporters import figures_common as C
-from tndebug.reporters.figures_common import (DPI, KIND_SHORT, STACK_COLOR, Plot, _annotate,
-                                              _colorbar, _grid, _notes_sentence, _ticks,
-                                              _valid_rows)
+from tndebug.reporters.figures_common import (DPI, KIND_SHORT, STACK_COLOR, Plot, annotate_cells,
+                                              add_colorbar, block_grid, notes_sentence, set_ticks,
+                                              valid_rows)
 from tndebug.reporters.plots_attention import attention_image, figure_attention_maps  # noqa: F401
 from tndebug.reporters.plots_curves import figure_curves
 from tndebug.reporters.plots_evidence import finding_kinds, mask_figures, site_kinds
@@ -109,7 +109,7 @@ def entropy_matrix(rec: Recorder, kind: str):
     H = max(a.probs.shape[1] for a in recs)
     mat = np.full((L, H), np.nan)
     for a in recs:
-        p, valid = _valid_rows(a.probs, snap, kind)                 # [b, h, T, S], [b, T]
+        p, valid = valid_rows(a.probs, snap, kind)                 # [b, h, T, S], [b, T]
         n = (p > 0).sum(-1)                                         # [b, h, T] keys in play
         ent = -(p * p.clamp_min(1e-30).log()).sum(-1) / n.clamp(min=2).float().log()
         w = (valid[:, None, :] & (n >= 2)).float()                  # [b, h, T]
@@ -136,8 +136,8 @@ def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
     one = len(steps) == 1 and None not in steps
     for ax, (kind, (mat, step, source, note)) in zip(axes, got.items()):
         im = ax.imshow(mat, cmap="magma", aspect="auto", vmin=0, vmax=top)
-        _ticks(ax, mat.shape[1], mat.shape[0], "head", "layer")
-        _annotate(ax, mat, im)
+        set_ticks(ax, mat.shape[1], mat.shape[0], "head", "layer")
+        annotate_cells(ax, mat, im)
         if not np.isfinite(mat).any():
             ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes,
                     fontsize=8, color="gray", wrap=True)
@@ -146,7 +146,7 @@ def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
     notes = sorted({m[3] for m in got.values() if m[3] and np.isfinite(m[0]).any()})
     fig.suptitle("Attention entropy per layer and head" + (f", step {steps.pop()}" if one else "")
                  + (f"\n{'; '.join(notes)}" if notes else ""), fontsize=10)
-    _colorbar(fig, im, "entropy / ln(keys)", left=0.07, top=0.70 if notes else 0.76, bottom=0.17,
+    add_colorbar(fig, im, "entropy / ln(keys)", left=0.07, top=0.70 if notes else 0.76, bottom=0.17,
               wspace=0.35)
     C.save(fig, fig_dir / "entropy.png")
     sources = sorted({m[2] for m in got.values()})
@@ -154,7 +154,7 @@ def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
                 f"Mean normalised entropy (entropy / ln of the keys in play) of each head's "
                 f"attention over real query rows, from {' and '.join(sources)}, one panel per "
                 f"attention type. 0: every query looks at one key; 1: uniform attention."
-                + _notes_sentence({KIND_SHORT[k]: m[3] for k, m in got.items()}),
+                + notes_sentence({KIND_SHORT[k]: m[3] for k, m in got.items()}),
                 labels=C.axis_labels(fig))
 
 
@@ -164,7 +164,7 @@ def similarity_matrices(snap: TraceSnapshot, kind: str) -> list[tuple[int, np.nd
     probe batch: head-collapse's `similarity` is the mean of a row without the diagonal."""
     out = []
     for a in sorted((a for a in snap.attention if a.kind == kind), key=lambda a: a.layer or 0):
-        p, valid = _valid_rows(a.probs, snap, kind)                  # [b, h, T, S], [b, T]
+        p, valid = valid_rows(a.probs, snap, kind)                  # [b, h, T, S], [b, T]
         w = valid.float()
         logp = p.clamp_min(1e-30).log()
         h = p.shape[1]
@@ -198,7 +198,7 @@ def figure_similarity(rec: Recorder, fig_dir: Path) -> Plot | None:
     # its rows name the columns too); ~100 fewer ticks to build on a 6 x 8 model
     layouts = {tuple((layer, m.shape[1]) for layer, m in mats) for mats in got.values()}
     for n, (ax, (kind, mats)) in enumerate(zip(axes, got.items())):
-        grid = _grid([[m for _, m in mats]])
+        grid = block_grid([[m for _, m in mats]])
         im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1)
         xs, labels = [], []
         for j, (layer, m) in enumerate(mats):
@@ -215,11 +215,11 @@ def figure_similarity(rec: Recorder, fig_dir: Path) -> Plot | None:
         ax.set_yticks(range(H), [f"h{h}" for h in range(H)], fontsize=7)
         ax.set_ylabel(KIND_SHORT[kind], fontsize=8)
         if grid.size <= 400:
-            _annotate(ax, grid, im, fmt="{:.1f}")
+            annotate_cells(ax, grid, im, fmt="{:.1f}")
         ax.spines[:].set_visible(False)
     fig.suptitle(f"Head similarity per layer (probe batch, step {snap.step})"
                  + (f"\n{note}" if note else ""), fontsize=10)
-    _colorbar(fig, im, "1 - JS divergence (bits)", left=0.1, top=0.86, bottom=0.08, hspace=0.45)
+    add_colorbar(fig, im, "1 - JS divergence (bits)", left=0.1, top=0.86, bottom=0.08, hspace=0.45)
     C.save(fig, fig_dir / "head_similarity.png")
     return Plot("head_similarity.png", "Head similarity per layer",
                 f"Similarity of every pair of heads, 1 - Jensen-Shannon divergence (bits) of "

@@ -14,7 +14,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from tndebug.reporters import figures_common as C
-from tndebug.reporters.figures_common import DPI, KIND_TITLE, Plot, _colorbar
+from tndebug.reporters.figures_common import DPI, KIND_TITLE, Plot, add_colorbar
 from tndebug.reporters.recorder import Recorder, TraceSnapshot
 
 LABEL_CELL = 0.11            # inches per cell from which every token gets a tick label
@@ -70,7 +70,7 @@ def figure_attention_maps(rec: Recorder, kind: str, fig_dir: Path,
     index = snap.rows[example] if example < len(snap.rows) else example
     fig.suptitle(f"Attention maps: {KIND_TITLE[kind]}\nexample {index} of the probe batch, "
                  f"step {snap.step}" + (f"; {note}" if note else ""), fontsize=10)
-    _colorbar(fig, im, "attention probability", left=0.12, top=0.84, bottom=0.14)
+    add_colorbar(fig, im, "attention probability", left=0.12, top=0.84, bottom=0.14)
     name = f"attention_{kind}.png"
     labels = C.axis_labels(fig)
     C.save(fig, fig_dir / name)

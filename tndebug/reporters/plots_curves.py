@@ -9,7 +9,7 @@ from matplotlib.ticker import MaxNLocator
 
 from tndebug.report import Report
 from tndebug.reporters import figures_common as C
-from tndebug.reporters.figures_common import DPI, Plot, _notes_sentence
+from tndebug.reporters.figures_common import DPI, Plot, notes_sentence
 from tndebug.reporters.recorder import Recorder
 
 
@@ -89,7 +89,7 @@ def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
     return Plot("curves.png", "Loss and learning rate",
                 "Training (and evaluation) curves as logged, finite values only; dashed lines "
                 "mark the first sign a probe saw and where the run stopped."
-                + _notes_sentence(notes), labels=C.axis_labels(fig))
+                + notes_sentence(notes), labels=C.axis_labels(fig))
 
 
 def _merge_marks(marks: list[tuple[int, str, str]], span: int) -> list[tuple[int, str, str]]:

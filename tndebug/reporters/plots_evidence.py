@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from tndebug.findings import Finding
 from tndebug.probes._attn_stats import KIND_WORDS as _KIND_WORDS
 from tndebug.reporters import figures_common as C
-from tndebug.reporters.figures_common import DPI, KIND_SHORT, KIND_TITLE, Plot, _annotate, _colorbar
+from tndebug.reporters.figures_common import DPI, KIND_SHORT, KIND_TITLE, Plot, annotate_cells, add_colorbar
 from tndebug.reporters.recorder import Recorder, TraceSnapshot
 from tndebug.capture.trace import KINDS
 
@@ -108,9 +108,9 @@ def figure_mask(rec: Recorder, f: Finding, index: int, kind: str | None,
         ax2.set_yticks(range(mass.shape[0]), [str(l) for l in range(mass.shape[0])], fontsize=7)
         ax2.set_xlabel("head", fontsize=8)
         ax2.set_ylabel("layer", fontsize=8)
-        _annotate(ax2, mass, im)
+        annotate_cells(ax2, mass, im)
         ax2.set_title(f"Probe batch, step {snap.step}: max mass on {FORBIDDEN[kind]}", fontsize=9)
-        _colorbar(fig, im, "attention mass", left=0.30, top=0.80, bottom=0.2, wspace=0.35)
+        add_colorbar(fig, im, "attention mass", left=0.30, top=0.80, bottom=0.2, wspace=0.35)
     else:
         fig.subplots_adjust(left=0.45, right=0.97, top=0.80, bottom=0.2)
     what = KIND_TITLE.get(kind, f.where or "the model") if kind else (f.where or "the model")
