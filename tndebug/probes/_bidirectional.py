@@ -22,7 +22,7 @@ import torch
 
 from tndebug.probes._raised import call as _call
 from tndebug.probes._attn_stats import as_heads
-from tndebug.probes._mask_tests import MASS_TOL, REL_TOL, Check, _other, compare
+from tndebug.probes._mask_tests import MASS_TOL, REL_TOL, Check, other_tokens, compare
 from tndebug.subject import Subject
 
 SIDE = {"later": ("the tokens after t", "the outputs at positions <= t", "causal"),
@@ -79,7 +79,7 @@ def measure(s: Subject) -> Sides:
         for t in cuts:
             alt = ids.clone()
             cols = slice(t + 1, None) if side == "later" else slice(0, t)
-            alt[:, cols] = _other(s, alt[:, cols], g, s.src_vocab)
+            alt[:, cols] = other_tokens(s, alt[:, cols], g, s.src_vocab)
             new = _call(INPUT[side], s.logits, alt, alt)
             seen = slice(0, t + 1) if side == "later" else slice(t, None)
             c = compare(ref[:, seen], new[:, seen])

@@ -74,7 +74,7 @@ def _content(s: Subject, like: torch.Tensor, g: torch.Generator, vocab: int) -> 
     return torch.randint(s.first_content, vocab, like.shape, generator=g).to(like.device)
 
 
-def _other(s: Subject, x: torch.Tensor, g: torch.Generator, vocab: int) -> torch.Tensor:
+def other_tokens(s: Subject, x: torch.Tensor, g: torch.Generator, vocab: int) -> torch.Tensor:
     """Different content tokens at every position of x (content ids in, content ids out)."""
     lo, n = s.first_content, vocab - s.first_content
     r = torch.randint(1, max(n, 2), x.shape, generator=g).to(x.device)
@@ -112,7 +112,7 @@ INPUTS = {"base": BASE,
 EMPTY_ROW = ("to_padded_tensor", "non-zero numel", "nested")
 
 
-def _likely_cause(e: ModelRaised) -> tuple[str, str] | None:
+def likely_cause(e: ModelRaised) -> tuple[str, str] | None:
     text = str(e.error)
     if any(w in text for w in EMPTY_ROW):
         return ("a row whose every key is masked: on rows without padding that is an inverted "
@@ -141,7 +141,7 @@ def behaviour(s: Subject) -> dict[str, Check]:
             base = logits("tgt_pad_content", src, full)
             for t in sorted({0, T // 3, T // 2, T - 2}):
                 alt = full.clone()
-                alt[:, t + 1:] = _other(s, alt[:, t + 1:], g, s.tgt_vocab)
+                alt[:, t + 1:] = other_tokens(s, alt[:, t + 1:], g, s.tgt_vocab)
                 out["causality"] = out["causality"].merge(
                     compare(base[:, :t + 1], logits("causality", src, alt)[:, :t + 1]))
             ref = logits("base", src, tgt)

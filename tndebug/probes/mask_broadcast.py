@@ -6,7 +6,7 @@ import functools
 from tndebug.faults import FAULT_NOTES
 from tndebug.probes._tolerance import tol
 from tndebug.probes._mask_tests import (FIT_TOL, INPUTS, KINDS, MASS_TOL, NOTE, REL_TOL, SUM_TOL,
-                                        Check, Module, _likely_cause, behaviour, compare, probs_check)
+                                        Check, Module, likely_cause, behaviour, compare, probs_check)
 from tndebug.probes._raised import ModelRaised, call as _call, raised_in as _raised_in
 from tndebug.probes._attn_stats import KIND_WORDS, head_split_fits, probe_batch
 from tndebug.capture.source import pick, same_line, with_also
@@ -180,7 +180,7 @@ class MaskBroadcast(Probe):
         """The model raised on an input it should take (lengths within its limit, ids within its
         vocabulary, pads only at the end of a row): the error, on that input."""
         text = str(e.error).strip().splitlines()[0][:300] if str(e.error).strip() else ""
-        cause = _likely_cause(e)
+        cause = likely_cause(e)
         self.report("error", f"the model raised {type(e.error).__name__} on {e.what}: {text}"
                     + (f" ({cause[0]})" if cause else ""), where="", step=0,
                     evidence={"input": e.what, "error": f"{type(e.error).__name__}: {text}",
