@@ -30,10 +30,13 @@ what it reads), or with no weight module called inside it (a fused kernel), is n
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from tndebug.capture.origins import TakenLines
 
 # A skip passes each token's input at its share of the token's output, |x_t| / |y_t| (pre-LN),
 # |x_t| / |x_t + f_t| (post-LN); a missing skip passes exactly 0: the block's output is computed
@@ -97,6 +100,8 @@ class BlockSkip:
     held: int = 0                 # weight modules held inside the block
     reason: str = ""              # why there is no verdict
     by_part: dict = field(default_factory=dict)   # attention site or "rest" -> share
+    lines: dict = field(default_factory=dict)     # attention site -> the user's line that takes
+    #                                               its output (origins.TakenLines)
 
 
 class _Runs:
@@ -215,11 +220,17 @@ def block_skips(model: nn.Module, forward, blocks: list[str], sites: list[str] |
     """The skip share of every block in `blocks` (module paths), in one base, one open and one
     held forward (eval mode and no grad are the caller's); for each block below MIN_SHARE, with
     `name_parts`, which part's residual is missing: an attention site in `sites` (module
-    paths) or "rest" (a sublayer outside the attention modules, the FFN)."""
+    paths) or "rest" (a sublayer outside the attention modules, the FFN); with `sites`, each
+    block's `lines`: where its attentions' outputs are taken in the user's code (the base run)."""
     runs = _Runs(model, blocks)
-    runs.run(forward, "base")
+    # with `sites`: where each attention's output is taken, the line a lost residual was lost in
+    owner = {s: next((b for b in runs.blocks if s.startswith(b + ".")), None) for s in sites or ()}
+    taken = TakenLines(model, {s: b for s, b in owner.items() if b is not None})
+    with taken if taken.watched else nullcontext():
+        runs.run(forward, "base")
     keys = list(runs.base_out)
-    out = {k: BlockSkip(k[0], k[1], held=len({p for (kk, p, _) in runs.held_out if kk == k}))
+    out = {k: BlockSkip(k[0], k[1], held=len({p for (kk, p, _) in runs.held_out if kk == k}),
+                        lines={s: taken.lines[s] for s, b in owner.items() if b == k[0] and s in taken.lines})
            for k in keys}
     for k, r in out.items():
         if k not in runs.base_in:
