@@ -3,12 +3,15 @@ are taken only while a recording with a Trace runs, so a watched loop's unprobed
 nothing; a mask is followed back to the line that built it."""
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
 
 import tndebug
-from tndebug.capture.origins import Origins, attribute_line
+from tndebug.capture.origins import Origins, attribute_line, table_line
 
 from nanogpt_text import load, model_file
 
@@ -57,3 +60,48 @@ def test_a_mask_is_followed_to_the_line_that_built_it(tmp_path):
     report = tndebug.check(load(path).build(), arch="decoder", pad_id=None, probes="mask-broadcast")
     (f,) = [f for f in report.findings if f.code == "mask-broadcast/causal-transposed"]
     assert f.source["line"] == lines["mask"]                # the transpose, where the mask is used
+
+
+PE_FILE = '''\
+import math
+import torch
+from torch import nn
+
+
+def sinusoids(length, d):
+    pos = torch.arange(length, dtype=torch.float32)[:, None]
+    div = 1.0 / torch.pow(10000.0, (torch.arange(0, d, 2) // d).float())
+    pe = torch.zeros(length, d)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+    return pe
+
+
+class Embed(nn.Module):
+    def __init__(self, vocab=20, d=16, max_len=64):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.register_buffer("pe", sinusoids(max_len, d))
+        self.other = torch.randn(max_len, d)
+
+    def forward(self, ids):
+        return self.tok(ids) * math.sqrt(self.tok.embedding_dim) + self.pe[:ids.shape[1]]
+'''
+
+
+def test_a_table_built_in_init_is_found_by_its_values_and_read_to_its_base(tmp_path):
+    """A sinusoidal table made in __init__ (no probed forward sees it made): the buffer whose
+    rows are the embedding's position part, its register_buffer line, then the statement of
+    the function it calls that holds the base 10000, marked as read from the source."""
+    path = tmp_path / "pe_user.py"
+    path.write_text(PE_FILE)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = mod                          # inspect finds a class's file there
+    spec.loader.exec_module(mod)
+    m = mod.Embed().eval()
+    with torch.no_grad():
+        rows = m(torch.full((1, 40), 3))[0]                        # one token at every position
+    loc = table_line(m, rows)
+    assert (loc["function"], loc["code"], loc["read"]) == (
+        "sinusoids", "div = 1.0 / torch.pow(10000.0, (torch.arange(0, d, 2) // d).float())", True)
+    assert table_line(m, torch.randn(40, 16)) is None                # no tensor of the model

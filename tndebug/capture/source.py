@@ -8,7 +8,8 @@ whose lines are marked `"package": "transformers"` (the model's code is the pack
 the probed passes pay for it: the wrappers run only while a probe reads those ops.
 
 A location is a plain dict {file, line, function, code} ("function" is Class.method), so it
-travels into a Finding, report.json and back unchanged.
+travels into a Finding, report.json and back unchanged; "read": True marks a line found by
+reading the source, not by an op that ran (a table built in `__init__`, origins.table_line).
 """
 from __future__ import annotations
 
@@ -190,6 +191,8 @@ def source_text(src: dict) -> str:
         where += f" [package: {src['package']}]"
     if src.get("def"):
         where += " (its forward; no line of the op was found)"
+    elif src.get("read"):
+        where += " (found by reading the source)"
     return f"{where}: {src['code']}" if src.get("code") else where
 
 
