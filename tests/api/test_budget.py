@@ -47,6 +47,19 @@ def test_the_closing_snapshot_is_paid_for_ahead():
     assert reserved.allows()
 
 
+def test_the_looks_never_deferred_are_counted_apart():
+    """A probed step the engine marks fixed (a first look, the closing snapshot) is spent as any
+    other, and also counted apart: the share no fraction can thin (summary's fixed_fraction)."""
+    b = Budget(0.03)
+    _clock(b, [False] * MIN_PLAIN)
+    b.fixed_next = True
+    _clock(b, [True, True])                            # the first fixed, the second not
+    assert b.spent_s == pytest.approx(0.200) and b.fixed_s == pytest.approx(0.100)
+    s = b.summary()
+    assert s["fixed_fraction"] == pytest.approx(0.100 / (0.010 * 7), abs=1e-4)
+    assert s["fixed_fraction"] < s["spent_fraction"]
+
+
 def test_a_plain_steps_median_ignores_one_slow_step():
     b = Budget(0.03)
     for dt in [0.01] * 9 + [5.0] + [0.01] * 9:            # a checkpoint save in one step
@@ -63,6 +76,32 @@ def _watched(budget, steps=120):
                        budget=budget) as dbg:
         M.train("sdpa", model, opt, steps)
     return dbg.report
+
+
+def test_a_probed_steps_moment_is_spent_once(monkeypatch):
+    """The probes' moment (end_step, in the optimizer's step pre-hook) is the probed step's cost;
+    its time was also charged as tndebug's own time to the next step, a plain one, so every
+    look was spent twice (and each ranks' exchange: bench/ddp_overhead.py --arm fsdp2 spent
+    4.7% by the budget's account). Here each probed step's moment sleeps 50 ms."""
+    import time
+    from tndebug.probes.engine import ProbeEngine
+    end_step, record = ProbeEngine.end_step, Budget.record
+    seen: list[tuple[bool, float]] = []
+
+    def slow_end_step(self, info):
+        if self._trace is not None and any(p.reads for p in self._due):
+            time.sleep(0.05)
+        return end_step(self, info)
+
+    def logged(self, seconds, probed, own=0.0):
+        seen.append((probed, own))
+        return record(self, seconds, probed, own)
+    monkeypatch.setattr(ProbeEngine, "end_step", slow_end_step)
+    monkeypatch.setattr(Budget, "record", logged)
+    _watched(0.99, steps=40)                         # nothing thinned: every scheduled look
+    after = [own for (was, _), (now, own) in zip(seen, seen[1:]) if was and not now]
+    assert len(after) >= 3, seen
+    assert max(after) < 0.05, after                  # the plain step's own hooks only
 
 
 def _two_ranks(agreeing: bool, steps: int = 300):
@@ -128,6 +167,7 @@ def test_a_tight_budget_thins_the_costly_looks_and_keeps_every_verdict():
     assert thin.verdict == full.verdict == "clean"
     assert thin.probes["loss-health"]["steps_observed"] == full.probes["loss-health"]["steps_observed"]
     assert "loss-health" not in budget["thinned"]
+    assert 0 < budget["fixed_fraction"] <= budget["spent_fraction"], budget   # the first looks
     looks = lambda r: sum(e.get("steps_observed", 0) for e in r.probes.values())  # noqa: E731
     assert looks(thin) < looks(full)
     for name in budget["thinned"]:                    # each looked once at least

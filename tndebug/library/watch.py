@@ -132,6 +132,7 @@ class Watch(_WatchHooks):
         self._data_findings: list[Finding] | None = None   # of the first batch (live.pad_id_findings)
         self._busy = False
         self._own_s = 0.0                    # seconds in our hooks since the budget's last record
+        self._own_since, self._hook_t0 = 0.0, None   # that record's time; the outer hook's start
         self._reset_step(self.start_step)
         self._steps_seen = 0
         self._history: dict[str, list] = {"step": [], "loss": [], "lr": []}

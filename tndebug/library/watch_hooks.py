@@ -167,9 +167,13 @@ class _WatchHooks:
         if loss is not None and (self._recording or loss.device.type == "cpu"):
             self._check_finite(step, loss, self._batch, lr)
         if self._engine.budget is not None and self._step_t0 is not None:
-            self._engine.budget.record(time.perf_counter() - self._step_t0, probed=self._recording,
-                                       own=self._own_s)
-            self._step_t0, self._own_s = None, 0.0
+            now = time.perf_counter()
+            # the hook we are in counts up to now for this step, not again for the next (it
+            # did: each probed step's moment and each ranks' exchange were spent twice)
+            inside = now - max(self._hook_t0, self._own_since) if self._hook_t0 is not None else 0.0
+            self._engine.budget.record(now - self._step_t0, probed=self._recording,
+                                       own=self._own_s + inside)
+            self._step_t0, self._own_s, self._own_since = None, 0.0, time.perf_counter()
         self._logits = None
 
     def _check_finite(self, step: int, loss: torch.Tensor, batch, lr: float | None = None) -> None:

@@ -34,6 +34,9 @@ class _Hook:
         if w is None or w._state != "open":
             return None
         t0 = time.perf_counter()
+        outer = w._hook_t0 is None        # a hook inside ours (a probe's own forward) is ours
+        if outer:
+            w._hook_t0 = t0
         try:
             return getattr(w, self.method)(*args)
         except UsageError:
@@ -42,7 +45,10 @@ class _Hook:
             w._own_error(self.method, e)
             return None
         finally:
-            w._own_s += time.perf_counter() - t0     # every step's cost of the watch (budget)
+            if outer:   # every step's cost of the watch (budget); a step recorded in this hook
+                        # took the time up to its record (`_own_since`), the rest is the next's
+                w._own_s += time.perf_counter() - max(t0, w._own_since)
+                w._hook_t0 = None
 
 
 class _Shielded:

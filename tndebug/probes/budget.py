@@ -71,6 +71,10 @@ class Budget:
         # a044675 spent 3.5-3.7% by the budget's own account on the ~25 ms model, the snapshot
         # at the end being over. Set by the engine when a snapshot will come.
         self.final_reserve = False
+        # the cost of probed steps that held a look never deferred (a probe's first, the closing
+        # snapshot): fixed whatever the fraction, so a short run may spend more than it
+        self.fixed_s = 0.0
+        self.fixed_next = False              # set by the engine for the step begun
 
     def record(self, seconds: float, probed: bool, own: float = 0.0) -> None:
         """One step of the user's model took `seconds`, `own` of them in tndebug's hooks (which
@@ -80,10 +84,12 @@ class Budget:
             cost = max(seconds - self.step_s, own) if self._plain else own
             self._costs = [*self._costs[-(WINDOW - 1):], cost]
             self.spent_s += cost
+            self.fixed_s += cost if self.fixed_next else 0.0
         else:
             self._plain = [*self._plain[-(WINDOW - 1):], max(seconds - own, 0.0)]
             self._own = [*self._own[-(WINDOW - 1):], own]
             self.spent_s += own
+        self.fixed_next = False
         if self.agree is not None:
             self._since[0 if probed else 1] += 1
             if self.steps % SYNC_EVERY == 0:      # the same steps on every rank
@@ -146,6 +152,7 @@ class Budget:
         out = {"fraction": self.fraction, "user_step_s": round(self.step_s, 6),
                "steps_measured": self.steps, "spent_s": round(self.spent_s, 4),
                "spent_fraction": round(self.spent_s / user, 4) if user > 0 else None,
+               "fixed_fraction": round(self.fixed_s / user, 4) if user > 0 else None,
                "thinned": dict(self.thinned)}
         if self.agree is not None:      # the ranks' maxima at the last exchange decided
             a = self._agreed or {}

@@ -154,6 +154,8 @@ class ProbeEngine:
         # asks its budget, whose answer is the ranks' agreed one: rank 0 alone has the sinks)
         last = final or (self.run.total_steps is not None and self.budget.reserves_final
                          and step == self.run.total_steps - 1)
+        # a look the budget never defers makes this step's cost fixed (budget.fixed_s)
+        self.budget.fixed_next = last or any(p.reads and p.observed_steps == 0 for p in due)
         if not last and any(p.reads for p in due) and not self.budget.allows():
             kept = [p for p in due if not p.reads or p.observed_steps == 0
                     or getattr(p, "budget_exempt", False)]
