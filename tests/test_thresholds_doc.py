@@ -37,7 +37,7 @@ NOT_THRESHOLDS = {
     ("tndebug/probes/gradient_flow.py", "SETUP_ROWS"): "rows per forward of the dead-unit test (memory)",
     ("tndebug/probes/lm_decoding.py", "LEFT_PADS"): "pads put before each row in the test input",
     ("tndebug/probes/_mask_tests.py", "EXTRA_PADS"): "pad columns appended in the test input",
-    ("tndebug/probes/positional_encoding.py", "MAX_PROBE_LEN"): "longest test sequence (cost)",
+    ("tndebug/probes/positional_encoding_table.py", "MAX_PROBE_LEN"): "longest test sequence (cost)",
     ("tndebug/probes/zero_grad.py", "TRACKED"): "parameters watched; the test itself is exact",
     ("tndebug/probes/budget.py", "MIN_PLAIN"): "plain steps timed before the budget judges",
     ("tndebug/probes/budget.py", "WINDOW"): "steps the budget's medians are taken over",

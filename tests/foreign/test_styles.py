@@ -129,7 +129,7 @@ def test_gptj_style_float32_scores_are_rerun_in_float64(tmp_path):
     float32 size (5.8e-08 beside 1.1e-07 after 600 steps: read as a weak real signal and missed,
     bench/results/foreign_styles at 103777c). Rerun with the casts in float64 it is rounding in
     float64 (below FP64_BLIND by orders)."""
-    from tndebug.probes.positional_encoding import FP64_BLIND
+    from tndebug.probes.positional_encoding_order import FP64_BLIND
     report, _, _ = _check(tmp_path, "rope_interleaved", "rope_unapplied")
     f = next(f for f in report.findings if f.code == "positional-encoding/positions-not-applied")
     assert f.evidence["swap_rel_diff_float64"] < 1e-3 * FP64_BLIND, f.evidence

@@ -8,7 +8,8 @@ from _misc_helpers import EmbedCapture, HandSeq2Seq, hand_subject, kinds, setup_
 from tndebug.config import ModelConfig
 from tndebug.harness import train_with_probes
 from tndebug.inject import make_model
-from tndebug.probes.positional_encoding import PERM_TOL, RHO_LOW, PositionalEncodingProbe
+from tndebug.probes.positional_encoding import RHO_LOW, PositionalEncodingProbe
+from tndebug.probes.positional_encoding_order import PERM_TOL
 from tndebug.probes.schedule import every
 from tndebug.subject import tndebug_subject
 
@@ -231,7 +232,7 @@ def test_the_overflow_test_runs_no_layer_within_the_declared_length(clamp):
                       kind="decoder", capture=GenericCapture(model, kind="decoder"), max_len=64)
     probe = PositionalEncodingProbe()
     probe.run = None
-    probe._overflow_test(subject)
+    probe.overflow_test(subject)
     assert 64 not in lengths                               # the layers never saw the long row
     reused = [f for f in probe.findings if f.code.endswith("pe-rows-reused")]
     if clamp is None:
