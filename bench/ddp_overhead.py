@@ -21,16 +21,19 @@ One torch thread per process: two processes on two shared cores.
 The FSDP2 arm (`--arm fsdp2`, results in bench/results/ddp_overhead_fsdp2.json) is the user's
 own loop under `tndebug.watch`, not `tndebug run`: a nanoGPT-style decoder
 (tests/foreign/nanogpt.py, SDPA, tied head) with `fully_shard` on each block and on the root,
-AdamW, each rank its half of one global batch; each rep one torchrun job that trains it twice
-from the same seed, without watch and with watch at the default probes (out= a temporary
-folder), in alternating order. Step time: the mean wall time of the steps after the first 5,
-on rank 0 (probed steps included: the mean is what a run costs). Figures: `ratio_fsdp2`
-(watch / no watch, target <= 1.05, met only when every rep is), and the cost of reading
-sharded tensors: `gather_ms` (whole weights gathered with `full_tensor()`, at setup),
-`norm_reduce_ms_per_probed_step` (the all-reduce of the shards' squared norms, on the steps
-that read gradients or updates) and its share of a step.
+AdamW, each rank its half of one global batch. Each rep is one torchrun job holding two copies
+of that sharded model from the same seed, one under watch (default probes and budget, out= a
+temporary folder), stepped in turn on the same batch, A B then B A (ABBA): the two arms meet
+the same load at the same moment, so a machine whose plain step wanders by 30% between runs
+still gives a paired ratio. Figures (rank 0's wall time per step, the first 5 steps left out):
+`ratio_fsdp2` (the watched copy's summed step time / the plain copy's: probed steps included,
+what a run costs; the median over reps, target <= 1.05, met only when every rep is, the
+spread beside it), the per-step pair ratios on unprobed and probed steps, a probed step's
+excess in ms, and the cost of reading sharded tensors: `read_ms_per_probed_step` (whole
+weights gathered with `full_tensor()` and the all-reduce of the shards' squared norms, on the
+probed steps), its share of a probed step's excess, and `setup_read_ms` (at the watch's entry).
 
-    python bench/ddp_overhead.py --arm fsdp2 --steps 200 --reps 2
+    python bench/ddp_overhead.py --arm fsdp2                  # 150 steps, 4 reps: ~6 min
 """
 from __future__ import annotations
 
@@ -99,83 +102,95 @@ def worker(args) -> None:
 # -- the FSDP2 arm: tndebug.watch on the user's own loop -------------------------------------------
 FSDP2_RESULT = Path(__file__).parent / "results" / "ddp_overhead_fsdp2.json"
 GPT = dict(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128)
+FSDP2_STEPS, FSDP2_REPS = 150, 4      # ~80 s a rep on 2 quiet cores: the default run <= 8 min
+SKIP = 5                              # warm-up steps left out of every figure (allocator, caches)
 
 
-def fsdp2_run(args, watched: bool, rank: int, world: int, out_dir: str) -> dict:
-    """One training run of the sharded nanoGPT; rank 0's mean step time and gather costs."""
-    import tempfile
-    import torch.nn.functional as F
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
+def _sharded_gpt(opt_lr: float = 1e-3):
     import nanogpt
-    import tndebug
-    from tndebug import sharded
-    torch.manual_seed(0)
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)                  # the two arms' models are the same model
     model = nanogpt.build("sdpa", **GPT)
     for block in model.transformer.h:
         fully_shard(block)
     fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, torch.optim.AdamW(model.parameters(), lr=opt_lr)
+
+
+def fsdp2_paired(args, rank: int, world: int, out_dir: str) -> dict:
+    """Two copies of the sharded nanoGPT in one process, one under watch, stepped in turn on the
+    same batch (A B, then B A: ABBA over the steps), so both arms see the same machine load at
+    the same moment. Rank 0's wall time of each model's step (forward to optimizer step, the
+    collectives included: both ranks' work), the steps the watch probed, and the time its
+    probes spent reading sharded tensors (full_tensor's gathers, the norms' all-reduce), at
+    setup and on each step."""
+    import tempfile
+    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor
+    import tndebug
+    from tndebug import sharded
+    from tndebug.probes.engine import ProbeEngine
+    arms = {"none": _sharded_gpt(), "watch": _sharded_gpt()}
     g = torch.Generator().manual_seed(0)
     rows = args.batch_size // world
-    spent = {"gather_s": 0.0, "gather_calls": 0, "reduce_s": 0.0, "reduce_calls": 0}
-    full_tensor, reduce = DTensor.full_tensor, sharded._sum_over_shards
+    spent = [0.0]                      # seconds in gathers and the norms' all-reduce, so far
+    full_tensor, reduce, begin = DTensor.full_tensor, sharded._sum_over_shards, ProbeEngine.begin_step
+    probed: list[int] = []
 
-    def timed_full(self, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return full_tensor(self, *a, **k)
-        finally:
-            spent["gather_s"] += time.perf_counter() - t0
-            spent["gather_calls"] += 1
+    def timed(fn):
+        def call(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[0] += time.perf_counter() - t0
+        return call
 
-    def timed_reduce(*a, **k):
-        t0 = time.perf_counter()
-        try:
-            return reduce(*a, **k)
-        finally:
-            spent["reduce_s"] += time.perf_counter() - t0
-            spent["reduce_calls"] += 1
+    def noted_begin(self, step, *a, **k):
+        trace = begin(self, step, *a, **k)       # a probed step records the forward (the
+        if trace is not None and (any(p.reads for p in self._due) or self._final_snapshot(step)):
+            probed.append(step)                  # budget's sense); lr-schedule's every step not
+        return trace
 
     def forward(m, ids, pad_id):
         return m(ids, ids.contiguous())[0]                                  # [B, T, V]
 
-    DTensor.full_tensor, sharded._sum_over_shards = timed_full, timed_reduce
-    stamps = []
+    def one_step(arm: str, ids) -> float:
+        model, opt = arms[arm]
+        t0 = time.perf_counter()
+        logits = forward(model, ids[:, :-1].contiguous(), None)             # [B, T, V]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return time.perf_counter() - t0
+
+    DTensor.full_tensor, sharded._sum_over_shards = timed(full_tensor), timed(reduce)
+    ProbeEngine.begin_step = noted_begin
+    ms = {"none": [], "watch": []}
+    read_ms: list[float] = []
     try:
-        with tempfile.TemporaryDirectory(dir=out_dir) as tmp, (
-                tndebug.watch(model, opt, forward=forward, pad_id=None, out=Path(tmp) / "run",
-                              total_steps=args.steps, quiet=True)
-                if watched else contextlib.nullcontext()) as dbg:
-            for step in range(args.steps):
-                ids = torch.randint(0, GPT["vocab_size"], (args.batch_size, GPT["block_size"] + 1),
-                                    generator=g)[rank * rows:(rank + 1) * rows]
-                logits = forward(model, ids[:, :-1].contiguous(), None)
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                if step == 4 or step == args.steps - 1:
-                    stamps.append((step, time.perf_counter()))
-            report = None
-        if watched:
-            report = dbg.report
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            t_enter = time.perf_counter()
+            dbg = tndebug.watch(arms["watch"][0], arms["watch"][1], forward=forward, pad_id=None,
+                                out=Path(tmp) / "run", total_steps=args.steps, quiet=True)
+            with dbg:
+                setup = {"enter_s": time.perf_counter() - t_enter, "read_ms": spent[0] * 1e3}
+                for step in range(args.steps):
+                    ids = torch.randint(0, GPT["vocab_size"], (args.batch_size, GPT["block_size"] + 1),
+                                        generator=g)[rank * rows:(rank + 1) * rows]
+                    before = spent[0]
+                    for arm in (("none", "watch") if step % 2 == 0 else ("watch", "none")):
+                        ms[arm].append(round(one_step(arm, ids) * 1e3, 3))
+                    read_ms.append(round((spent[0] - before) * 1e3, 3))
+                t_exit = time.perf_counter()
+            setup["exit_s"] = time.perf_counter() - t_exit
     finally:
         DTensor.full_tensor, sharded._sum_over_shards = full_tensor, reduce
-    (s0, t0), (s1, t1) = stamps
-    out = {"step_ms": (t1 - t0) / (s1 - s0) * 1e3, **spent}
-    if report is not None:
-        out["verdict"] = report.verdict
-        out["probed_steps"] = _probed_steps(report)
-        out["probe_budget"] = report.run.get("probe_budget")
-    return out
-
-
-def _probed_steps(report) -> int:
-    """Steps on which some probe read gradients or updates (gradient-flow, ln-placement,
-    lr-schedule's sampled steps): the steps that pay the norms' all-reduce."""
-    gf = report.probes.get("gradient-flow", {}).get("steps_observed") or 0
-    return int(gf)
+        ProbeEngine.begin_step = begin
+    report = dbg.report
+    return {"step_ms": ms, "probed": probed, "read_ms": read_ms, "setup": setup,
+            "verdict": report.verdict, "probe_budget": report.run.get("probe_budget")}
 
 
 def fsdp2_worker(args) -> None:
@@ -183,61 +198,105 @@ def fsdp2_worker(args) -> None:
     torch.set_num_threads(1)
     tdist.init_process_group("gloo")
     rank, world = tdist.get_rank(), tdist.get_world_size()
-    order = [False, True] if args.rep % 2 == 0 else [True, False]
-    out = {("watch" if w else "none"): fsdp2_run(args, w, rank, world,
-                                                 str(Path(args.worker_out).parent)) for w in order}
+    out = fsdp2_paired(args, rank, world, str(Path(args.worker_out).parent))
     if rank == 0:
         Path(args.worker_out).write_text(json.dumps(out))
     tdist.barrier()
     tdist.destroy_process_group()
 
 
+def _quartiles(xs: list[float]) -> list[float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return [round(v, 4) for v in q]
+
+
+def fsdp2_rep(got: dict) -> dict:
+    """One rep's figures from its paired steps (the first SKIP left out)."""
+    none, watch = got["step_ms"]["none"][SKIP:], got["step_ms"]["watch"][SKIP:]
+    probed = {s for s in got["probed"] if s >= SKIP}
+    steps = range(SKIP, SKIP + len(none))
+    pair = [w / n for w, n in zip(watch, none)]                      # each step's watch / none
+    on = [r for s, r in zip(steps, pair) if s in probed]
+    off = [r for s, r in zip(steps, pair) if s not in probed]
+    reads = [got["read_ms"][s] for s in probed]
+    excess = [watch[s - SKIP] - none[s - SKIP] for s in sorted(probed)]
+    return {
+        "ratio": round(sum(watch) / sum(none), 4),     # the run's cost: every step, probed or not
+        "pair_ratio_median": round(statistics.median(pair), 4),
+        "pair_ratio_quartiles": _quartiles(pair),
+        "pair_ratio_unprobed_median": round(statistics.median(off), 4) if off else None,
+        "pair_ratio_probed_median": round(statistics.median(on), 4) if on else None,
+        "probed_steps": len(probed), "steps": len(none),
+        "none_ms_median": round(statistics.median(none), 3),
+        "none_ms_quartiles": _quartiles(none),
+        "probed_excess_ms_median": round(statistics.median(excess), 3) if excess else None,
+        "read_ms_per_probed_step": round(sum(reads) / len(reads), 3) if reads else None,
+        "read_share_of_probed_excess": round(sum(reads) / sum(excess), 4)
+        if excess and sum(excess) > 0 else None,
+        "read_ms_unprobed_steps": round(sum(got["read_ms"][s] for s in steps if s not in probed), 3),
+        "setup_read_ms": round(got["setup"]["read_ms"], 3),
+        "enter_s": round(got["setup"]["enter_s"], 3), "exit_s": round(got["setup"]["exit_s"], 3),
+    }
+
+
 def fsdp2_main(args, prov) -> int:
-    arms: dict[str, list] = {"none": [], "watch": []}
-    gather_ms, reduce_ms, calls, probed, verdicts, budgets = [], [], [], [], [], []
     tmp = args.out.parent / ".ddp_overhead_fsdp2_worker.json"
+    reps, verdicts, budgets = [], [], []
     for rep in range(args.reps):
         got = launch(args, rep, tmp)
-        for arm in arms:
-            arms[arm].append(round(got[arm]["step_ms"], 3))
-        w = got["watch"]
-        gather_ms.append(w["gather_s"] * 1e3)
-        reduce_ms.append(w["reduce_s"] * 1e3)
-        calls.append(w["reduce_calls"])
-        probed.append(w["probed_steps"])
-        verdicts.append(w["verdict"])
-        budgets.append(w.get("probe_budget"))
-        print(f"rep {rep}: {arms}", file=sys.stderr)
+        reps.append(fsdp2_rep(got))
+        verdicts.append(got["verdict"])
+        budgets.append(got.get("probe_budget"))
+        print(f"rep {rep}: ratio {reps[-1]['ratio']} (none {reps[-1]['none_ms_median']} ms a step, "
+              f"{reps[-1]['probed_steps']} probed)", file=sys.stderr)
     tmp.unlink(missing_ok=True)
     med = statistics.median
-    reps = [round(wt / n, 4) for wt, n in zip(arms["watch"], arms["none"])]
-    per_probed = med([r / max(p, 1) for r, p in zip(reduce_ms, probed)])
+    ratios = [r["ratio"] for r in reps]
+
+    def over(key):
+        vals = [r[key] for r in reps if r[key] is not None]
+        return round(med(vals), 4) if vals else None
+
     result = {
         "arm": "fsdp2", "model": {"file": "tests/foreign/nanogpt.py", "variant": "sdpa", **GPT},
-        "steps": args.steps, "global_batch": args.batch_size, "processes": 2, "backend": "gloo",
-        "device": "cpu", "torch_threads_per_process": 1, "reps": args.reps,
+        "steps": args.steps, "skip": SKIP, "global_batch": args.batch_size, "processes": 2,
+        "backend": "gloo", "device": "cpu", "torch_threads_per_process": 1, "reps": args.reps,
         "sharding": "fully_shard on each block and the root (FSDP2)",
-        "step_ms": arms, "median_step_ms": {a: med(v) for a, v in arms.items()},
-        "ratio_fsdp2": round(med(arms["watch"]) / med(arms["none"]), 4), "ratio_fsdp2_reps": reps,
-        "gather_ms": round(med(gather_ms), 3),
-        "norm_reduce_ms_total": round(med(reduce_ms), 3), "norm_reduce_calls": med(calls),
-        "probed_steps": med(probed),
-        "norm_reduce_ms_per_probed_step": round(per_probed, 4),
-        "norm_reduce_share_of_step": round(per_probed / med(arms["none"]), 5),
-        "verdicts": verdicts, "target": TARGET, "meets_target": max(reps) <= TARGET,
+        "design": "each rep one torchrun job; in it two copies of the sharded model, one under "
+                  "watch (default probes and budget), stepped in turn on the same batch (ABBA); "
+                  "ratio = the watched copy's summed step time / the plain copy's, over the steps "
+                  "after the first `skip`",
+        "ratio_fsdp2": round(med(ratios), 4), "ratio_fsdp2_reps": ratios,
+        "ratio_fsdp2_spread": [min(ratios), max(ratios)],
+        "pair_ratio_median": over("pair_ratio_median"),
+        "pair_ratio_unprobed_median": over("pair_ratio_unprobed_median"),
+        "pair_ratio_probed_median": over("pair_ratio_probed_median"),
+        "none_ms_median": over("none_ms_median"),
+        "probed_steps": over("probed_steps"),
+        "probed_excess_ms_median": over("probed_excess_ms_median"),
+        "read_ms_per_probed_step": over("read_ms_per_probed_step"),
+        "read_share_of_probed_excess": over("read_share_of_probed_excess"),
+        "setup_read_ms": over("setup_read_ms"),
+        "per_rep": reps, "verdicts": verdicts,
+        "target": TARGET, "meets_target": max(ratios) <= TARGET,
         # rank 0's run.probe_budget each rep: the ranks agree every 10 steps (probes/budget.py)
-        "probe_budget": [{k: b.get(k) for k in ("fraction", "spent_fraction", "thinned",
-                                                "ranks_agreed")} if b else None for b in budgets],
-        "note": "gather_ms: full_tensor() calls (head-collapse's Q/K/V weights and "
-                "positional-encoding's token table, at setup only); the norms' all-reduce runs "
-                "on the steps gradient-flow, ln-placement and lr-schedule read gradients or "
-                "updates (norm_reduce_calls in all, probed_steps = gradient-flow's looks)",
+        "probe_budget": [{k: b.get(k) for k in ("fraction", "spent_fraction", "fixed_fraction",
+                                                "thinned", "ranks_agreed")} if b else None
+                         for b in budgets],
+        "note": "read_ms: time in DTensor.full_tensor (whole weights: head-collapse, "
+                "positional-encoding) and in the norms' all-reduce of local shards (gradient-flow, "
+                "ln-placement, lr-schedule), on the probed steps (per probed step), on the others "
+                "(lr-schedule's sampled optimizer steps), and at setup (outside the steps). "
+                "probed_excess_ms: a probed step's watch time minus the same step's plain time. "
+                "The ratio includes the first looks and the closing snapshot, which the budget "
+                "never defers: a fixed cost, so a shorter run shows a higher ratio",
         "provenance": prov.finish(),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("median_step_ms", "ratio_fsdp2", "ratio_fsdp2_reps",
-                                             "gather_ms", "norm_reduce_ms_per_probed_step",
-                                             "meets_target")}), file=sys.stderr)
+    print(json.dumps({k: result[k] for k in ("ratio_fsdp2", "ratio_fsdp2_reps", "none_ms_median",
+                                             "pair_ratio_unprobed_median", "probed_excess_ms_median",
+                                             "read_ms_per_probed_step", "meets_target")}),
+          file=sys.stderr)
     return 0
 
 
@@ -259,9 +318,9 @@ def launch(args, rep: int, out: Path) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=None, help=f"default 200 ({FSDP2_STEPS} for fsdp2)")
     ap.add_argument("--batch-size", type=int, default=32, help="the global batch (16 rows per rank)")
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=None, help=f"default 2 ({FSDP2_REPS} for fsdp2)")
     ap.add_argument("--arm", choices=("run", "fsdp2"), default="run",
                     help="run: `tndebug run` under DDP (default); fsdp2: watch on a loop sharded with FSDP2")
     ap.add_argument("--out", type=Path, default=None, help="default: bench/results/ddp_overhead"
@@ -269,6 +328,9 @@ def main(argv=None) -> int:
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    fsdp2 = args.arm == "fsdp2"
+    args.steps = args.steps if args.steps is not None else FSDP2_STEPS if fsdp2 else 200
+    args.reps = args.reps if args.reps is not None else FSDP2_REPS if fsdp2 else 2
     if args.out is None:
         args.out = FSDP2_RESULT if args.arm == "fsdp2" else RESULT
     if args.worker_out:
