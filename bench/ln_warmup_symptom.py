@@ -9,8 +9,8 @@ run records its loss and parameter-gradient norm at every step, the margins of t
 four tests at the probe's own schedule (steps 0, 1, 2, 4, 8, 16, then every SYMPTOM_EVERY), and
 the verdict the probe itself gives (the LnPlacement probe attached to the run).
 
-* calibration (the thresholds in tndebug/probes/ln_placement.py were set on these): the fault
-  `no_warmup_high_lr` on tiny, seeds 1 and 2; tiny Post-LN with warmup (seed 1); user loops at
+* calibration (the thresholds in tndebug/probes/ln_placement_warmup.py were set on these): the
+  fault `no_warmup_high_lr` on tiny, seeds 1 and 2; tiny Post-LN with warmup (seed 1); user loops at
   seed 1 on the copy task of tests/api: HF BART at 1e-3 and 3e-4, tndebug's tiny Post-LN and an
   nn.Transformer Post-LN at 1e-3, 300 steps each.
 * evaluation (the thresholds were not set on these): the fault at seed 0 (the command
@@ -39,6 +39,7 @@ import tndebug  # noqa: E402
 from tndebug.config import ModelConfig  # noqa: E402
 from tndebug.inject import make_model  # noqa: E402
 from tndebug.probes import ln_placement as lp  # noqa: E402
+from tndebug.probes import ln_placement_warmup as lw  # noqa: E402
 from tndebug.probes.base import Probe  # noqa: E402
 from tndebug.probes.schedule import every  # noqa: E402
 from tndebug.train.config import TrainConfig, model_config  # noqa: E402
@@ -125,10 +126,10 @@ def run_one(kind, what, seed, steps) -> dict:
 def margins(loss, grad) -> dict:
     """The symptom's tests at the probe's schedule: how close each run comes to each threshold."""
     seen = [s for s in range(len(loss)) if s in lp.EARLY_STEPS or
-            (s > lp.DECIDE_AT and s % lp.SYMPTOM_EVERY == 0)]
+            (s > lw.DECIDE_AT and s % lw.SYMPTOM_EVERY == 0)]
     stall = []
     for t in seen:
-        if t < lp.STALL_FROM:
+        if t < lw.STALL_FROM:
             continue
         late = [loss[s] for s in seen if 0.75 * t <= s <= t]
         early = [loss[s] for s in seen if 0.375 * t <= s <= 0.5 * t]
@@ -140,7 +141,7 @@ def margins(loss, grad) -> dict:
             "max_spike": max(spikes), "min_stall_fall": min(f for _, f, _ in stall),
             "min_stall_grad": min(g for _, _, g in stall),
             "first_stall": next(([t, round(f, 4), round(g, 4)] for t, f, g in stall
-                                 if f < lp.STALL_FALL and g < lp.STALL_GRAD), None)}
+                                 if f < lw.STALL_FALL and g < lw.STALL_GRAD), None)}
 
 
 def main(argv=None) -> None:
@@ -152,9 +153,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     prov = Provenance.start(__file__, argv)
     sets = {"calibration": CALIBRATION, "eval": EVALUATION}
-    out = {"thresholds": {"RISE": lp.RISE, "SPIKE": lp.SPIKE, "STALL_FROM": lp.STALL_FROM,
-                          "STALL_FALL": lp.STALL_FALL, "STALL_GRAD": lp.STALL_GRAD,
-                          "SYMPTOM_EVERY": lp.SYMPTOM_EVERY}}
+    out = {"thresholds": {"RISE": lw.RISE, "SPIKE": lw.SPIKE, "STALL_FROM": lw.STALL_FROM,
+                          "STALL_FALL": lw.STALL_FALL, "STALL_GRAD": lw.STALL_GRAD,
+                          "SYMPTOM_EVERY": lw.SYMPTOM_EVERY}}
     for name, runs in sets.items():
         if args.only and args.only != name:
             continue
