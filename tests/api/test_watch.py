@@ -244,8 +244,12 @@ def test_bad_input_one_clear_message_each():
             pass
     with pytest.raises(UsageError, match="sequence-first"):
         tndebug.check(model, lambda m, s, t, p: m(s, t, p).transpose(0, 1))
-    with pytest.raises(UsageError, match="do not know how to call FusedSDPA: pass forward="):
-        tndebug.watch(model).__enter__()
+    class NeedsPad(M.FusedSDPA):          # three required inputs: no built-in call fits
+        def forward(self, src, tgt, pad_id):
+            return super().forward(src, tgt, pad_id)
+
+    with pytest.raises(UsageError, match="do not know how to call NeedsPad: pass forward="):
+        tndebug.watch(NeedsPad()).__enter__()
     with pytest.raises(UsageError, match="optimizer must be a torch.optim.Optimizer"):
         tndebug.watch(model, "adam")
     with pytest.raises(UsageError, match="unknown probe 'head-colapse'"):

@@ -143,6 +143,8 @@ def builtin_adapter(name: str, model: nn.Module | None = None) -> Adapter:
             note = TNDEBUG_MASKS_NOTE
         return Adapter("annotated", annotated_forward, annotated_encode, note)
     if name == "tndebug":
+        if model is not None and not callable(getattr(model, "encode", None)):
+            return Adapter("tndebug", _normalised(tndebug_forward, "tndebug"))  # model(src, tgt) only
         return Adapter("tndebug", tndebug_forward, tndebug_encode)
     if name == "gpt" and model is not None:
         return gpt_adapter(model)
@@ -301,6 +303,10 @@ def _guess(model: nn.Module) -> tuple[str | None, str]:
                             f"if it is causal)")
         return "gpt", (f"{GUESSED} its shape (one input, a head the vocabulary's size; pass "
                        f"--arch encoder if it is bidirectional on purpose)")
+    if shape["heads"] and shape["inputs"] == 2 and any(is_attention(m) for m in model.modules()):
+        return "tndebug", (f"{GUESSED} its shape (forward takes two inputs, a head the "
+                           f"vocabulary's size: called as model(src, tgt); pass --adapter "
+                           f"FILE.py:FUNCTION if it is called otherwise)")
     return None, ""
 
 

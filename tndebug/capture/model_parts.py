@@ -19,11 +19,30 @@ _BLOCK = re.compile(r"(?:^|\.)(?:layers|layer|blocks|block|h)\.(?P<i>\d+)$")
 
 def numbered_blocks(modules: dict, stack: str = "decoder") -> dict[str, tuple[str, int]]:
     """The numbered blocks of a one-stack model -> (stack, index): children of a
-    ModuleList named layers/blocks/h that are not inside another such block."""
-    found = {n: int(m.group("i")) for n in modules for m in [_BLOCK.search(n)] if m}
+    ModuleList named layers/blocks/h that are not inside another such block; where no list is
+    named so, the items of a list that hold attention (`listed_blocks`)."""
+    found = {n: int(m.group("i")) for n in modules for m in [_BLOCK.search(n)] if m} \
+        or listed_blocks(modules)
     outer = {n: i for n, i in found.items()
              if not any(n.startswith(o + ".") for o in found if o != n)}
     return {n: (stack, i) for n, i in outer.items()}
+
+
+def listed_blocks(modules: dict) -> dict[str, int]:
+    """The blocks of a stack whatever its list is called (`layer_stack`, `resblocks`,
+    `enc_layers`): the items of an nn.ModuleList or nn.Sequential that are no attention module
+    themselves but hold one, outermost first -> index. The list's name is the user's; this
+    reads only what its items are."""
+    found: dict[str, int] = {}
+    for path, m in modules.items():
+        if not path or not isinstance(m, (nn.ModuleList, nn.Sequential)):
+            continue
+        if any(path.startswith(o + ".") for o in found):
+            continue                                   # inside a block found already
+        for i, item in enumerate(m):
+            if not is_attention(item) and any(is_attention(sub) for sub in item.modules()):
+                found[f"{path}.{i}"] = i
+    return found
 
 
 def stacked_blocks(modules: dict) -> dict[str, tuple[str, int]]:

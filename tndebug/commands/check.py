@@ -102,6 +102,8 @@ def main(args) -> int:
             arch = arch or {"gpt": "decoder", "bert": "encoder"}[args.adapter]
         elif args.adapter and ":" in args.adapter:
             forward, _ = load_callable(args.adapter, "--adapter")
+        elif args.adapter:                          # annotated, tndebug: called by name
+            forward = args.adapter
         data = _data(args)
         report = check(model, forward, data, pad_id=args.pad_id, bos_id=args.bos_id,
                        probes=args.probe, max_len=args.max_len, out=args.out,

@@ -50,6 +50,8 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         model: an encoder-decoder nn.Module (a DDP wrapper is unwrapped).
         forward: `forward(model, src [B, S], tgt [B, T], pad_id) -> logits [B, T, V]`; not needed
             for a Hugging Face encoder-decoder, tndebug's model or The Annotated Transformer's.
+            The built-in calls by name: "annotated" (The Annotated Transformer's), "tndebug"
+            (`model(src, tgt)`).
         data: (src [B, S], tgt_in [B, T], tgt_out [B, T]) or (src, tgt) with tgt BOS-led
             (split into tgt[:, :-1] and tgt[:, 1:]); a decoder- or encoder-only model: ids
             [N, T] or {'ids': ids} (optionally with 'attention_mask'), one sequence per row;

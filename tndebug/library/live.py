@@ -173,6 +173,9 @@ def _how_to_call(model: nn.Module, forward: Callable | None, arch: str | None, c
         return _hf_ids(c, ids, ids["marker"])
     if forward is None:
         return _guessed_call(model, arch, c)
+    if forward in ("annotated", "tndebug"):      # a built-in encoder-decoder call, by its name
+        c.adapter = resolve_adapter(forward, model, arch)
+        return c
     return _given_call(forward, arch, c)
 
 
@@ -190,7 +193,8 @@ def _guessed_call(model: nn.Module, arch: str | None, c: _Call) -> _Call:
     """No forward given: one of the built-in adapters, told from the model's layout."""
     if guess_adapter(model) is None and arch not in ("decoder", "encoder"):
         raise UsageError(
-            f"do not know how to call {type(model).__name__}: pass forward=fn with "
+            f"do not know how to call {type(model).__name__}: pass forward=fn (on the command "
+            f"line: --adapter FILE.py:FUNCTION) with "
             f"def fn(model, src, tgt, pad_id) -> logits [B, T, V] (src [B, S] and tgt [B, T] "
             f"batch first, tgt BOS-led), or def fn(model, ids, pad_id) -> logits [B, T, V] "
             f"for one stack (arch='encoder' if bidirectional)")
