@@ -44,10 +44,10 @@ from tndebug.findings import Finding
 from tndebug.library import args as A
 from tndebug.library import ranks
 from tndebug.library.live import declared_schedule, live_subject, set_max_len, unwrap
-from tndebug.library.watch_hooks import _WatchHooks
-from tndebug.library.watch_parts import (_BACKWARD, _Hook, _Shielded, _StepCapture, _brief,
-                                         _dist_from_env, _inner_optimizer, _quiet, optimizes,
-                                         probe_failed_finding, run_record)
+from tndebug.library.watch_hooks import WatchHooks
+from tndebug.library.watch_parts import (BACKWARD_TAP, Shielded, StepCapture, WeakHook, brief_session,
+                                         dist_from_env, inner_optimizer, optimizes, probe_failed_finding,
+                                         quiet_session, run_record)
 from tndebug.probes.base import Probe, ProbeError, ResumeInfo, RunContext
 from tndebug.probes.budget import DEFAULT_FRACTION, Budget
 from tndebug.probes.engine import ProbeEngine
@@ -58,7 +58,7 @@ MOMENTS = ("setup", "observe", "update", "finish", "on_divergence", "on_resume")
 SEVERITIES = ("info", "warning", "error", "never")
 
 
-class Watch(_WatchHooks):
+class Watch(WatchHooks):
     """A probed training run around the user's own loop. Use `tndebug.watch(...)`.
 
     After the block: `report` (a `tndebug.report.Report`), `exit_code` (0, or 1 with findings
@@ -78,7 +78,7 @@ class Watch(_WatchHooks):
                  print_report: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise UsageError(f"watch: model must be a torch.nn.Module, got {type(model).__name__}")
-        if optimizer is not None and not isinstance(_inner_optimizer(optimizer), torch.optim.Optimizer):
+        if optimizer is not None and not isinstance(inner_optimizer(optimizer), torch.optim.Optimizer):
             raise UsageError(f"watch: optimizer must be a torch.optim.Optimizer (or None), got "
                              f"{type(optimizer).__name__}")
         if fail_on not in SEVERITIES:
@@ -96,7 +96,7 @@ class Watch(_WatchHooks):
         self._sharding = ranks.sharding_of(model)    # "fsdp2" | "ddp" | None, before unwrapping
         self._model = unwrap(model)           # held until the block ends, then only weakly
         self._model_ref = weakref.ref(self._model)
-        self._optimizer = _inner_optimizer(optimizer) if optimizer is not None else None
+        self._optimizer = inner_optimizer(optimizer) if optimizer is not None else None
         if self._optimizer is not None:
             optimizes(self._optimizer, model, self._model)
         self._forward, self._pad_id, self._bos_id = forward, pad_id, bos_id
@@ -161,17 +161,17 @@ class Watch(_WatchHooks):
         set_max_len(self._subject, self._max_len, "watch")
         self._pad_id = self._subject.data_pad_id    # NO_PAD (-1) when pad_id=None: no padding
         self._start_id = (self._info.get("hf_ids") or {}).get("start", self._subject.bos_id)
-        self._capture = _StepCapture(self._subject.capture)
+        self._capture = StepCapture(self._subject.capture)
         self._subject.capture = self._capture
-        self._dist = self._dist if self._dist is not None else _dist_from_env()
+        self._dist = self._dist if self._dist is not None else dist_from_env()
         main = self._dist is None or self._dist.is_main
         if self.out is not None and not main:
             ranks.say_not_writing(self._dist.rank, self._dist.world, self.out)
         if self.out is not None and main:
             from tndebug.reporters.session import ReportSession
             # the script's stdout is its own: the full summary there only when asked
-            cls = (_quiet(ReportSession) if self._quiet else ReportSession if self._print_report
-                   else _brief(ReportSession))
+            cls = (quiet_session(ReportSession) if self._quiet else ReportSession if self._print_report
+                   else brief_session(ReportSession))
             self.out = A.claim_output(self._claim, self.out, overwrite=self._overwrite,
                                       start_step=self.start_step)
             self._session = cls(self.out, tensorboard=self._tensorboard,
@@ -201,16 +201,16 @@ class Watch(_WatchHooks):
                 self.start_step, lr_before=lr_before,
                 had_optimizer_state=bool(opt is not None and any(opt.state.values()))), full=True)
         ref = weakref.ref(self)
-        self._handles.append(model.register_forward_pre_hook(_Hook(ref, "_on_forward"),
+        self._handles.append(model.register_forward_pre_hook(WeakHook(ref, "_on_forward"),
                                                              with_kwargs=True, prepend=True))
-        self._handles.append(model.register_forward_hook(_Hook(ref, "_on_output"), with_kwargs=True))
+        self._handles.append(model.register_forward_hook(WeakHook(ref, "_on_output"), with_kwargs=True))
         head = self._info.get("logits_module")
         if head:                              # the logits come from a child (`generator`)
             self._handles.append(model.get_submodule(head).register_forward_hook(
-                _Hook(ref, "_on_logits"), with_kwargs=True))
+                WeakHook(ref, "_on_logits"), with_kwargs=True))
         if self._hook_optimizer:
-            self._handles.append(self._optimizer.register_step_pre_hook(_Hook(ref, "_on_opt_step")))
-            self._handles.append(self._optimizer.register_step_post_hook(_Hook(ref, "_on_opt_done")))
+            self._handles.append(self._optimizer.register_step_pre_hook(WeakHook(ref, "_on_opt_step")))
+            self._handles.append(self._optimizer.register_step_post_hook(WeakHook(ref, "_on_opt_done")))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -278,7 +278,7 @@ class Watch(_WatchHooks):
         """A probe that raises is reported once and switched off; the engine skips it after."""
         ref = weakref.ref(self)
         for what in MOMENTS:
-            setattr(probe, what, _Shielded(ref, probe.name, what, getattr(probe, what)))
+            setattr(probe, what, Shielded(ref, probe.name, what, getattr(probe, what)))
 
     def _probe_failed(self, name: str, what: str, e: Exception) -> None:
         if name in self._failed:
@@ -293,7 +293,7 @@ class Watch(_WatchHooks):
         for h in self._handles:
             h.remove()
         self._handles = []
-        _BACKWARD.unwatch(self)
+        BACKWARD_TAP.unwatch(self)
         self._capture.stop()
         engine = self._engine
         findings = self._call(engine.finish, full=True) or engine.findings()

@@ -17,12 +17,12 @@ from tndebug.errors import UsageError
 from tndebug.library import args as A
 from tndebug.library import ranks
 from tndebug.library.user_batch import default_batch, pad_id_findings
-from tndebug.library.watch_parts import _BACKWARD, _complete
+from tndebug.library.watch_parts import BACKWARD_TAP, complete_batch
 from tndebug.probes.base import StepInfo
 from tndebug.capture.adapters import first_tensor
 
 
-class _WatchHooks:
+class WatchHooks:
     """The per-step half of `Watch` (its state lives on the Watch: see `Watch.__init__`)."""
 
     # -- hooks (through weak references) ----------------------------------------------------------
@@ -59,7 +59,7 @@ class _WatchHooks:
             self._recording = self._capture.is_recording
         # the loss: on a probed step, and on every CPU step (the NaN check costs nothing there)
         if self._recording or (self._loss is None and self._device.type == "cpu"):
-            _BACKWARD.watch(self)
+            BACKWARD_TAP.watch(self)
         return None
 
     def _user_batch(self, args, kwargs):
@@ -130,7 +130,7 @@ class _WatchHooks:
             tensors[0] if isinstance(tensors, (tuple, list)) and tensors else None)
         if self._loss is None and isinstance(t, torch.Tensor) and t.numel() == 1:
             self._loss = t.detach().reshape(())
-        _BACKWARD.unwatch(self)
+        BACKWARD_TAP.unwatch(self)
         self._capture.stop()              # forward done: backward fills the gradients only
 
     # -- the probes' moment ---------------------------------------------------------------------
@@ -144,7 +144,7 @@ class _WatchHooks:
             # forgotten; train-mode names it). Its later forwards in eval mode are its steps,
             # for every probe to count (only this step is lost to them)
             self._trains_in_eval = True
-        _BACKWARD.unwatch(self)
+        BACKWARD_TAP.unwatch(self)
         self._capture.stop()
         step, loss = self._step, self._loss
         lr = self._lr if self._lr is not None else self._optimizer_lr()
@@ -153,7 +153,7 @@ class _WatchHooks:
             self._open = False
             # a step of host_only probes (lr-schedule's every step) needs no batch: no target
             src, tgt_in, tgt_out = (None, None, None) if self._engine.host_only \
-                else _complete(self._batch, self._pad_id, self._subject.kind)
+                else complete_batch(self._batch, self._pad_id, self._subject.kind)
             info = StepInfo(step, lr=lr, loss=loss, logits=self._logits, src=src, tgt_in=tgt_in,
                             tgt_out=tgt_out)
             self._call(self._engine.end_step, info, full=self._recording)
@@ -182,7 +182,7 @@ class _WatchHooks:
         if math.isfinite(float(loss)):          # a scalar: on the CPU, or a step synced already
             return
         self.diverged = step
-        src, tgt_in, tgt_out = _complete(batch, self._pad_id, self._subject.kind)
+        src, tgt_in, tgt_out = complete_batch(batch, self._pad_id, self._subject.kind)
         self._call(self._engine.diverged, StepInfo(step, lr=lr, loss=loss, src=src, tgt_in=tgt_in,
                                                    tgt_out=tgt_out), full=True)
 

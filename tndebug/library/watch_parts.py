@@ -23,7 +23,7 @@ from tndebug.probes._raised import by_tndebug, raised_in
 from tndebug.probes.budget import Budget
 
 
-class _Hook:
+class WeakHook:
     """A hook that holds the watch weakly: the model never keeps a watch alive."""
 
     def __init__(self, ref, method: str) -> None:
@@ -51,7 +51,7 @@ class _Hook:
                 w._hook_t0 = None
 
 
-class _Shielded:
+class Shielded:
     def __init__(self, ref, name: str, what: str, fn) -> None:
         self.ref, self.name, self.what, self.fn = ref, name, what, fn
         self.__name__ = what
@@ -73,7 +73,7 @@ class _Shielded:
             raise
 
 
-class _StepCapture:
+class StepCapture:
     """The subject's capture, with the step's recording closeable at the end of the forward
     (its gradient hooks live on the tensors and still fire in backward)."""
 
@@ -143,10 +143,10 @@ class _BackwardTap:
         self._orig = self._watch = self._patched = None
 
 
-_BACKWARD = _BackwardTap()
+BACKWARD_TAP = _BackwardTap()
 
 
-def _complete(batch, pad_id: int, kind: str = "seq2seq"):
+def complete_batch(batch, pad_id: int, kind: str = "seq2seq"):
     """(src, tgt_in, tgt_out): the target, when the call gave none, is tgt_in shifted left
     (computed here, on the steps that need it, not in every forward); an encoder-only model's
     labels are not its input shifted, so it keeps None."""
@@ -187,7 +187,7 @@ def probe_failed_finding(name: str, what: str, e: Exception, step: int) -> Findi
              f"probe could not check it; the rest of the report stands"), code=f"{name}/probe-failed")
 
 
-def _inner_optimizer(opt):
+def inner_optimizer(opt):
     """accelerate's / Lightning's wrapper -> the torch optimizer whose hooks fire."""
     seen = 0
     while not type(opt).__module__.startswith("torch.optim") and \
@@ -204,7 +204,7 @@ def _thinned_note(budget: Budget | None) -> str | None:
             f"(budget=): scheduled steps skipped: {each}; each probe still looked at least once")
 
 
-def _dist_from_env():
+def dist_from_env():
     """The process group the user started (DDP), as the trainer's Dist; None in one process."""
     import torch.distributed as tdist
     if not (tdist.is_available() and tdist.is_initialized()) or tdist.get_world_size() < 2:
@@ -218,7 +218,7 @@ def _dist_from_env():
                 control=control)
 
 
-def _quiet(session_cls):
+def quiet_session(session_cls):
     class QuietSession(session_cls):
         """Files only: no summary on the console."""
         def _print(self, report, md, paths):
@@ -226,7 +226,7 @@ def _quiet(session_cls):
     return QuietSession
 
 
-def _brief(session_cls):
+def brief_session(session_cls):
     class BriefSession(session_cls):
         """The files, and a few lines on stderr (verdict, counts, the findings' codes, paths):
         the training script's stdout stays its own."""
