@@ -26,9 +26,6 @@ tndebug to test, not as ground truth.
 """
 from __future__ import annotations
 
-# moved to faults.py (issue 46); kept importable here while this session's probe splits land
-from tndebug.faults import FAULT_NOTES  # noqa: F401
-
 SEED_NOTES: dict[str, str] = {
     "000": "Hand-written 'Attention is all you need' code notes (PyTorch 1.13): "
            "module-by-module walkthrough, training config (BPE, Noam, smoothing), pitfall table",
