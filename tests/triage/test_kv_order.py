@@ -1,4 +1,4 @@
-"""Grouped-query attention in the user's own code (tndebug/probes/_kv_order.py): weights trained
+"""Grouped-query attention in the user's own code (tndebug/probes/kv_order.py): weights trained
 with the kv heads repeated one way and run by code that repeats them the other way are named
 (checkpoint/kv-head-order), both ways round; weights run by the code they were trained with are
 not, and a model that repeats no kv heads is not applicable. The model is tests/foreign/
@@ -157,7 +157,7 @@ def test_weights_in_the_other_order_on_random_ids_are_never_clean(files, trained
 
 
 def test_an_undecided_order_is_a_part_not_run_only_for_trained_weights():
-    from tndebug.probes._kv_order import undecided
+    from tndebug.probes.kv_order import undecided
     trained = {"verdict": "inconclusive", "loss_code_order": 5.14, "loss_other_order": 4.14,
                "ln_V": 2.40, "data": "random ids"}
     fresh = {**trained, "loss_code_order": 2.49, "loss_other_order": 2.43}

@@ -18,7 +18,7 @@ from dataclasses import replace
 from tndebug.findings import Finding
 from tndebug.judge.fresh import judged_on, on_fresh
 from tndebug.judge.status import restatus
-from tndebug.probes._paired import SOLVED
+from tndebug.probes.paired import SOLVED
 from tndebug.probes.missing_scale import by_design_fix
 
 NO_SCALE = "no 1/sqrt(d_k)"

@@ -30,8 +30,8 @@ from tndebug.findings import Finding, severity_rank, SEVERITIES
 from tndebug.judge.fresh import SEED, seeded
 from tndebug.hf.wording import package_code, scale_switches
 from tndebug.one_stack import one_stack_batch
-from tndebug.probes._head_weights import duplicate_heads
-from tndebug.probes._kv_order import kv_order, undecided as kv_undecided
+from tndebug.probes.head_weights import duplicate_heads
+from tndebug.probes.kv_order import kv_order, undecided as kv_undecided
 from tndebug.library import args as A
 from tndebug.library.live import live_subject, set_max_len, unwrap
 from tndebug.report import Report

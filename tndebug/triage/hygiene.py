@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from tndebug.findings import Finding
-# the paired comparison of held-out losses, shared with the kv-order test (probes/_paired.py)
-from tndebug.probes._paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS,  # noqa: F401
-                                    SOLVED, Z_SE, paired_gain, sequence_losses)
+# the paired comparison of held-out losses, shared with the kv-order test (probes/paired.py)
+from tndebug.probes.paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS,  # noqa: F401
+                                   SOLVED, Z_SE, paired_gain, sequence_losses)
 from tndebug.triage.loading import Checkpoint
 
 # FAILURE_MODES 2.2 / 2b: scale the scores by alpha = 2^(k/2), k = -6..6; argmin outside

@@ -32,11 +32,11 @@ from tndebug import driver, judge
 from tndebug.findings import Finding
 from tndebug.triage.rebuilt import rebuilt_code
 from tndebug.probes import TRIAGE_PROBES  # noqa: F401 - tndebug.triage exports it
-from tndebug.probes._head_weights import duplicate_heads
+from tndebug.probes.head_weights import duplicate_heads
 from tndebug.subject import tndebug_subject
 from tndebug.triage import hygiene, layouts, own_decoder
 from tndebug.capture.user_model import parse_config
-from tndebug.probes._kv_order import kv_order, undecided as kv_undecided
+from tndebug.probes.kv_order import kv_order, undecided as kv_undecided
 from tndebug.triage.loading import Checkpoint, load_checkpoint
 from tndebug.triage.target import Target, check_ids, check_task_vocab
 from tndebug.triage.user_code import user_target

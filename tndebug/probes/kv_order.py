@@ -11,7 +11,7 @@ The test is behavioural and exact in what it changes: the same forward with the 
 put in the other order at the score and value products (and SDPA), `GenericCapture.swapping_kv`,
 nothing else touched. Weights trained with the code's own order get worse under the swap, so
 a finding needs the swap to be *better*, by the temperature sweep's significance rule
-(probes/_paired.py: paired over held-out sequences, a large gain, a majority of sequences), on
+(probes/paired.py: paired over held-out sequences, a large gain, a majority of sequences), on
 data the checkpoint solves in one of the two orders. A model whose code repeats no kv heads
 (plain multi-head attention, SDPA's own `enable_gqa`) is not applicable.
 """
@@ -22,8 +22,8 @@ import math
 import torch
 
 from tndebug.findings import Finding
-from tndebug.probes._paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS, SOLVED, Z_SE,
-                                    paired_gain, sequence_losses)
+from tndebug.probes.paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS, SOLVED, Z_SE,
+                                   paired_gain, sequence_losses)
 
 OTHER = {"interleaved": "tiled", "tiled": "interleaved"}
 READS = {"interleaved": "q head i reads kv head i // r (repeat_interleave, HF's repeat_kv)",

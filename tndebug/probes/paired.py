@@ -1,6 +1,6 @@
 """Paired comparisons of held-out losses: one model, two ways of running it, compared sequence
 by sequence. Triage's temperature sweep (triage/hygiene.py: the scores times alpha) and the
-grouped-query kv-order test (probes/_kv_order.py: the repeated heads in the other order) both
+grouped-query kv-order test (probes/kv_order.py: the repeated heads in the other order) both
 ask "is the other way significantly better?", with one rule, kept here below both front-ends
 so `tndebug.check` and `tndebug triage` share it."""
 from __future__ import annotations
