@@ -243,3 +243,83 @@ def test_the_circle_check_can_fail(tmp_path):
     (fake / "judge" / "stage.py").write_text("from tndebug.hf.wording import hf_fix\n")
     (fake / "hf" / "wording.py").write_text("")
     assert _circles(_folders(_module_imports(fake))) == [["tndebug.hf", "tndebug.judge"]]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_imports(pkg: Path) -> list[str]:
+    """Every private name one file of `pkg` takes from another (issue 46, private means private):
+    `from M import _name`, `M._name` on an imported module M, and a private module imported from
+    outside the package that holds it (`tndebug.probes._raised` from `tndebug/library/`; from
+    inside its own package it is the package's, as `probes/_depth_stats.py` is probes'). Every
+    import counts, the function-local ones too. -> ["tndebug/x.py:LINE: tndebug.y._name"]"""
+    files = {".".join(p.relative_to(pkg.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in pkg.rglob("*.py")}
+    bad = []
+    for name, path in sorted(files.items()):
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        where = path.relative_to(pkg.parent)
+
+        def outside(dotted: str) -> bool:        # a private part of `dotted` not of our package
+            parts = dotted.split(".")
+            return any(_private(p) and not (package + ".").startswith(".".join(parts[:i]) + ".")
+                       for i, p in enumerate(parts))
+        tree = ast.parse(path.read_text(), str(path))
+        bound = {}                                  # local name -> the tndebug module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == pkg.name:
+                        bound[a.asname or pkg.name] = a.name if a.asname else pkg.name
+                        if outside(a.name):
+                            bad.append(f"{where}:{node.lineno}: {a.name}")
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                if base.split(".")[0] != pkg.name:
+                    continue
+                if outside(base):
+                    bad.append(f"{where}:{node.lineno}: {base}")
+                    continue
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    if full in files:
+                        bound[a.asname or a.name] = full
+                    if (outside(full) if full in files else _private(a.name) and base != name):
+                        bad.append(f"{where}:{node.lineno}: {full}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                chain, inner = [], node.value
+                while isinstance(inner, ast.Attribute):
+                    chain.append(inner.attr)
+                    inner = inner.value
+                if isinstance(inner, ast.Name) and inner.id in bound:
+                    owner = ".".join([bound[inner.id], *reversed(chain)])
+                    if owner != name and (owner in files or owner.rpartition(".")[0] in files):
+                        bad.append(f"{where}:{node.lineno}: {owner}.{node.attr}")
+    return sorted(set(bad))
+
+
+def test_the_private_import_check_can_fail(tmp_path):
+    """A private name taken from another file is found however it is taken; a package's private
+    module used inside its own package is not."""
+    fake = tmp_path / "tndebug"
+    (fake / "probes").mkdir(parents=True)
+    (fake / "probes" / "__init__.py").write_text("")
+    (fake / "probes" / "_helpers.py").write_text("def g(): pass\ndef _h(): pass\n")
+    (fake / "probes" / "one.py").write_text(
+        "from tndebug.probes import _helpers\nfrom tndebug.probes._helpers import g\n"
+        "from ._helpers import g as g2\ndef _own(): pass\n_own()\n")
+    (fake / "probes" / "two.py").write_text("from tndebug.probes.one import _own\n")
+    (fake / "library").mkdir()
+    (fake / "library" / "w.py").write_text(
+        "import tndebug.probes.one as one\nfrom tndebug.probes import one as o2\n"
+        "def f():\n    from tndebug.probes._helpers import g\n    return one._own, o2._own\n")
+    assert _private_imports(fake) == [
+        "tndebug/library/w.py:4: tndebug.probes._helpers",
+        "tndebug/library/w.py:5: tndebug.probes.one._own",
+        "tndebug/probes/two.py:1: tndebug.probes.one._own"]
