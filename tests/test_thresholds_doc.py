@@ -35,7 +35,7 @@ NOT_THRESHOLDS = {
     ("tndebug/probes/_head_stats.py", "JS_MAX_ROWS"): "query rows sampled for the JS statistic (cost)",
     ("tndebug/probes/_head_stats.py", "LN2"): "ln 2, nats to bits",
     ("tndebug/probes/gradient_flow.py", "SETUP_ROWS"): "rows per forward of the dead-unit test (memory)",
-    ("tndebug/probes/lm_decoding.py", "LEFT_PADS"): "pads put before each row in the test input",
+    ("tndebug/probes/lm_decoding_left_pad.py", "LEFT_PADS"): "pads put before each row in the test input",
     ("tndebug/probes/_mask_tests.py", "EXTRA_PADS"): "pad columns appended in the test input",
     ("tndebug/probes/positional_encoding_table.py", "MAX_PROBE_LEN"): "longest test sequence (cost)",
     ("tndebug/probes/zero_grad.py", "TRACKED"): "parameters watched; the test itself is exact",
