@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tndebug.errors import UsageError
 from tndebug.findings import Finding, FindingGroup, group_findings, jsonable, worst
 
 SCHEMA = "tndebug.report/2"
@@ -165,7 +166,6 @@ class Report:
 def load_report(path: str | Path) -> Report:
     """The Report in a report.json written by `tndebug run`, `triage`, `tndebug.watch(out=)`
     or `check(out=)`; `path` is the file or the directory holding it."""
-    from tndebug.errors import UsageError
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"

@@ -51,6 +51,7 @@ from tndebug.capture.annotated import TNDEBUG_MASKS_NOTE, annotated_encode, anno
 from tndebug.capture.model_parts import numbered_blocks
 from tndebug.capture.structure import is_attention
 from tndebug.capture.user_files import import_file, line, load_callable  # noqa: F401 - handed on
+from tndebug.model import Transformer
 from tndebug.task_names import ADAPTER_NAMES
 
 BUILTIN = ADAPTER_NAMES                 # torch-free there: the CLI refuses an unknown name early
@@ -288,7 +289,6 @@ def guess_adapter(model: nn.Module) -> str | None:
 
 def _guess(model: nn.Module) -> tuple[str | None, str]:
     """(the built-in adapter that fits the model's shape or None, how that was told)."""
-    from tndebug.model import Transformer
     if isinstance(model, Transformer):
         return "tndebug", "tndebug's own model"
     names = dict(model.named_children())

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 from tndebug.errors import UsageError
+from tndebug.paths import code_spec
 
 
 def load_callable(spec: str, flag: str):
     """'path/to/file.py:name' -> (the function, its module). Errors are one line."""
-    from tndebug.paths import code_spec
     path = code_spec(spec, flag)             # the form and the file (the CLI checks them first)
     path_s, _, name = spec.rpartition(":")
     module = import_file(path, flag)

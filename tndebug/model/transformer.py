@@ -12,6 +12,7 @@ from torch import nn
 
 from tndebug.config import ModelConfig
 from tndebug.model.embedding import Embeddings
+from tndebug.model.gpt import DecoderOnly
 from tndebug.model.hooks import HookPoint, name_hook_points, tap
 from tndebug.model.layers import DecoderLayer, EncoderLayer, Generator, Stack, init_parameters
 
@@ -71,7 +72,6 @@ def build(cfg: ModelConfig) -> nn.Module:
     (tndebug.model.gpt) for `arch="decoder"`. `tndebug.inject.make_model` is this plus the
     config's faults, each substituted from outside the model."""
     if cfg.arch == "decoder":
-        from tndebug.model.gpt import DecoderOnly
         return DecoderOnly(cfg)
     return Transformer(cfg)
 

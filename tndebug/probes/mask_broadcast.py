@@ -10,6 +10,9 @@ from tndebug.probes._mask_tests import (FIT_TOL, INPUTS, KINDS, MASS_TOL, NOTE, 
 from tndebug.probes._raised import ModelRaised, call as _call, raised_in as _raised_in
 from tndebug.probes._attn_stats import KIND_WORDS, head_split_fits, probe_batch
 from tndebug.capture.source import pick, same_line, with_also
+from tndebug.capture.origins import random_op_line
+from tndebug.probes import _bidirectional
+from tndebug.probes._embed_moves import embedding_moves
 from tndebug.probes.base import Probe, RunContext
 from tndebug.probes.schedule import never
 from tndebug.subject import Subject
@@ -137,7 +140,6 @@ class MaskBroadcast(Probe):
                         checks.pop(k, None)
                 modules = self._modules(s) if s.capture is not None else []
                 if not s.has_target:        # encoder-only: attention must see both sides
-                    from tndebug.probes import _bidirectional
                     sides = _bidirectional.measure(s)
             except ModelRaised as e:
                 self._raised(e)
@@ -163,7 +165,6 @@ class MaskBroadcast(Probe):
         c = compare(a, b)
         if not c.failed:
             return True
-        from tndebug.capture.origins import random_op_line
         line = random_op_line(lambda: s.logits(src, tgt))          # the op drawing at random
         self.report("error", f"the model's outputs change by {c.delta:.3g} between two identical "
                     f"calls in eval mode: something random (dropout) is active in eval",
@@ -233,7 +234,6 @@ class MaskBroadcast(Probe):
     @staticmethod
     def _embedding_moved(s: Subject) -> dict:
         """`_embed_moves.embedding_moves`, {} if it raises."""
-        from tndebug.probes._embed_moves import embedding_moves
         try:
             return embedding_moves(s)
         except Exception:  # noqa: BLE001 - the behaviour tests above ran on these inputs

@@ -2,6 +2,7 @@
 module path), the probes' statuses, and the figures as relative PNG links."""
 from __future__ import annotations
 
+from tndebug.capture.source import also_text, context_lines, source_text
 from tndebug.findings import NUMBER, Finding
 from tndebug.probes import probe_cause
 from tndebug.report import Report
@@ -127,7 +128,6 @@ def source_lines(f: Finding) -> list[str]:
     """`- **Source:** model.py:24 (Class.method)` and the line with two either side."""
     if not f.source:
         return []
-    from tndebug.capture.source import also_text, context_lines, source_text
     src = f.source
     lines = [f"- **Source:** `{source_text({**src, 'code': ''})}`", "", "  ```python"]
     for n, text in context_lines(src):

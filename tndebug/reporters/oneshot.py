@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from tndebug.errors import UsageError
+from tndebug.outputs import LIBRARY, claim_output
 from tndebug.report import Report
 from tndebug.reporters.session import ReportSession
 
@@ -52,8 +54,6 @@ def writing(out, *, overwrite: bool, where: str, figures: bool = True, tensorboa
             fmt: str = "text", echo: bool = False):
     """Claim `out` by tndebug/outputs.py's rule (library wording: out=, overwrite=True),
     then yield a deferred ReportSession whose `sinks` go to the probed pass."""
-    from tndebug.errors import UsageError
-    from tndebug.outputs import LIBRARY, claim_output
     if not isinstance(out, (str, Path)):
         raise UsageError(f"{where}: out={out!r}; expected a directory path (str or Path)")
     prev = previous_mode(Path(out)) if overwrite else None

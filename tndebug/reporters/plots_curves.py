@@ -9,6 +9,7 @@ from matplotlib.ticker import MaxNLocator
 
 from tndebug.report import Report
 from tndebug.reporters import figures_common as C
+from tndebug.reporters.common import run_status
 from tndebug.reporters.figures_common import DPI, Plot, notes_sentence
 from tndebug.reporters.recorder import Recorder
 
@@ -104,7 +105,6 @@ def _merge_marks(marks: list[tuple[int, str, str]], span: int) -> list[tuple[int
 
 
 def _step_marks(report: Report) -> list[tuple[int, str, str]]:
-    from tndebug.reporters.common import run_status
     marks = []
     if report.first_sign is not None and report.first_sign.step is not None:
         marks.append((report.first_sign.step, f"first sign: {report.first_sign.probe}", "tab:red"))
