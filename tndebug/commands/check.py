@@ -14,8 +14,8 @@ import inspect
 import json
 import sys
 
-from tndebug.commands.flags import HelpFormatter, add_code_options, add_verbose, nonneg_int, out_path, \
-    pad_id_or_none, positive_int
+from tndebug.commands.flags import (HelpFormatter, add_code_options, add_fail_on, add_model_options, add_verbose,
+                                    out_path)
 from tndebug.errors import UsageError
 from tndebug.probes import PROBE_NAMES
 
@@ -41,23 +41,19 @@ def add_parser(sub) -> None:
         epilog=EPILOG, formatter_class=HelpFormatter)
     p.add_argument("model", metavar="FILE.py:FACTORY",
                    help="a function that returns your nn.Module (kwargs from --config)")
-    p.add_argument("--config", metavar="JSON|FILE.json", help="the factory's keyword arguments")
-    p.add_argument("--adapter", metavar="annotated|tndebug|gpt|bert|FILE.py:FUNCTION",
-                   help="how to call the model: forward(model, src, tgt, pad_id) -> logits, or "
-                        "forward(model, ids, pad_id) -> logits for a decoder-only or "
-                        "encoder-only model (default: guessed from the model)")
-    p.add_argument("--arch", choices=("seq2seq", "decoder", "encoder"),
-                   help="what your model is, when its code cannot say (as triage's --arch)")
-    p.add_argument("--data", metavar="FILE.pt|FILE.py:FUNCTION",
-                   help="your own batches: {'src', 'tgt'} (encoder-decoder, tgt BOS-led) or "
-                        "{'ids': LongTensor[N,T]} (one stack), as triage's --data (default: random "
-                        "ids from the model's vocabulary)")
-    p.add_argument("--pad-id", type=pad_id_or_none, default=0,
-                   help="the padding id (default 0); `none`: your data have no padding")
-    p.add_argument("--bos-id", type=nonneg_int, default=None,
-                   help="the id that starts every decoder input (default 1, or 2 when --pad-id is 1)")
-    p.add_argument("--max-len", type=positive_int, default=None, metavar="N",
-                   help="the longest sequence your model takes (default: found by calling it)")
+    add_model_options(
+        p, config="the factory's keyword arguments",
+        adapter="how to call the model: forward(model, src, tgt, pad_id) -> logits, or "
+                "forward(model, ids, pad_id) -> logits for a decoder-only or encoder-only model "
+                "(default: guessed from the model)",
+        arch="what your model is, when its code cannot say (as triage's --arch)",
+        data="your own batches: {'src', 'tgt'} (encoder-decoder, tgt BOS-led) or "
+             "{'ids': LongTensor[N,T]} (one stack), as triage's --data (default: random ids from "
+             "the model's vocabulary)",
+        max_len="the longest sequence your model takes (default: found by calling it)",
+        pad_id="the padding id (default 0); `none`: your data have no padding",
+        bos_id="the id that starts every decoder input (default 1, or 2 when --pad-id is 1)",
+        bos_default=None)
     p.add_argument("--probe", default=None,
                    help=f"probes to run: a,b (default: every probe that needs no training; "
                         f"known: {', '.join(PROBE_NAMES)})")
@@ -65,8 +61,7 @@ def add_parser(sub) -> None:
                    help="concise: one FILE:LINE: CODE severity: message line per finding; text: "
                         "the findings table; json: the report (default text). With concise or "
                         "json, what your code prints goes to stderr")
-    p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
-                   help="exit 1 when a finding is at least this severe (default error)")
+    add_fail_on(p)
     add_code_options(p)
     add_verbose(p)
     p.add_argument("--out", type=out_path, default=None, metavar="DIR",

@@ -143,6 +143,27 @@ class HelpFormatter(argparse.HelpFormatter):
         return "\n\n".join(out)
 
 
+def add_model_options(p, *, config: str, adapter: str, arch: str, data: str, max_len: str,
+                      pad_id: str, bos_id: str, bos_default: int | None) -> None:
+    """How the user's model is built and called, for `triage --model` and `check` alike: each
+    flag's name, metavar, type and choices defined once here; each command gives its own help
+    words (triage also reads a checkpoint's config and has built-in tasks; check only builds)
+    and --bos-id's default (triage: 1; check: None, told from --pad-id)."""
+    p.add_argument("--config", metavar="JSON|FILE.json", help=config)
+    p.add_argument("--adapter", metavar="annotated|tndebug|gpt|bert|FILE.py:FUNCTION", help=adapter)
+    p.add_argument("--arch", choices=("seq2seq", "decoder", "encoder"), help=arch)
+    p.add_argument("--data", metavar="FILE.pt|FILE.py:FUNCTION", help=data)
+    p.add_argument("--max-len", type=positive_int, default=None, metavar="N", help=max_len)
+    p.add_argument("--pad-id", type=pad_id_or_none, default=0, help=pad_id)
+    p.add_argument("--bos-id", type=nonneg_int, default=bos_default, help=bos_id)
+
+
+def add_fail_on(p) -> None:
+    """--fail-on for run, triage and check alike: the exit code's threshold."""
+    p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
+                   help="exit 1 when a finding is at least this severe (default error)")
+
+
 def add_code_options(p) -> None:
     """--select / --ignore: finding codes or probe names, as ruff takes rules."""
     p.add_argument("--select", metavar="CODES", default=None,

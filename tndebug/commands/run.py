@@ -9,8 +9,9 @@ import os
 import signal
 import sys
 
-from tndebug.commands.flags import BATCH, NPROC, SEED, STEPS, THREADS as THREADS_ARG, WARMUP, \
-    HelpFormatter, add_code_options, add_verbose, lr_factor, nonneg_int, out_path, probe_budget
+from tndebug.commands.flags import (BATCH, NPROC, SEED, STEPS, THREADS as THREADS_ARG, WARMUP, HelpFormatter,
+                                    add_code_options, add_fail_on, add_verbose, lr_factor, nonneg_int, out_path,
+                                    probe_budget)
 from tndebug.config import ARCHS, NORM_KINDS, NORMS, POSITIONS, PRESETS, ModelConfig
 from tndebug.errors import SigTerm, UsageError
 from tndebug.faults import FAULTS
@@ -129,8 +130,7 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", default=None, metavar="PATH",
                    help="continue from a run directory or checkpoint.pt: model, optimizer, lr "
                         "schedule and RNG state; --fault may add faults (e.g. warmup_restart_on_resume)")
-    p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
-                   help="exit 1 when a finding is at least this severe (default error)")
+    add_fail_on(p)
     add_code_options(p)
     p.add_argument("--format", choices=("text", "json", "md"), default="text",
                    help="what goes to stdout at the end: the findings table, the JSON report, or "

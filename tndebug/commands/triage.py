@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tndebug.commands.flags import HelpFormatter, add_code_options, add_verbose, nonneg_int, out_path, pad_id_or_none, \
-    positive_int
+from tndebug.commands.flags import (HelpFormatter, add_code_options, add_fail_on, add_model_options, add_verbose,
+                                    out_path, positive_int)
 from tndebug.errors import UsageError
 from tndebug.probes import PROBE_NAMES
+
+if TYPE_CHECKING:                       # torch: imported once the flags are checked (plan_of)
+    from tndebug.triage.options import TriageOptions
 
 OUTPUTS = ("Outputs: --out DIR is refused (exit 2, before any work) when it is a file, lies "
            "under a file, is not writable, is in use by another tndebug, or already holds a "
@@ -51,27 +56,28 @@ def add_parser(sub) -> None:
                                       "Face save_pretrained directory (needs tndebug[hf])")
     p.add_argument("--model", metavar="FILE.py:FACTORY",
                    help="build your own module (kwargs from --config, else the checkpoint's config)")
-    p.add_argument("--config", metavar="JSON|FILE.json",
-                   help="factory kwargs with --model; sizes/heads/norm without it")
-    p.add_argument("--adapter", metavar="annotated|tndebug|gpt|bert|FILE.py:FUNCTION",
-                   help="how to call the model: forward(model, src, tgt, pad_id) -> logits, or "
-                        "forward(model, ids, pad_id) -> logits for a decoder-only or "
-                        "encoder-only model (gpt: model(idx); bert: model(ids), the model masking "
-                        "its own pads)")
-    p.add_argument("--arch", choices=("seq2seq", "decoder", "encoder"),
-                   help="with --model: what your model is, when its code cannot say: decoder "
-                        "(GPT-style, causal) and encoder (BERT-style, bidirectional) are called "
-                        "alike, forward(model, ids, pad_id) (default: an encoder when the class "
-                        "name says Bert/Roberta/Electra/Encoder/MLM, else a decoder; the report "
-                        "says which)")
-    p.add_argument("--data", metavar="FILE.pt|FILE.py:FUNCTION",
-                   help="your own held-out batches for every comparison triage makes (the "
-                        "temperature sweep, layout settling, the probes' batch): a torch.save "
-                        "file {'src': LongTensor[N,S], 'tgt': LongTensor[N,T]} with tgt BOS-led "
-                        "and right-padded with --pad-id, or a function returning that dict; "
-                        "triage feeds tgt[:, :-1] and scores tgt[:, 1:]. A decoder- or "
-                        "encoder-only model: {'ids': LongTensor[N,T]} (optionally with "
-                        "'attention_mask'), one sequence per row (default: --task)")
+    add_model_options(
+        p, config="factory kwargs with --model; sizes/heads/norm without it",
+        adapter="how to call the model: forward(model, src, tgt, pad_id) -> logits, or "
+                "forward(model, ids, pad_id) -> logits for a decoder-only or encoder-only model "
+                "(gpt: model(idx); bert: model(ids), the model masking its own pads)",
+        arch="with --model: what your model is, when its code cannot say: decoder (GPT-style, "
+             "causal) and encoder (BERT-style, bidirectional) are called alike, forward(model, "
+             "ids, pad_id) (default: an encoder when the class name says "
+             "Bert/Roberta/Electra/Encoder/MLM, else a decoder; the report says which)",
+        data="your own held-out batches for every comparison triage makes (the temperature "
+             "sweep, layout settling, the probes' batch): a torch.save file {'src': "
+             "LongTensor[N,S], 'tgt': LongTensor[N,T]} with tgt BOS-led and right-padded with "
+             "--pad-id, or a function returning that dict; triage feeds tgt[:, :-1] and scores "
+             "tgt[:, 1:]. A decoder- or encoder-only model: {'ids': LongTensor[N,T]} (optionally "
+             "with 'attention_mask'), one sequence per row (default: --task)",
+        max_len="the longest sequence your model takes (its position table); the probes' "
+                "batches fit it (default: the checkpoint's config, else found by calling the "
+                "model)",
+        pad_id="the padding token id of your vocabulary: masked in the held-out batches and "
+               "ignored by the loss (default 0); `none`: your data have no padding "
+               "(character-level text; a decoder- or encoder-only model's own code)",
+        bos_id="the id that starts every decoder input (default 1)", bos_default=1)
     p.add_argument("--task", default="copy", choices=("copy", "reverse", "sort", "translate"),
                    help="built-in held-out data when --data is not given (default: copy; its "
                         "token scheme is in docs/triage.md)")
@@ -85,16 +91,6 @@ def add_parser(sub) -> None:
                         "the probes' recorded batch (every figure shows it, with its tokens on "
                         "the axes) and the temperature sweep's data. --data for a directory: "
                         "{'src', 'tgt'} (encoder-decoder) or {'ids': LongTensor[N,T]} (one stack)")
-    p.add_argument("--max-len", type=positive_int, default=None, metavar="N",
-                   help="the longest sequence your model takes (its position table); the probes' "
-                        "batches fit it (default: the checkpoint's config, else found by calling "
-                        "the model)")
-    p.add_argument("--pad-id", type=pad_id_or_none, default=0,
-                   help="the padding token id of your vocabulary: masked in the held-out batches "
-                        "and ignored by the loss (default 0); `none`: your data have no padding "
-                        "(character-level text; a decoder- or encoder-only model's own code)")
-    p.add_argument("--bos-id", type=nonneg_int, default=1,
-                   help="the id that starts every decoder input (default 1)")
     p.add_argument("--heads", type=positive_int,
                    help="number of attention heads, >= 1 (not in the weights)")
     p.add_argument("--norm", choices=("pre", "post"), help="LayerNorm placement (nn.Transformer layout)")
@@ -112,8 +108,7 @@ def add_parser(sub) -> None:
                    help="what goes to stdout at the end: the findings table, the JSON report, or "
                         "the Markdown report (default text); with json or md, what your code "
                         "prints goes to stderr, so stdout is the report alone")
-    p.add_argument("--fail-on", choices=("error", "warning", "info", "never"), default="error",
-                   help="exit 1 when a finding is at least this severe (default error)")
+    add_fail_on(p)
     add_code_options(p)
     add_verbose(p)
     p.add_argument("--trust-checkpoint", action="store_true",
@@ -124,8 +119,36 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
+@dataclass(frozen=True)
+class TriagePlan:
+    """One `tndebug triage` call, resolved once from the parsed flags before any work: what to
+    triage (the library's TriageOptions), and what the CLI does with the Report (the codes kept
+    and dropped, the output place, stdout's format, the exit threshold, the figures)."""
+    options: TriageOptions
+    select: tuple[str, ...] = ()        # finding codes or probe names, checked (--select)
+    ignore: tuple[str, ...] = ()        # the same, dropped (--ignore)
+    out: str | None = None              # --out (None: ./triage-<parent>-<stem>, numbered)
+    overwrite: bool = False
+    format: str = "text"                # stdout: text | json | md
+    fail_on: str = "error"
+    figures: bool = True                # not --no-figures
+    verbose: bool = False
+
+
 def main(args) -> int:
-    from tndebug.outputs import claim_output, resolve_output, triage_default
+    from tndebug.outputs import claim_output, triage_default
+    plan = plan_of(args)
+    from tndebug.reporters.oneshot import previous_mode   # torch: once the flags are checked
+    previous = previous_mode(plan.out) if plan.out and plan.overwrite else None   # whose tb/ it is
+    with claim_output(plan.out, triage_default(plan.options.checkpoint), overwrite=plan.overwrite,
+                      kind="triage") as out:                  # checked and locked before any work
+        return _triage(plan, out, previous)
+
+
+def plan_of(args) -> TriagePlan:
+    """The flags checked, cheapest first (a bad path, name, code or JSON is one line before torch
+    is imported), and resolved into the plan; nothing is written yet."""
+    from tndebug.outputs import resolve_output, triage_default
     from pathlib import Path
 
     from tndebug.paths import checkpoint_file, code_spec, data_file, hf_only, text_file
@@ -161,21 +184,18 @@ def main(args) -> int:
     resolve_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite, kind="triage")
     if found is not None and not args.trust_checkpoint and not hf_dir:
         _refuse_pickled_code(found)          # before --out is claimed (--overwrite clears it)
-    from tndebug.triage.run import TriageOptions
+    from tndebug.triage.options import TriageOptions
 
     from tndebug import judge            # torch: only once the flags parsed (a bad flag is refused before it)
-    args.select = judge.codes_option(args.select, "--select")     # before any work
-    args.ignore = judge.codes_option(args.ignore, "--ignore")
-    opts = TriageOptions(args.checkpoint, model=args.model, config=args.config,
-                         adapter=args.adapter, task=args.task, pad_id=args.pad_id,
-                         bos_id=args.bos_id, heads=args.heads, norm=args.norm, probes=args.probe,
-                         trust=args.trust_checkpoint, data=args.data, attn=args.attn,
-                         text=args.text, max_len=args.max_len, arch=args.arch)
-    from tndebug.reporters.oneshot import previous_mode
-    previous = previous_mode(args.out) if args.out and args.overwrite else None   # whose tb/ it is
-    with claim_output(args.out, triage_default(args.checkpoint), overwrite=args.overwrite,
-                      kind="triage") as out:                  # checked and locked before any work
-        return _triage(opts, out, args, previous)
+    return TriagePlan(
+        TriageOptions(args.checkpoint, model=args.model, config=args.config, adapter=args.adapter,
+                      task=args.task, pad_id=args.pad_id, bos_id=args.bos_id, heads=args.heads,
+                      norm=args.norm, probes=args.probe, trust=args.trust_checkpoint, data=args.data,
+                      attn=args.attn, text=args.text, max_len=args.max_len, arch=args.arch),
+        select=tuple(judge.codes_option(args.select, "--select")),    # before any work
+        ignore=tuple(judge.codes_option(args.ignore, "--ignore")),
+        out=args.out, overwrite=args.overwrite, format=args.format, fail_on=args.fail_on,
+        figures=not args.no_figures, verbose=args.verbose)
 
 
 def _refuse_pickled_code(path) -> None:
@@ -190,7 +210,7 @@ def _refuse_pickled_code(path) -> None:
         raise UnsafeCheckpoint(path, unsafe)
 
 
-def _triage(opts, out, args, previous: str | None = None) -> int:
+def _triage(plan: TriagePlan, out, previous: str | None = None) -> int:
     from tndebug import judge
     from tndebug.memory import map_large_blocks
     from tndebug.reporters.oneshot import tensorboard_place
@@ -200,17 +220,18 @@ def _triage(opts, out, args, previous: str | None = None) -> int:
 
     map_large_blocks()           # freed tensors' pages go back: peak memory (issue 21)
     # figures and tb/ from the probed pass itself; deferred: nothing is written before it succeeded
-    session = ReportSession(out, fmt=args.format, tensorboard=tensorboard_place(out, previous),
-                            figures=not args.no_figures, defer=True, verbose=args.verbose)
+    session = ReportSession(out, fmt=plan.format, tensorboard=tensorboard_place(out, previous),
+                            figures=plan.figures, defer=True, verbose=plan.verbose)
     # stdout is the report's: with --format json or md, what the user's code prints (its import,
     # factory, forward; nanoGPT's "number of parameters: ...") goes to stderr
-    theirs = contextlib.redirect_stdout(sys.stderr) if args.format != "text" else contextlib.nullcontext()
+    theirs = contextlib.redirect_stdout(sys.stderr) if plan.format != "text" else contextlib.nullcontext()
     try:
         with theirs:
-            report = judge.select_codes(triage(opts, sinks=session.sinks), args.select, args.ignore)
+            report = judge.select_codes(triage(plan.options, sinks=session.sinks), list(plan.select),
+                                        list(plan.ignore))
     except UnsafeCheckpoint:
         raise                 # a refused input: one line, exit 2, nothing written (claim_output
                               # removes the directory it made)
     from tndebug.memory import give_back_freed
     give_back_freed()            # the model is gone: the figures are drawn without its pages
-    return session.finish(report, fail_on=args.fail_on)
+    return session.finish(report, fail_on=plan.fail_on)

@@ -159,26 +159,28 @@ def token_names(folder: Path, batch) -> dict[int, str]:
     return out
 
 
-def held_out(opts, folder: Path, ids: dict, marker: int, config=None, kind: str = "seq2seq"):
+def held_out(data: str | None, text: str | None, folder: Path, ids: dict, marker: int, config=None,
+             kind: str = "seq2seq"):
     """(the user's in-distribution batch (column 0 = the probes' marker), its source, the
-    checkpoint findings of its ids against config.json), or (None, None, []). A decoder- or
-    encoder-only `kind` reads one sequence per row (`one_stack_batch`)."""
-    if opts.data and getattr(opts, "text", None):
+    checkpoint findings of its ids against config.json), or (None, None, []), from `data` (the
+    --data spec) or `text` (the --text file). A decoder- or encoder-only `kind` reads one
+    sequence per row (`one_stack_batch`)."""
+    if data and text:
         raise UsageError("pass --data or --text, not both")
-    if opts.data:
-        path_s, sep, name = opts.data.rpartition(":")
-        raw = (call_data_function(opts.data) if sep and path_s.endswith(".py") and name
-               else read_data_file(Path(opts.data)))
-        source = f"--data {opts.data}"
-    elif getattr(opts, "text", None):
-        raw, source = load_text(opts.text, folder, ids, kind), f"--text {opts.text}"
+    if data:
+        path_s, sep, name = data.rpartition(":")
+        raw = (call_data_function(data) if sep and path_s.endswith(".py") and name
+               else read_data_file(Path(data)))
+        source = f"--data {data}"
+    elif text:
+        raw, source = load_text(text, folder, ids, kind), f"--text {text}"
     else:
         return None, None, []
     if isinstance(raw, torch.Tensor):            # the bare ids tensor: {'ids': ...}
         raw = {"ids": raw}
     # --text: ids the model's own tokenizer wrote, so a config pad among them is the config's
     # defect (a finding); --data: ids the user made, refused below as bad input (exit 2)
-    wrong_pad = pad_in_data(raw, ids["pad"], source) if not opts.data else []
+    wrong_pad = pad_in_data(raw, ids["pad"], source) if not data else []
     if wrong_pad:                         # the config's pad is a real token here: read nothing
         return None, source, wrong_pad
     if kind != "seq2seq":
@@ -190,7 +192,7 @@ def held_out(opts, folder: Path, ids: dict, marker: int, config=None, kind: str 
         lead = raw["tgt"][:, 0]
         if any(f.where == "decoder_start_token_id" for f in findings):
             start = int(lead[0])         # named above; read the data as it is led
-    batch = to_batch(raw, ids["pad"], start, opts.data or source)
+    batch = to_batch(raw, ids["pad"], start, data or source)
     tgt_in = batch.tgt_in.clone()
     tgt_in[:, 0] = marker
     return Batch(batch.src, tgt_in, batch.tgt_out), source, findings

@@ -244,8 +244,9 @@ class HFTriage:
         """--data / --text (`self.data`, None without), the findings of its ids, and the untied
         head judged on it (`self.head_unrun`: why it was not, if it was not)."""
         ids, model, decoder = self.ids, self.model, self.decoder
-        self.data, self.source, self.data_checks = held_out(self.opts, self.folder, ids, ids["marker"],
-                                                            self.config, self.kind)
+        self.data, self.source, self.data_checks = held_out(self.opts.data, getattr(self.opts, "text", None),
+                                                            self.folder, ids, ids["marker"], self.config,
+                                                            self.kind)
         data, self.head_unrun = self.data, None
         if data is not None:
             check_vocab(Batch(data.tgt_in if decoder else data.src, data.tgt_in, data.tgt_out),

@@ -15,7 +15,7 @@ from tndebug.probes.base import ProbeError
 from tndebug.subject import Subject
 
 
-@dataclass
+@dataclass(frozen=True)
 class TriageOptions:
     checkpoint: str
     model: str | None = None            # FILE.py:FACTORY

@@ -88,7 +88,9 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
                              "encoder-only model's own code (--model); an encoder-decoder's "
                              "batches are padded: pass its pad id")
         batch = for_kind(batch, data_pad, "seq2seq")
-    target = (user_target(ckpt, opts, batch, task) if opts.model
+    target = (user_target(ckpt, batch, task, spec=opts.model, config=opts.config,
+                          adapter_spec=opts.adapter, arch=opts.arch, pad_id=opts.pad_id,
+                          bos_id=opts.bos_id, data=opts.data) if opts.model
               else _layout_target(ckpt, opts, batch, task, probe_names))
     if own:
         target.run.update(own_decoder.RUN)
@@ -113,7 +115,8 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
                                data_pad, subject.tgt_vocab,
                                data="--data" if opts.data else "--task")
     lap("hygiene")
-    run = {**_run_record(opts, ckpt, task, batch, subject, probe_names), "temperature_sweep":
+    run = {**_run_record(ckpt, task, batch, subject, probe_names, data=opts.data, pad_id=opts.pad_id,
+                         bos_id=opts.bos_id), "temperature_sweep":
            sweep_evidence, "kv_head_order": kv_evidence, **target.run, "timings_s": timings,
            "probe_seconds": probe_seconds, "wall_s": round(time.perf_counter() - t0, 3),
            "status": "completed"}
@@ -136,18 +139,19 @@ def _refuse_flags(opts: TriageOptions) -> None:
                          f"layouts and a Hugging Face directory say their shape")
 
 
-def _run_record(opts: TriageOptions, ckpt: Checkpoint, task, batch, subject, probe_names) -> dict:
+def _run_record(ckpt: Checkpoint, task, batch, subject, probe_names, *, data: str | None,
+                pad_id: int | None, bos_id: int) -> dict:
     """report.json's `run` of a checkpoint's triage, before the hygiene's evidence, the target's
     own fields and the timings: the file, the data, the shape and ids, the probes run."""
     return {"mode": "triage", "checkpoint": str(ckpt.path), "format": ckpt.fmt,
             "container": ckpt.container, "stripped_prefix": ckpt.stripped_prefix or None,
-            "task": None if opts.data else task.name,
-            "data": (f"--data {opts.data}" if opts.data
+            "task": None if data else task.name,
+            "data": (f"--data {data}" if data
                      else f"task {task.name} (built-in; not the model's own data)"),
             "arch": subject.kind,
             "held_out_sequences": int(batch[0].shape[0]),
             "compute_dtype": str(weights_dtype(ckpt.state_dict)).removeprefix("torch."),
-            "pad_id": opts.pad_id, "bos_id": opts.bos_id,
+            "pad_id": pad_id, "bos_id": bos_id,
             "step": ckpt.step, "has_optimizer_state": ckpt.has_optimizer_state,
             "weight_dtypes": sorted({str(v.dtype).removeprefix("torch.") for v in ckpt.state_dict.values()
                                      if v.is_floating_point()}),

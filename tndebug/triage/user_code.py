@@ -5,8 +5,6 @@ called again on a fresh seeded initialisation, so the code is judged apart from 
 (issue 19)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
@@ -25,40 +23,42 @@ from tndebug.triage.loading import Checkpoint
 from tndebug.triage.target import Target, check_task_vocab
 from tndebug.triage.userdata import OneStack, for_kind, pad_ids, check_vocab as check_data_vocab
 
-if TYPE_CHECKING:
-    from tndebug.triage.options import TriageOptions
 
-
-def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
-    given = parse_config(opts.config)
+def user_target(ckpt: Checkpoint, batch, task, *, spec: str, config: str | None,
+                adapter_spec: str | None, arch: str | None, pad_id: int | None, bos_id: int,
+                data: str | None) -> Target:
+    """The user's model (`spec`: --model FILE.py:FACTORY, kwargs from `config` or the
+    checkpoint's) with the checkpoint's weights, called through `adapter_spec` (`arch`: what it is,
+    when its code cannot say); `data`: the --data spec (None: the task's rows in `batch`)."""
+    given = parse_config(config)
     kwargs = given if given is not None else (ckpt.config or {})
-    model, used = build_user_model(opts.model, kwargs)
-    load_weights(model, ckpt.state_dict, opts.model)
+    model, used = build_user_model(spec, kwargs)
+    load_weights(model, ckpt.state_dict, spec)
     model.eval()
-    adapter = resolve_adapter(opts.adapter, model, opts.arch)
+    adapter = resolve_adapter(adapter_spec, model, arch)
     decoder, encoder = adapter.kind == "decoder", adapter.kind == "encoder"
-    pad, data_pad = pad_ids(opts.pad_id)             # --pad-id none: (0, NO_PAD)
-    if opts.pad_id is None and adapter.kind == "seq2seq":
+    pad, data_pad = pad_ids(pad_id)                  # --pad-id none: (0, NO_PAD)
+    if pad_id is None and adapter.kind == "seq2seq":
         raise UsageError("--pad-id none (data with no padding) applies to a decoder- or "
                          "encoder-only model; an encoder-decoder's batches are padded: pass its "
                          "pad id")
     one_row = isinstance(batch, OneStack)            # --data {'ids': ...}: one sequence per row
     batch = for_kind(batch, data_pad, adapter.kind)
     if decoder and not one_row:
-        batch = lm_batch(batch, opts.data)
+        batch = lm_batch(batch, data)
     elif encoder and not one_row:
-        batch = mlm_batch(batch, opts.data)
+        batch = mlm_batch(batch, data)
     capture = GenericCapture(model, kind=adapter.kind)
-    if opts.data:                            # ids beyond every embedding table: before any forward
+    if data:                                 # ids beyond every embedding table: before any forward
         sizes = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
-        check_data_vocab(batch, max(sizes, default=None), max(sizes, default=None), opts.data)
+        check_data_vocab(batch, max(sizes, default=None), max(sizes, default=None), data)
     src_v, tgt_v = _user_vocab(model, adapter, batch, pad)
     capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2], pad))
-    check_task_vocab(src_v, tgt_v, task, batch, opts.data)
-    subject_kw = dict(pad_id=pad, bos_id=opts.bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
-                      padded=opts.pad_id is not None)
+    check_task_vocab(src_v, tgt_v, task, batch, data)
+    subject_kw = dict(pad_id=pad, bos_id=bos_id, src_vocab=src_v, tgt_vocab=tgt_v,
+                      padded=pad_id is not None)
     subject = _user_subject(model, adapter, capture, subject_kw)
-    run = {"layout": "user code", "model": opts.model, "adapter": adapter.name,
+    run = {"layout": "user code", "model": spec, "adapter": adapter.name,
            "model_kwargs": {k: v for k, v in used.items() if isinstance(v, (int, float, str, bool))},
            "config_source": "--config" if given is not None else (ckpt.config_key or None),
            "attention_modules": sorted(user_path(list(capture.attention))), "arch_from": adapter.kind_from}
@@ -66,14 +66,14 @@ def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
         run["calls"] = ("forward(model, ids, pad_id) -> logits [B, T, V] (encoder-only: "
                         "bidirectional, no target side)")
         run["loss"] = MLM_LOSS
-        if not opts.data:
+        if not data:
             run["data"] = (f"task {task.name}'s source rows as the ids (right-padded; built-in, "
                            f"not the model's own data)")
     if decoder:
         run["calls"] = ("forward(model, ids, pad_id) -> logits [B, T, V] (decoder-only); KV cache: "
                         + ("incremental(model, ids, pad_id, split)" if adapter.incremental
                            else "none offered (the adapter defines no incremental)"))
-        if not opts.data:
+        if not data:
             run["data"] = (f"task {task.name} as one sequence per row: BOS source EOS target EOS "
                            f"(data.as_lm; built-in, not the model's own data)")
     findings = []
@@ -85,9 +85,9 @@ def user_target(ckpt: Checkpoint, opts: TriageOptions, batch, task) -> Target:
                                 evidence={"adapter": adapter.name}, code="mask-broadcast/tndebug-masks"))
     elif adapter.note:                       # how the model was called; its own masks ran
         run["adapter_note"] = adapter.note
-    run["fresh_init"] = f"{opts.model} called again with the same kwargs, seed {SEED}, no weights loaded"
+    run["fresh_init"] = f"{spec} called again with the same kwargs, seed {SEED}, no weights loaded"
     return Target(subject, capture.scaling, run, lambda p: p, findings, projection_weights(model),
-                   _fresh_prober(opts, kwargs, batch, subject_kw),
+                   _fresh_prober(spec, kwargs, adapter_spec, arch, batch, subject_kw),
                    batch if decoder or encoder else None)
 
 
@@ -148,12 +148,13 @@ def _user_subject(model, adapter, capture, subject_kw: dict) -> Subject:
                         **subject_kw)
 
 
-def _fresh_prober(opts: TriageOptions, kwargs, batch, subject_kw: dict):
+def _fresh_prober(spec: str, kwargs, adapter_spec: str | None, arch: str | None, batch,
+                  subject_kw: dict):
     """names -> ProbeResult of the probes on the user's factory called again (seeded, no
     weights loaded): the code judged apart from the checkpoint's weights (issue 19)."""
     def probe_fresh(names):
-        model = seeded(lambda: build_user_model(opts.model, kwargs)[0]).eval()
-        adapter = resolve_adapter(opts.adapter, model, opts.arch)
+        model = seeded(lambda: build_user_model(spec, kwargs)[0]).eval()
+        adapter = resolve_adapter(adapter_spec, model, arch)
         capture = GenericCapture(model, kind=adapter.kind)
         capture.discover(lambda: _call(adapter, model, batch[0][:2], batch[1][:2],
                                        subject_kw["pad_id"]))
