@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from tndebug.sharded import any_sharded
+
 # what a cast to a narrower floating type becomes inside the block
 _WIDE = {torch.float32: torch.float64, torch.float16: torch.float64, torch.bfloat16: torch.float64,
          torch.complex64: torch.complex128, torch.complex32: torch.complex128}
@@ -48,7 +50,6 @@ def in_float64(model: nn.Module):
     """Each parameter's and buffer's `.data` cast in place (the same tensor objects, so tied
     weights stay tied and hooks stay attached; complex ones to complex128), restored on exit, also
     after an exception; the code's own casts to float32 or narrower give float64 meanwhile."""
-    from tndebug.sharded import any_sharded
     if any_sharded(model.parameters()):
         # FSDP2 keeps its own views of each shard's memory: a new `.data` would detach them
         # (its all-gathers read the old memory, and a later step crashed in torch); the

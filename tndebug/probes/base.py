@@ -29,6 +29,7 @@ import torch
 
 from tndebug.findings import Finding, user_path
 from tndebug.probes.schedule import Schedule, every
+from tndebug.sharded import norms
 from tndebug.subject import Subject
 from tndebug.capture.trace import Trace, check_reads
 
@@ -76,7 +77,6 @@ def grad_norms_of(params, info: StepInfo | None) -> list[torch.Tensor | None]:
     params = list(params)
     if info is not None and info.grad_norms is not None:
         return [info.grad_norms.get(id(p)) for p in params]
-    from tndebug.sharded import norms
     have = [i for i, p in enumerate(params) if p.grad is not None]
     out: list[torch.Tensor | None] = [None] * len(params)
     for i, n in zip(have, norms([params[i].grad for i in have]) if have else []):

@@ -26,6 +26,8 @@ import torch
 from tndebug.config import ModelConfig
 from tndebug.errors import UsageError
 from tndebug.inject import make_model
+from tndebug.paths import run_checkpoint
+from tndebug.safeload import damaged, describe_load_error, unsafe_globals
 from tndebug.train.config import apply_config_faults
 
 FORMAT = "tndebug.checkpoint/1"
@@ -62,13 +64,11 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 
 def resolve(path: str | Path) -> Path:
     """A run directory or a checkpoint file -> the checkpoint file (tndebug/paths.py)."""
-    from tndebug.paths import run_checkpoint
     return run_checkpoint(path)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load safely (weights_only=True); a foreign or unsafe file is a one-line UsageError."""
-    from tndebug.safeload import damaged, describe_load_error, unsafe_globals
     p = resolve(path)
     if p.stat().st_size == 0:
         raise UsageError(f"{p} is empty (0 bytes); the save was probably interrupted")
