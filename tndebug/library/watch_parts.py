@@ -19,7 +19,7 @@ from tndebug.errors import UsageError
 from tndebug.findings import Finding
 from tndebug.library import ranks
 from tndebug.library.user_batch import shift_left
-from tndebug.probes._raised import by_tndebug, raised_in
+from tndebug.probes.raised import by_tndebug, raised_in
 from tndebug.probes.budget import Budget
 
 

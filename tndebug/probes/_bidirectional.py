@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tndebug.probes._raised import call as _call
+from tndebug.probes.raised import call as _call
 from tndebug.probes._attn_stats import as_heads
 from tndebug.probes._mask_tests import MASS_TOL, REL_TOL, Check, other_tokens, compare
 from tndebug.subject import Subject

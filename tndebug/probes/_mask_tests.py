@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tndebug.faults import FAULT_NOTES
-from tndebug.probes._raised import ModelRaised, call as _call
+from tndebug.probes.raised import ModelRaised, call as _call
 from tndebug.probes._attn_stats import as_heads, probe_batch
 from tndebug.probes._tolerance import tol
 from tndebug.subject import Subject

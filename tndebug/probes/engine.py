@@ -21,7 +21,7 @@ import torch
 
 from tndebug.capture.source import module_place
 from tndebug.findings import Finding
-from tndebug.probes._raised import by_tndebug, raised_in
+from tndebug.probes.raised import by_tndebug, raised_in
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.budget import Budget
 from tndebug.probes._tolerance import computing_in
@@ -33,7 +33,7 @@ SNAPSHOT_READS = frozenset({"attn.probs", "stream", "grad.stream"})   # what the
 
 def failure_reason(what: str, e: BaseException) -> str:
     """Why a probe that raised has no verdict, saying whose code raised: tndebug's own (a bug
-    to report) or the model's, on an input the probe gave it (`_raised.by_tndebug`)."""
+    to report) or the model's, on an input the probe gave it (`raised.by_tndebug`)."""
     where = raised_in(e)
     whose = ("tndebug's own code (a tndebug bug: please report it)" if by_tndebug(e)
              else "the model's code") + (f" at {where}" if where else "")

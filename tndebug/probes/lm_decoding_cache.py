@@ -16,7 +16,7 @@ import torch
 
 from tndebug.faults import FAULT_NOTES
 from tndebug.probes._mask_tests import Check, compare
-from tndebug.probes._raised import ModelRaised, call as _call
+from tndebug.probes.raised import ModelRaised, call as _call
 from tndebug.probes.lm_decoding_rows import THRESHOLD, content_rows, pad_columns
 from tndebug.subject import Subject
 
