@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tndebug.probes.missing_scale import _folded_into_weights, fit_from_sums, fit_sums
+from tndebug.probes.missing_scale import folded_into_weights
+from tndebug.probes.missing_scale_fit import fit_from_sums, fit_sums
 from tndebug.capture.trace import Trace
 from tndebug.capture import GenericCapture, masked_by_addition
 
@@ -210,9 +211,9 @@ def test_the_ffn_is_found_from_its_shapes():
 
 
 def test_weights_that_carry_the_scale_are_told_from_a_missing_scale():
-    assert _folded_into_weights(rms_q=0.25, rms_k=1.0, d_k=16)        # T5: W_Q sqrt(d_k) smaller
-    assert not _folded_into_weights(rms_q=0.9, rms_k=1.0, d_k=16)     # same size: the scale is missing
-    assert not _folded_into_weights(rms_q=0.5, rms_k=1.0, d_k=2)      # d_k too small to tell
+    assert folded_into_weights(rms_q=0.25, rms_k=1.0, d_k=16)        # T5: W_Q sqrt(d_k) smaller
+    assert not folded_into_weights(rms_q=0.9, rms_k=1.0, d_k=16)     # same size: the scale is missing
+    assert not folded_into_weights(rms_q=0.5, rms_k=1.0, d_k=2)      # d_k too small to tell
 
 
 def test_one_weight_for_q_and_k_is_told_from_fused_qkv():

@@ -12,11 +12,12 @@ from tndebug.faults import FAULT_NOTES
 from tndebug.probes._attn_stats import masked_entries, probe_batch, saturation_sums
 from tndebug import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
+from tndebug.probes.missing_scale_fit import fit_from_sums, fit_sums
 from tndebug.probes.schedule import at, every
 from tndebug.capture.source import pick
-from tndebug.capture.trace import AttentionRecord, Trace
+from tndebug.capture.trace import Trace
 
-# TOL, FIT_RESIDUAL, P_FLOOR: float precision, no run (8a62a05): the bugs miss by >= 41%.
+# TOL, FIT_RESIDUAL: float precision, no run (8a62a05): the bugs miss by >= 41%.
 TOL = {False: 1e-3, True: 1e-2}      # |c*sqrt(d_k) - 1|; True: 16-bit compute
 FIT_RESIDUAL = 1e-2                  # above this the scores are not c*QK^T (bias, QK-norm): no verdict
 # Below FIT_RESIDUAL a form that is c*QK^T only approximately still biases the fitted c by about
@@ -26,89 +27,7 @@ FIT_RESIDUAL = 1e-2                  # above this the scores are not c*QK^T (bia
 # the residual too. The bugs this test names are off by >= 41% (sqrt(h), h >= 2) or sqrt(d_k);
 # an exact fit leaves ~1e-7, where TOL decides as before.
 MISFIT_SHARE = 3.0
-P_FLOOR = 1e-30                      # probabilities below this are underflow, not a signal
 HALF = (torch.float16, torch.bfloat16)
-
-
-_UNSET = object()
-
-
-def fit_sums(rec: AttentionRecord, masked=_UNSET):
-    """(sums [<x,y>, <x,x>, <y,y>, sum q^2, n_q, sum k^2, n_k, sum (q-k)^2, n_qk] on the device,
-    source); or None.
-
-    From the scores (the softmax input before the mask): y = S, x = QK^T over the entries the
-    mask kept, each centred across the batch at its (head, query, key) position. Centring
-    removes any term that does not depend on the sequence (a relative position bias, ALiBi, an
-    additive causal mask), so the fit sees the scale alone: S = c QK^T + B(h, t, s) gives c
-    exactly. From the probabilities only: y = row-centred ln P, x = row-centred QK^T over kept
-    entries (the row constant ln Z cancels). Sums, not ratios, so that statistics add across
-    processes. `masked`: masked_entries(rec), when the caller has it already.
-    # q [B, h, T, d_k], k [B, h, S, d_k]
-    """
-    q, k = rec.q, rec.k
-    if q is None or k is None or q.dim() != 4 or k.dim() != 4:
-        return None
-    # finiteness read before the float64 casts (which keep it) as |v| < inf (False for NaN and
-    # +-inf: isfinite's values in 2 ops, not 4): every-step watch fits at every attention site
-    # on small tensors, where each op's fixed cost is the cost
-    qk32 = q.float() @ k.float().transpose(-2, -1)                        # [B, h, T, S]
-    qk = qk32.double()
-    if masked is _UNSET:
-        masked = masked_entries(rec)
-    if rec.scores is not None and rec.scores.shape == qk.shape:
-        use = (rec.scores.abs() < math.inf) & (qk32.abs() < math.inf)
-        y = rec.scores.double()
-        if masked is not None:
-            use &= ~masked
-        # a probability of exactly 0 is a key the mask removed, even when the captured scores
-        # already hold the mask's fill (MVP adds finfo.min to the product before the softmax,
-        # so scores == masked scores and `masked` is empty: bench/hf_unseen.py DEV). A finite
-        # unmasked score difference underflows to 0 only beyond ~100 nats, where the entry adds
-        # nothing the fit needs (the kept entries give c as well).
-        if rec.probs is not None and not rec.head_averaged and rec.probs.shape == qk.shape:
-            use &= rec.probs != 0
-        if qk.shape[0] >= 2:
-            n = use.sum(0, keepdim=True)                                   # [1, h, T, S]
-            use &= n >= 2
-            n = n.clamp_min(1)
-            x, y = qk.where(use, 0.0), y.where(use, 0.0)
-            x = (x - x.sum(0, keepdim=True) / n).where(use, 0.0)
-            y = (y - y.sum(0, keepdim=True) / n).where(use, 0.0)
-        else:
-            x, y = qk.where(use, 0.0), y.where(use, 0.0)
-        source = "scores"
-    else:
-        p = rec.probs
-        if p is None or rec.head_averaged or p.shape != qk.shape:
-            return None
-        p = p.double()
-        use = p.isfinite() & (p > P_FLOOR) & qk.isfinite()
-        if masked is not None:
-            use &= ~masked
-        n = use.sum(-1, keepdim=True)                                      # [B, h, T, 1]
-        use &= n >= 2
-        n = n.clamp_min(1)
-        x, y = qk.where(use, 0.0), p.clamp_min(P_FLOOR).log().where(use, 0.0)
-        x = (x - x.sum(-1, keepdim=True) / n).where(use, 0.0)
-        y = (y - y.sum(-1, keepdim=True) / n).where(use, 0.0)
-        source = "log-probs"
-    qf = torch.nan_to_num(q.double(), nan=0.0, posinf=0.0, neginf=0.0)   # non-finite -> 0
-    kf = torch.nan_to_num(k.double(), nan=0.0, posinf=0.0, neginf=0.0)
-    one = qk.new_ones(())
-    same = q.shape == k.shape                 # self-attention: is q the same tensor as k?
-    dd = ((qf - kf) ** 2).sum() if same else one * 0
-    return torch.stack([(x * y).sum(), (x * x).sum(), (y * y).sum(),
-                        (qf * qf).sum(), one * q.numel(), (kf * kf).sum(), one * k.numel(),
-                        dd, one * (k.numel() if same else 0)]), source
-
-
-def fit_from_sums(sxy: float, sxx: float, syy: float) -> tuple[float, float]:
-    """(c, relative residual ||y - c x|| / ||y||); NaN when nothing was finite."""
-    if not sxx > 0 or not syy > 0:
-        return math.nan, math.nan
-    c = sxy / sxx
-    return c, math.sqrt(max(syy - sxy * c, 0.0) / syy)
 
 
 def diagnose(c: float, d_k: int, d_model: int, tol: float) -> str:
@@ -265,7 +184,7 @@ class MissingScale(Probe):
             rms_k = math.sqrt(skk / nk) if nk else math.nan
             severity = "error"
             q_is_k = meta.get("shared") or (ndd > 0 and sdd <= 1e-12 * max(sqq, 1e-30))
-            if label == "no 1/sqrt(d_k)" and _folded_into_weights(rms_q, rms_k, d_k):
+            if label == "no 1/sqrt(d_k)" and folded_into_weights(rms_q, rms_k, d_k):
                 severity = "info"
             elif label == "no 1/sqrt(d_k)" and q_is_k:
                 # q = k (one projection for both, head-collapse's finding): the weights cannot
@@ -274,53 +193,58 @@ class MissingScale(Probe):
             groups.setdefault((label, severity), []).append(
                 (site, meta, c, resid, max_p, ent, tol, rms_q, rms_k))
         for (label, severity), items in groups.items():
-            self._reported.update(it[0] for it in items)
-            site, meta, c, resid, max_p, ent, tol, rms_q, rms_k = items[0]
-            d_k, d_model, h = meta["d_k"], meta["d_model"], meta["heads"]
-            tail = f" (+{len(items) - 1} more attention modules)" if len(items) > 1 else ""
-            used = scale_used(label, c, d_k, d_model, h, meta.get("split_modules", False))
-            if label == "no 1/sqrt(d_k)":     # the unscaled message as README and the samples show it
-                msg = (f"{site}: scale {c:.3f}, expected 1/sqrt({d_k})={1 / math.sqrt(d_k):.3f} "
-                       f"({label}){tail}")
-            else:                             # the constant used and the one expected, in the user's numbers
-                own = ("1/sqrt(head_size), each module's own width" if used.get("split")
-                       else "1/sqrt(d_k), one head's width")
-                msg = (f"{site}: scale {c:.3f} = {used['form_text']}: {used['text']}; expected "
-                       f"1/sqrt({d_k}) = {1 / math.sqrt(d_k):.3f}: {own} = {d_model} / {h} heads = "
-                       f"{d_k}{tail}")
-            evidence = {
-                "fitted_scale": c, "expected_scale": 1 / math.sqrt(d_k), "scale_x_sqrt_dk": c * math.sqrt(d_k),
-                "d_k": d_k, "d_model": d_model, "heads": h, "fit": meta["source"], "fit_residual": resid,
-                "mean_max_prob": max_p, "normalised_entropy": ent, "rms_q": rms_q, "rms_k": rms_k,
-                "modules": {s: round(cc * math.sqrt(m["d_k"]), 6) for s, m, cc, *_ in items},
-                "qk_rms_ratio": {it[0]: round(_ratio(it[7], it[8]), 6) for it in items},
-                "diagnosis": label, "scale_used": {k: v for k, v in used.items() if "text" not in k},
-                "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}",
-                "qk_traced_by": meta.get("qk_match", "values")}
-            if severity == "warning":
-                msg += ("; q and k are one tensor here, so the weights cannot show whether the "
-                        "scale was meant to be folded into W_Q (as T5 does)")
-            if severity == "info":
-                msg += (f"; by design: q is {rms_k / rms_q:.3g}x smaller than k (sqrt(d_k) = "
-                        f"{math.sqrt(d_k):.3g}), so the weights carry the 1/sqrt(d_k), as T5's "
-                        f"initialisation does")
-                fix = by_design_fix(d_k)
-            else:
-                what = ("math.sqrt(head_size) (k.shape[-1], each head module's own width), not "
-                        "math.sqrt(C), the embedding width," if used.get("split") else
-                        "math.sqrt(d_k), the per-head width, not math.sqrt(d_model)"
-                        if label == "1/sqrt(d_model)" else "math.sqrt(d_k)")
-                fix = (f"Divide the scores q @ k.transpose(-2, -1) by {what} after the head split, "
-                       f"before the mask and the softmax: here d_k = {d_model} / {h} heads = {d_k}, "
-                       f"so divide by {math.sqrt(d_k):.4g} (or pass scale=None to "
-                       f"F.scaled_dot_product_attention).")
-                if label == "no 1/sqrt(d_k)":
-                    fix += your_line(meta.get("line"), d_k)
-            code = {"info": "folded-into-weights", "warning": "shared-qk-unverifiable"}.get(
-                severity, {"no 1/sqrt(d_k)": "absent", "1/sqrt(d_model)": "by-d-model"}.get(
-                    label, "wrong-constant"))
-            self.report(severity, msg, where=site, step=step, layer=meta["layer"], fix=fix,
-                        evidence=evidence, code=code, source=meta.get("line"))
+            self._report_group(label, severity, items, step)
+
+    def _report_group(self, label: str, severity: str, items: list, step: int) -> None:
+        """One finding for the modules of one (diagnosis, severity): the first named, the others
+        counted; the message and the fix in the user's numbers."""
+        self._reported.update(it[0] for it in items)
+        site, meta, c, resid, max_p, ent, tol, rms_q, rms_k = items[0]
+        d_k, d_model, h = meta["d_k"], meta["d_model"], meta["heads"]
+        tail = f" (+{len(items) - 1} more attention modules)" if len(items) > 1 else ""
+        used = scale_used(label, c, d_k, d_model, h, meta.get("split_modules", False))
+        if label == "no 1/sqrt(d_k)":     # the unscaled message as README and the samples show it
+            msg = (f"{site}: scale {c:.3f}, expected 1/sqrt({d_k})={1 / math.sqrt(d_k):.3f} "
+                   f"({label}){tail}")
+        else:                             # the constant used and the one expected, in the user's numbers
+            own = ("1/sqrt(head_size), each module's own width" if used.get("split")
+                   else "1/sqrt(d_k), one head's width")
+            msg = (f"{site}: scale {c:.3f} = {used['form_text']}: {used['text']}; expected "
+                   f"1/sqrt({d_k}) = {1 / math.sqrt(d_k):.3f}: {own} = {d_model} / {h} heads = "
+                   f"{d_k}{tail}")
+        evidence = {
+            "fitted_scale": c, "expected_scale": 1 / math.sqrt(d_k), "scale_x_sqrt_dk": c * math.sqrt(d_k),
+            "d_k": d_k, "d_model": d_model, "heads": h, "fit": meta["source"], "fit_residual": resid,
+            "mean_max_prob": max_p, "normalised_entropy": ent, "rms_q": rms_q, "rms_k": rms_k,
+            "modules": {s: round(cc * math.sqrt(m["d_k"]), 6) for s, m, cc, *_ in items},
+            "qk_rms_ratio": {it[0]: round(_ratio(it[7], it[8]), 6) for it in items},
+            "diagnosis": label, "scale_used": {k: v for k, v in used.items() if "text" not in k},
+            "threshold": f"|scale*sqrt(d_k) - 1| > {tol:g}",
+            "qk_traced_by": meta.get("qk_match", "values")}
+        if severity == "warning":
+            msg += ("; q and k are one tensor here, so the weights cannot show whether the "
+                    "scale was meant to be folded into W_Q (as T5 does)")
+        if severity == "info":
+            msg += (f"; by design: q is {rms_k / rms_q:.3g}x smaller than k (sqrt(d_k) = "
+                    f"{math.sqrt(d_k):.3g}), so the weights carry the 1/sqrt(d_k), as T5's "
+                    f"initialisation does")
+            fix = by_design_fix(d_k)
+        else:
+            what = ("math.sqrt(head_size) (k.shape[-1], each head module's own width), not "
+                    "math.sqrt(C), the embedding width," if used.get("split") else
+                    "math.sqrt(d_k), the per-head width, not math.sqrt(d_model)"
+                    if label == "1/sqrt(d_model)" else "math.sqrt(d_k)")
+            fix = (f"Divide the scores q @ k.transpose(-2, -1) by {what} after the head split, "
+                   f"before the mask and the softmax: here d_k = {d_model} / {h} heads = {d_k}, "
+                   f"so divide by {math.sqrt(d_k):.4g} (or pass scale=None to "
+                   f"F.scaled_dot_product_attention).")
+            if label == "no 1/sqrt(d_k)":
+                fix += your_line(meta.get("line"), d_k)
+        code = {"info": "folded-into-weights", "warning": "shared-qk-unverifiable"}.get(
+            severity, {"no 1/sqrt(d_k)": "absent", "1/sqrt(d_model)": "by-d-model"}.get(
+                label, "wrong-constant"))
+        self.report(severity, msg, where=site, step=step, layer=meta["layer"], fix=fix,
+                    evidence=evidence, code=code, source=meta.get("line"))
 
 
 def scale_used(label: str, c: float, d_k: int, d_model: int, heads: int, split: bool) -> dict:
@@ -396,7 +320,7 @@ def by_design_fix(d_k: int) -> str:
 FOLD_BAND = math.sqrt(2)   # rms(q)/rms(k) within a factor sqrt(2) of 1/sqrt(d_k) (or its inverse)
 
 
-def _folded_into_weights(rms_q: float, rms_k: float, d_k: int) -> bool:
+def folded_into_weights(rms_q: float, rms_k: float, d_k: int) -> bool:
     """Unscaled scores whose q (or k) is sqrt(d_k) smaller than the other: the weights carry the
     scale (T5 initialises W_Q with std (d_model d_k)^-1/2 and W_K with d_model^-1/2), so the
     scores have the variance the scale would give. A model that merely lacks the scale has q and
