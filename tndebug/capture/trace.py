@@ -26,6 +26,9 @@ ATTN_FIELDS = ("q", "k", "v", "scores", "masked_scores", "probs", "z", "out")
 READS = frozenset({f"attn.{f}" for f in ATTN_FIELDS} |
                   {"stream", "embed", "ffn.hidden", "logits", "grad.stream", "all"})
 KINDS = ("enc_self", "dec_self", "cross")
+# each kind in words, as findings name an attention by its kind (mask-broadcast's `where`)
+KIND_WORDS = {"enc_self": "encoder (self-attention)", "dec_self": "decoder (self-attention)",
+              "cross": "decoder (cross-attention)"}
 
 
 class StopForward(BaseException):

@@ -11,9 +11,6 @@ import torch
 from tndebug.subject import Subject
 from tndebug.capture.trace import AttentionRecord, Trace
 
-KIND_WORDS = {"enc_self": "encoder (self-attention)", "dec_self": "decoder (self-attention)",
-              "cross": "decoder (cross-attention)"}
-
 
 def masked_entries(rec: AttentionRecord) -> torch.Tensor | None:
     """Where the mask changed a score: masked_scores != scores, NaN-safe.  # [B, h, T, S]"""

@@ -8,8 +8,9 @@ from tndebug.probes._tolerance import tol
 from tndebug.probes._mask_tests import (FIT_TOL, INPUTS, KINDS, MASS_TOL, NOTE, REL_TOL, SUM_TOL,
                                         Check, Module, likely_cause, behaviour, compare, probs_check)
 from tndebug.probes.raised import ModelRaised, call as _call, raised_in as _raised_in
-from tndebug.probes._attn_stats import KIND_WORDS, head_split_fits, probe_batch
+from tndebug.probes._attn_stats import head_split_fits, probe_batch
 from tndebug.capture.source import pick, same_line, with_also
+from tndebug.capture.trace import KIND_WORDS
 from tndebug.capture.origins import random_op_line
 from tndebug.probes import _bidirectional
 from tndebug.probes._embed_moves import embedding_moves

@@ -18,11 +18,10 @@ import torch
 from matplotlib.figure import Figure
 
 from tndebug.findings import Finding
-from tndebug.probes._attn_stats import KIND_WORDS as _KIND_WORDS
 from tndebug.reporters import figures_common as C
 from tndebug.reporters.figures_common import DPI, KIND_SHORT, KIND_TITLE, Plot, annotate_cells, add_colorbar
 from tndebug.reporters.recorder import Recorder, TraceSnapshot
-from tndebug.capture.trace import KINDS
+from tndebug.capture.trace import KIND_WORDS as _KIND_WORDS, KINDS
 
 KIND_WORDS = {words: kind for kind, words in _KIND_WORDS.items()}   # mask-broadcast's kind names
 FORBIDDEN = {"enc_self": "pad keys", "dec_self": "future and pad keys", "cross": "source pad keys"}
