@@ -15,6 +15,7 @@ import json
 from dataclasses import fields
 
 from tndebug.findings import Finding, jsonable
+from tndebug import tags
 
 FIRST = ("probe", "code", "severity", "where", "step", "layer", "head", "rank")
 INTS = ("step", "layer", "head", "rank")          # nullable integers: pandas' Int64
@@ -45,7 +46,6 @@ def findings_frame(report):
 def metric_columns() -> list[str]:
     """step, tag, family, stack, then every other part of the tag families in their order
     (tags.FAMILIES: kind, layer, head, stat, module, site, name), value."""
-    from tndebug import tags
     parts = dict.fromkeys(p for fam in tags.FAMILIES for p in fam.parts)
     parts.pop("stack", None)
     return ["step", "tag", "family", "stack", *parts, "value"]
@@ -60,7 +60,6 @@ def metrics_frame(report):
     `stack` is the family's own or its attention kind's (enc_self: encoder; dec_self, cross:
     decoder); `stat` the family's, else the tag's last part (grad/.../norm: norm)."""
     import pandas as pd
-    from tndebug import tags
     columns = metric_columns()
     numbered = {p for fam in tags.FAMILIES for p, rx in fam.parts.items() if rx == tags.NUMBER}
     data: dict[str, list] = {c: [] for c in columns}

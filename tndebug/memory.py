@@ -2,6 +2,8 @@
 large passes of a triage (issue 21: peak resident memory <= 3x the fp32 weights)."""
 from __future__ import annotations
 
+import ctypes
+
 
 def give_back_freed() -> None:
     """Return freed heap pages to the system (glibc's malloc_trim): tensors freed by Python stay
@@ -9,7 +11,6 @@ def give_back_freed() -> None:
     copy of the weights after loading, the exact tests' traces before the recorded pass's
     gradients). Changes no value; nothing where the C library has no malloc_trim."""
     try:
-        import ctypes
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
@@ -28,7 +29,6 @@ def map_large_blocks() -> None:
     setting: the CLI's commands call it, the library leaves the user's process alone. Nothing
     where the C library has no mallopt."""
     try:
-        import ctypes
         ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)
     except (OSError, AttributeError):
         pass

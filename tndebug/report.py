@@ -32,6 +32,7 @@ from typing import Any
 
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, FindingGroup, group_findings, jsonable, worst
+from tndebug.frames import findings_frame, metrics_frame
 
 SCHEMA = "tndebug.report/2"
 READS = ("tndebug.report/1", SCHEMA)   # /2 adds each finding's `code`; /1 reads with code "" 
@@ -117,14 +118,12 @@ class Report:
         """A pandas DataFrame, one row per finding: probe, code, severity, where, step, layer,
         head, rank, message, fix, then each evidence key as a column `evidence.<key>` (nested
         keys joined with dots). The same frame from report.json (`load_report`)."""
-        from tndebug.frames import findings_frame
         return findings_frame(self)
 
     def metrics_frame(self):
         """A long pandas DataFrame of every recorded scalar, one row per (tag, step): step, tag,
         family, stack, kind, layer, head, stat, module, site, name, value; the columns between
         are the tag families' parts (tndebug/tags.py), blank where a tag has none."""
-        from tndebug.frames import metrics_frame
         return metrics_frame(self)
 
     def to_dict(self) -> dict:

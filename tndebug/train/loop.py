@@ -24,6 +24,7 @@ from tndebug import judge
 from tndebug.data import as_lm, data_generator, eval_set, get_task, misshift
 from tndebug.errors import UsageError
 from tndebug.inject import make_model
+from tndebug.probes import MODULES, parse_probe_spec, probe_class
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.budget import Budget
 from tndebug.probes.engine import ProbeEngine
@@ -72,7 +73,6 @@ def build_probes(spec) -> tuple[list[Probe], dict[str, str]]:
     An unknown name raises ProbeError; a probe whose module is not installed yet is left out
     and reported as skipped.
     """
-    from tndebug.probes import MODULES, parse_probe_spec, probe_class
     if spec is None:
         return [], {}
     if isinstance(spec, (list, tuple)) and all(isinstance(p, Probe) for p in spec):
