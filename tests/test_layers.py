@@ -252,7 +252,7 @@ def _private(name: str) -> bool:
 def _private_imports(pkg: Path) -> list[str]:
     """Every private name one file of `pkg` takes from another (issue 46, private means private):
     `from M import _name`, `M._name` on an imported module M, and a private module imported from
-    outside the package that holds it (`tndebug.probes._raised` from `tndebug/library/`; from
+    outside the package that holds it (`tndebug.probes._tolerance` from `tndebug/library/`; from
     inside its own package it is the package's, as `probes/_depth_stats.py` is probes'). Every
     import counts, the function-local ones too. -> ["tndebug/x.py:LINE: tndebug.y._name"]"""
     files = {".".join(p.relative_to(pkg.parent).with_suffix("").parts).removesuffix(".__init__"): p
