@@ -26,8 +26,8 @@ AUDITED = ("tndebug/probes/*.py", "tndebug/triage/*.py", "tndebug/judge/*.py", "
 # cadences of memory, display counts. Each says why it is not a threshold.
 NOT_THRESHOLDS = {
     ("tndebug/probes/_depth_stats.py", "MAX_SVD_TOKENS"): "subsample size of the null-vector test (cost)",
-    ("tndebug/probes/_depth_stats.py", "GRAD_ROWS"): "rows of the setup gradient pass (memory)",
-    ("tndebug/probes/_depth_stats.py", "BLOCK_TOKENS"): "tokens per forward of the wide batch (memory)",
+    ("tndebug/probes/_depth_setup.py", "GRAD_ROWS"): "rows of the setup gradient pass (memory)",
+    ("tndebug/probes/_depth_setup.py", "BLOCK_TOKENS"): "tokens per forward of the wide batch (memory)",
     ("tndebug/triage/hygiene.py", "FINITE_BLOCK"): "elements per isfinite call (memory)",
     ("tndebug/hf/shift.py", "LOGIT_BYTES"): "logit bytes per forward of label-shift's pass (memory)",
     ("tndebug/probes/_depth_stats.py", "THREADED_WIDTH"): "width from which LAPACK keeps torch's threads (cost)",

@@ -381,7 +381,7 @@ def test_wide_setup_pass_stops_before_the_head_and_records_the_same_stream():
     """A model wider than 64 gets a wide pass for the null-vector test: it stops as the output
     head (lm_head, found from the gradient pass's module order) is called, so its logits are
     never computed, and the stream points are those of the whole forward, value for value."""
-    from tndebug.probes import _depth_stats as ds
+    from tndebug.probes import _depth_setup as ds
     s = _gpt_subject(96)
     run = RunContext(subject=s)
     trace = ds.setup_trace(run)
@@ -401,7 +401,7 @@ def test_wide_setup_pass_stops_before_the_head_and_records_the_same_stream():
 
 def test_no_head_module_means_no_stop():
     """A head written as x @ E.T in forward (no module gives the logits): no stop point."""
-    from tndebug.probes import _depth_stats as ds
+    from tndebug.probes import _depth_setup as ds
     def head_in_forward(model):
         weight = model.lm_head.weight
         del model.lm_head

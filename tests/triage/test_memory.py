@@ -12,7 +12,7 @@ from tndebug.capture.trace import Trace
 from tndebug.config import ModelConfig
 from tndebug.driver import norms_as_freed
 from tndebug.model.transformer import build as build_model
-from tndebug.probes import _depth_stats as DS
+from tndebug.probes import _depth_setup as DS
 from tndebug.subject import tndebug_subject
 from tndebug.hf.load import _RowsLinear, sliced_output
 from tndebug.triage.hygiene import FINITE_BLOCK, all_finite
@@ -84,9 +84,9 @@ def test_wide_batch_in_blocks_is_the_whole_batch(monkeypatch):
     model = build_model(ModelConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0)).eval()
     subject = tndebug_subject(model)
     batch = subject.random_batch(10, 6, 6, pad_share=0.3)
-    whole = DS._in_blocks(subject, batch, ("grad.stream",), None)
+    whole = DS.in_blocks(subject, batch, ("grad.stream",), None)
     monkeypatch.setattr(DS, "BLOCK_TOKENS", 36)                  # 3 sequences a block
-    blocks = DS._in_blocks(subject, batch, ("grad.stream",), None)
+    blocks = DS.in_blocks(subject, batch, ("grad.stream",), None)
     assert whole.streams and [s.name for s in whole.streams] == [s.name for s in blocks.streams]
     for a, b in zip(whole.streams, blocks.streams):
         assert a.x.shape == b.x.shape and a.x.shape[0] == 10

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from tndebug.faults import FAULT_NOTES
-from tndebug.probes import _depth_stats as ds
+from tndebug.probes import _depth_setup, _depth_stats as ds
 from tndebug.probes import _norm_gain
 from tndebug.probes.base import Probe, RunContext, StepInfo, grad_norms_of
 from tndebug.probes.ln_placement_residual import ResidualTests
@@ -83,7 +83,7 @@ class LnPlacement(ResidualTests, WarmupTests, Probe):
     def setup(self, run: RunContext) -> None:
         self.run_context = run
         self._collapsed_norms(run.subject)
-        trace = ds.setup_trace_or_skip(self, run)
+        trace = _depth_setup.setup_trace_or_skip(self, run)
         if trace is None:
             return
         self._decide(trace, step=0, run=run)
@@ -173,7 +173,7 @@ class LnPlacement(ResidualTests, WarmupTests, Probe):
     # -- placement -------------------------------------------------------------------------
     def _decide(self, trace: Trace, step: int, run: RunContext) -> None:
         label, ev = ds.detect_placement(trace, run)
-        ev.update(self._grad_profile(ds.setup_grads(run, trace)))
+        ev.update(self._grad_profile(_depth_setup.setup_grads(run, trace)))
         self.placement, self.evidence = label, ev
         self.reads = ()           # decided: later steps need the loss and gradients only
         if label == "unknown":

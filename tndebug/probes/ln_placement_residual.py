@@ -17,6 +17,7 @@ import torch
 
 from tndebug.capture.source import call_site
 from tndebug.probes import _depth_stats as ds
+from tndebug.probes._depth_setup import probe_batch
 from tndebug.probes import _skip_path
 from tndebug.probes._residual import NORM_TOL, normalised_residuals, residual_carries
 from tndebug.probes.base import RunContext
@@ -29,7 +30,7 @@ class ResidualTests:
     def residual_input(self, run: RunContext, step: int, inline: bool = False) -> None:
         """Pre-LN sublayers whose residual carries norm(x) instead of x (`_residual`)."""
         subject = run.subject
-        src, tgt = ds.probe_batch(subject)
+        src, tgt = probe_batch(subject)
         try:
             with subject.evaluating():
                 trace = subject.trace(src, tgt, reads=("stream", "attn.out", "attn.probs"))
@@ -91,7 +92,7 @@ class ResidualTests:
         subject = run.subject
         points = {ds.module_path(sp.name): sp for sp in ds.block_points(trace)}
         # 4 sequences: the test is exact, and each weight module's output is kept for the held run
-        src, tgt = (x if x is None else x[:4] for x in ds.probe_batch(subject))
+        src, tgt = (x if x is None else x[:4] for x in probe_batch(subject))
 
         def skips(sites=None):
             def forward():

@@ -36,7 +36,7 @@ import torch
 
 from tndebug.findings import severity_rank
 from tndebug.faults import FAULT_NOTES
-from tndebug.probes import _depth_stats as ds
+from tndebug.probes import _depth_setup, _depth_stats as ds
 from tndebug import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.schedule import log_spaced
@@ -101,7 +101,7 @@ class VarianceDrift(Probe):
 
     # -- moments ---------------------------------------------------------------------------
     def setup(self, run: RunContext) -> None:
-        trace = ds.setup_trace_or_skip(self, run)
+        trace = _depth_setup.setup_trace_or_skip(self, run)
         if trace is None:
             return
         self._detect_placement(trace, run)
@@ -109,7 +109,7 @@ class VarianceDrift(Probe):
         if "logits_r" not in stats and trace.logits is None:
             # the wide pass stopped before the output head: the logits' r from the gradient
             # pass (the first probe batch, same draw), over its own tokens
-            grads = ds.setup_grads(run, trace)
+            grads = _depth_setup.setup_grads(run, trace)
             if grads.logits is not None and grads.logits.dim() == 3:
                 keep = ds.token_keep(grads, "decoder", grads.logits)
                 stats["logits_r"] = ds.depth_profile([grads.logits], keep)[0, 0]
