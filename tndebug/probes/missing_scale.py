@@ -14,7 +14,7 @@ from tndebug import tags
 from tndebug.probes.base import Probe, RunContext, StepInfo
 from tndebug.probes.missing_scale_fit import fit_from_sums, fit_sums
 from tndebug.probes.schedule import at, every
-from tndebug.capture.source import pick
+from tndebug.capture.source import pick, shown_path
 from tndebug.capture.trace import Trace
 
 # TOL, FIT_RESIDUAL: float precision, no run (8a62a05): the bugs miss by >= 41%.
@@ -275,7 +275,6 @@ def your_line(src: dict | None, d_k: int) -> str:
     or an SDPA call given a scale; "" otherwise."""
     if not src or src.get("package") or src.get("def") or not src.get("code"):
         return ""
-    from tndebug.capture.source import shown_path
     code = without_comment(src["code"])
     at = f"{shown_path(src['file'])}:{src['line']}"
     if "scaled_dot_product_attention" in code and "scale=" in code:
