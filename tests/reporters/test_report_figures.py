@@ -70,6 +70,22 @@ def test_depth_shows_one_step_in_both_panels(monkeypatch, tmp_path):
     assert "both panels show the same steps" in p.caption
 
 
+def test_log_axes_label_in_plain_text_not_mathtext(monkeypatch, tmp_path):
+    """Mathtext labels (`$\\mathdefault{10^{-1}}$`) were parsed anew in every figure: a third of
+    depth.png's drawing. The same ticks are labelled, with superscript digits."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    figs = capture(monkeypatch)
+    plots.figure_depth(recorded(), tmp_path)
+    _, right = figs[-1].axes
+    assert right.get_yscale() == "log"
+    FigureCanvasAgg(figs[-1]).draw()
+    labels = [t.get_text() for t in right.get_yticklabels(which="both") if t.get_text()]
+    assert "10\u207b\u00b9" in labels and not any("$" in t for t in labels), labels
+    fmt = figures_common.PlainLogFormatter(10.0, labelOnlyBase=False)
+    assert [fmt(x) for x in (3e-2, 1.0, 2e5, -1e-3)] == ["3\u00d710\u207b\u00b2", "10\u2070", "2\u00d710\u2075",
+                                                      "\u221210\u207b\u00b3"]
+
+
 def test_diverged_run_plots_what_is_finite_and_says_so(monkeypatch, tmp_path):
     figs = capture(monkeypatch)
     rec = recorded(bad_from=20)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatterSciNotation
 
 from tndebug.reporters.recorder import TraceSnapshot
 
@@ -104,6 +105,33 @@ def add_colorbar(fig: Figure, im, label: str, **adjust) -> None:
     top, bottom = adjust.get("top", 0.88), adjust.get("bottom", 0.12)
     cax = fig.add_axes((right + 0.25 / w, bottom, 0.15 / w, top - bottom))
     fig.colorbar(im, cax=cax, label=label)
+
+
+SUPERSCRIPT = str.maketrans("0123456789-", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b")
+
+
+class PlainLogFormatter(LogFormatterSciNotation):
+    """matplotlib's log-axis labels (`3×10⁻²`, the same ticks labelled), as plain text with
+    superscript digits, not mathtext: each mathtext label is parsed anew for every figure
+    (the parse cache is the renderer's), a third of depth.png's drawing time."""
+
+    def __call__(self, x, pos=None):
+        s = super().__call__(x, pos)
+        if not s.startswith("$\\mathdefault{"):
+            return s
+        s = s.removeprefix("$\\mathdefault{").removesuffix("}$").replace("\\times", "\u00d7")
+        head, _, exp = s.partition("^{")
+        return head.replace("-", "\u2212") + exp.removesuffix("}").translate(SUPERSCRIPT)
+
+
+def log_scale(ax, axis: str = "y") -> None:
+    """A log axis (base 10) whose labels are plain text (PlainLogFormatter)."""
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    which = ax.yaxis if axis == "y" else ax.xaxis
+    for fmt, setter in ((which.get_major_formatter(), which.set_major_formatter),
+                        (which.get_minor_formatter(), which.set_minor_formatter)):
+        setter(PlainLogFormatter(10.0, labelOnlyBase=fmt.labelOnlyBase,
+                                 minor_thresholds=fmt.minor_thresholds))
 
 
 def block_grid(blocks: list[list[np.ndarray]], gap: int = 1) -> np.ndarray:

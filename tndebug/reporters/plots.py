@@ -142,7 +142,7 @@ def figure_entropy(rec: Recorder, fig_dir: Path) -> Plot | None:
             ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes,
                     fontsize=8, color="gray", wrap=True)
         at = "" if one else ("(no finite data)" if step is None else f"(step {step})")
-        ax.set_title(f"{KIND_SHORT[kind]}\n{at}".rstrip(), fontsize=9)
+        ax.set_title(f"{KIND_SHORT[kind]}\n{at}".rstrip(), fontsize=9, y=1.0)
     notes = sorted({m[3] for m in got.values() if m[3] and np.isfinite(m[0]).any()})
     fig.suptitle("Attention entropy per layer and head" + (f", step {steps.pop()}" if one else "")
                  + (f"\n{'; '.join(notes)}" if notes else ""), fontsize=10)
@@ -301,7 +301,7 @@ def figure_depth(rec: Recorder, fig_dir: Path) -> Plot | None:
         ax.set_xlabel("layer")
         ax.set_ylabel(label, fontsize=8 if len(label) > 24 else 10)
         if log and values and all(v > 0 for v in values):
-            ax.set_yscale("log")
+            C.log_scale(ax, "y")
         elif values and all(math.isfinite(v) for v in values):
             ax.ticklabel_format(axis="y", useOffset=False)
             ax.set_ylim(bottom=min(0.0, min(values)), top=max(values) * 1.1 or 1.0)   # from 0
@@ -309,8 +309,8 @@ def figure_depth(rec: Recorder, fig_dir: Path) -> Plot | None:
         ax.grid(alpha=0.3)
         if values:
             ax.legend(fontsize=7)
-    ax1.set_title("Residual stream RMS by depth", fontsize=10)
-    ax2.set_title("Gradient norm by depth", fontsize=10)
+    ax1.set_title("Residual stream RMS by depth", fontsize=10, y=1.0)
+    ax2.set_title("Gradient norm by depth", fontsize=10, y=1.0)
     steps = (f"step {shown[0]} (dotted) and step {shown[-1]} (solid)" if len(shown) > 1 else
              f"step {shown[0]}" if shown else "")
     fig.suptitle(f"From {source}" + (f", {steps}" if steps else "") + (f"; {note}" if note else ""),

@@ -56,7 +56,7 @@ def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
                               if last_finite is None else
                               f"{len(series) - len(pts)} non-finite values left out")
         if label != "evaluation" and finite and min(finite) > 0 and max(finite) / min(finite) > 30:
-            ax.set_yscale("log")
+            C.log_scale(ax, "y")
         else:
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))   # short tick labels
         ax.set_xlim(lo - 0.5 - 0.02 * (hi - lo), hi + 0.5 + 0.02 * (hi - lo))
@@ -80,7 +80,10 @@ def figure_curves(rec: Recorder, report: Report, fig_dir: Path) -> Plot | None:
         title = label.capitalize()
         if label == "loss" and finals:
             title += "\n" + ", ".join(f"{t.removeprefix('eval/')} {v:.4g}" for t, v in finals.items())
-        ax.set_title(title, fontsize=10 if "\n" not in title else 8)
+        # y=1.0: the title where matplotlib puts it, without its search for an overlap (a
+        # tenth of the drawing); kept for a long title over a y offset text (`1e-3`)
+        ax.set_title(title, fontsize=10 if "\n" not in title else 8,
+                     y=1.0 if "\n" not in title or ax.get_yscale() == "log" else None)
         ax.grid(alpha=0.3)
         if finite:
             ax.legend(fontsize=7, loc="best")

@@ -91,7 +91,7 @@ def figure_mask(rec: Recorder, f: Finding, index: int, kind: str | None,
     ratio = [max(v / t, 1e-3) if math.isfinite(v) else 1e3 for v, t, _ in numbers.values()]
     ax.barh(range(len(labels)), ratio, color=["tab:red" if r > 1 else "tab:green" for r in ratio])
     ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
-    ax.set_xscale("log")
+    C.log_scale(ax, "x")
     ax.set_yticks(range(len(labels)), [_short(x) for x in labels], fontsize=7)
     ax.invert_yaxis()
     for y, (v, t, _) in enumerate(numbers.values()):
