@@ -42,7 +42,6 @@ from torch import nn
 import torch
 
 from tndebug.capture.discovery import watch_forward
-from tndebug.capture.model_parts import affine_dims  # noqa: F401 - probes/_depth_stats.py imports it here
 from tndebug.capture.model_parts import (called_stacks, ffn_outputs, numbered_blocks, stacked_blocks,
                                          token_embedding_modules)
 from tndebug.capture.origins import Origins
