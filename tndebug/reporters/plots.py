@@ -200,6 +200,7 @@ def figure_similarity(rec: Recorder, fig_dir: Path) -> Plot | None:
     for n, (ax, (kind, mats)) in enumerate(zip(axes, got.items())):
         grid = block_grid([[m for _, m in mats]])
         im = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1)
+        ax.tick_params(labelsize=7)          # before the ticks exist: not restyled one by one
         xs, labels = [], []
         for j, (layer, m) in enumerate(mats):
             x0 = j * (m.shape[1] + 1)
@@ -208,11 +209,11 @@ def figure_similarity(rec: Recorder, fig_dir: Path) -> Plot | None:
             ax.text(x0 + (m.shape[1] - 1) / 2, -0.7, f"layer {layer}", ha="center", va="bottom",
                     fontsize=8)
         if len(layouts) > 1 or n == len(got) - 1:
-            ax.set_xticks(xs, labels, fontsize=7)
+            ax.set_xticks(xs, labels)
             ax.set_xlabel("head, one block per layer", fontsize=8)
         else:
             ax.set_xticks([])
-        ax.set_yticks(range(H), [f"h{h}" for h in range(H)], fontsize=7)
+        ax.set_yticks(range(H), [f"h{h}" for h in range(H)])
         ax.set_ylabel(KIND_SHORT[kind], fontsize=8)
         if grid.size <= 400:
             annotate_cells(ax, grid, im, fmt="{:.1f}")

@@ -51,12 +51,13 @@ def figure_attention_maps(rec: Recorder, kind: str, fig_dir: Path,
     im = ax.imshow(grid, cmap=cmap, vmin=0, vmax=1, interpolation="nearest", aspect="equal")
     font = 6 if cell >= LABEL_CELL else 5
     kx = _every(cell)
+    # the ticks' look set before they exist: each tick is made so, not restyled after
+    ax.tick_params(length=0, pad=1, labelsize=font)
+    ax.tick_params(axis="x", labelrotation=90)
     ax.set_xticks([h * (S + 1) + j for h in range(H) for j in range(0, S, kx)],
-                  [k_labels[j] for _ in range(H) for j in range(0, S, kx)], fontsize=font,
-                  rotation=90)
+                  [k_labels[j] for _ in range(H) for j in range(0, S, kx)])
     ax.set_yticks([i * (T + 1) + j for i in range(L) for j in range(0, T, kx)],
-                  [q_labels[j] for _ in range(L) for j in range(0, T, kx)], fontsize=font)
-    ax.tick_params(length=0, pad=1)
+                  [q_labels[j] for _ in range(L) for j in range(0, T, kx)])
     ax.spines[:].set_visible(False)
     for h in range(H):
         ax.text(h * (S + 1) + (S - 1) / 2, -0.8, f"head {h}", ha="center", va="bottom", fontsize=8)
