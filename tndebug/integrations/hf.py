@@ -13,6 +13,11 @@ declared schedule, `state.global_step` as the start step (a resumed run is check
 restarted warmup) and `max_steps` as the horizon; `on_train_end` closes it and writes the
 report. The batch and the loss come from the model's own call (`input_ids`, `labels`,
 `outputs.loss`). Gradient accumulation: the first micro-batch of each step is probed.
+Several processes: rank 0 writes the one report, the others say so on stderr (as `watch`).
+FSDP2 through the Trainer is not tested here: on CPU accelerate (1.15) ignores `fsdp=` and
+wraps the model in DDP (2 gloo processes, `fsdp=True, fsdp_config={"version": 2}`:
+distributed type MULTI_CPU, `is_fsdp_enabled` False); the Lightning callback is tested under
+FSDP2 (tests/api/test_fsdp.py).
 """
 from __future__ import annotations
 
