@@ -25,16 +25,21 @@ from torch import nn
 
 from tndebug import driver, judge
 from tndebug.capture import projection_weights
+from tndebug.capture.source import source_text
 from tndebug.errors import UsageError
 from tndebug.findings import Finding, severity_rank, SEVERITIES
 from tndebug.judge.fresh import SEED, seeded
 from tndebug.hf.wording import package_code, scale_switches
+from tndebug.hf.encoder_decoder import attention_weights
 from tndebug.one_stack import one_stack_batch
 from tndebug.probes.head_weights import duplicate_heads
+from tndebug.probes import TRIAGE_PROBES, parse_probe_spec
+from tndebug.probes.base import ProbeError
 from tndebug.probes.kv_order import kv_order, undecided as kv_undecided
 from tndebug.library import args as A
 from tndebug.library.live import live_subject, set_max_len, unwrap
 from tndebug.report import Report
+from tndebug.reporters.oneshot import writing, written
 
 N_SEQUENCES = 16            # as triage's held-out batch
 
@@ -76,7 +81,6 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         UsageError for a model it cannot call, a forward of the wrong shape, no attention found.
     """
     if out is not None:                    # claimed before any work; written once it is done
-        from tndebug.reporters.oneshot import writing, written
         with writing(out, overwrite=overwrite, where="check") as session:
             return written(session, check(model, forward, data, pad_id=pad_id, bos_id=bos_id,
                                           probes=probes, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
@@ -98,7 +102,6 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
                                data="data=" if data is not None else "random ids")
     undecided = kv_undecided(kv_evidence)  # applied to trained weights, decided nothing: no pass
     if info["hf"]:
-        from tndebug.hf.encoder_decoder import attention_weights
         heads = duplicate_heads(attention_weights(model))
     else:
         heads = duplicate_heads(projection_weights(model))
@@ -167,9 +170,6 @@ def hf_context(context: judge.Context, model, forward, subject, batch=None,
 def _names(spec) -> list[str]:
     """`probes=` -> names: None or "all" are the probes one forward and backward can judge;
     an empty selection, and a probe that needs a training run, are refused."""
-    from tndebug.probes import parse_probe_spec
-    from tndebug.probes.base import ProbeError
-    from tndebug.probes import TRIAGE_PROBES
     if spec is None:
         return list(TRIAGE_PROBES)
     spec = A.probe_spec(spec, "check")
@@ -280,7 +280,6 @@ def format_findings(findings: list[Finding], header: str = "") -> str:
         step = f" at step {f.step}" if f.step is not None else ""
         lines.append(f"  {f.severity.upper():7} {f.probe} in {where}{step}: {f.message}")
         if f.source:                   # the line of the user's code that made the evidence
-            from tndebug.capture.source import source_text
             lines.append(f"          source: {source_text(f.source)}")
         if f.evidence:
             ev = ", ".join(f"{k}={_short(v)}" for k, v in list(f.evidence.items())[:8])

@@ -15,9 +15,11 @@ by behaviour (`GenericCapture.discover`) and the module whose output is the logi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import numbers
 from typing import Callable
 
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from tndebug.errors import UsageError
 from tndebug.findings import user_path
@@ -26,7 +28,12 @@ from tndebug.capture.adapters import ARCHS, Adapter, adapter_kind, as_logits, fl
     resolve_adapter
 from tndebug.capture import GenericCapture
 from tndebug.capture.subjects import vocab_rule
+from tndebug.capture.user_model import refuse_meta
+from tndebug.hf.decoder_only import choose_lm_ids, make_lm_adapter
+from tndebug.hf.encoder_decoder import choose_ids, make_adapter
+from tndebug.hf.encoder_only import make_mlm_adapter
 from tndebug.library.first_call import first_batch, first_call, vocab_sizes
+from tndebug.model import DecoderOnly
 from tndebug.subject import MIN_PROBE_LEN, Subject
 
 
@@ -50,7 +57,6 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def _token_id(value, name: str) -> int:
     """`pad_id=` / `bos_id=`: an integer >= 0 (numpy's integers too)."""
-    import numbers
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise UsageError(f"{name}={value!r}: expected an integer token id")
     if value < 0:
@@ -94,7 +100,6 @@ def live_subject(model: nn.Module, forward: Callable | None = None, *, pad_id: i
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
             raise UsageError(f"{name}={v!r}: expected the vocabulary size, an int >= 2 (or None: "
                              f"read from the model's embeddings)")
-    from tndebug.capture.user_model import refuse_meta
     refuse_meta(model)                   # before any call: torch's kernel text says nothing
     padded = pad_id is not None          # None: the data hold no padding (character-level text)
     c = _how_to_call(model, forward, arch, _Call("seq2seq", None, pad_id, bos_id, src_vocab,
@@ -146,8 +151,6 @@ def _how_to_call(model: nn.Module, forward: Callable | None, arch: str | None, c
     one_stack = None if forward is not None else (
         "decoder" if is_hf_causal(model) else "encoder" if is_hf_masked_lm(model) else None)
     if one_stack is not None:                     # a Hugging Face decoder-only model or masked LM
-        from tndebug.hf.decoder_only import choose_lm_ids, make_lm_adapter
-        from tndebug.hf.encoder_only import make_mlm_adapter
         ids = choose_lm_ids(model.config, model.get_input_embeddings().num_embeddings)
         if one_stack == "decoder":
             c.lm_forward, c.incremental = make_lm_adapter()
@@ -163,7 +166,6 @@ def _how_to_call(model: nn.Module, forward: Callable | None, arch: str | None, c
         c.kind, c.adapter = "decoder", Adapter("tndebug", _ignoring_src(c.lm_forward))
         return c
     if forward is None and is_hf_seq2seq(model):
-        from tndebug.hf.encoder_decoder import choose_ids, make_adapter
         in_v = model.get_input_embeddings().num_embeddings
         out_emb = model.get_output_embeddings()
         out_v = getattr(out_emb, "out_features", None) or getattr(out_emb, "num_embeddings", None) or in_v
@@ -268,7 +270,6 @@ def _ignoring_tgt(mlm_forward: Callable) -> Callable:
 
 
 def _is_tndebug_decoder(model: nn.Module) -> bool:
-    from tndebug.model import DecoderOnly
     return isinstance(model, DecoderOnly)
 
 
@@ -300,7 +301,6 @@ def declared_schedule(spec):
     Returns (schedule or None, note or None)."""
     if spec is None:
         return None, None
-    from torch.optim.lr_scheduler import LambdaLR, LRScheduler
     if isinstance(spec, LambdaLR):
         base, fn = spec.base_lrs[0], spec.lr_lambdas[0]
         return (lambda step: base * fn(step)), None
