@@ -178,3 +178,87 @@ def test_the_attention_residual_points_at_the_blocks_line_that_lost_it(tmp_path)
     torch.manual_seed(0)
     (f,) = missing(tndebug.check(mod.build(), mod.forward, probes="ln-placement", arch="decoder"))
     assert f.source["code"] == "x = self.attn(self.ln_1(x), pad)" and not f.source.get("def")
+
+
+SUBLAYERS = """\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SublayerConnection(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x, sublayer):
+        return x + self.dropout(sublayer(self.norm(x)))
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.h = heads
+        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.h, C // self.h).permute(2, 0, 3, 1, 4)
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(z.transpose(1, 2).reshape(B, T, C))
+
+
+class Layer(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.attn = Attention(d, heads)
+        self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.res = nn.ModuleList(SublayerConnection(d) for _ in range(2))
+
+    def forward(self, x):
+        x = self.res[0](x, lambda y: self.attn(y))
+        return self.res[1](x, self.ff)
+
+
+class LM(nn.Module):
+    def __init__(self, vocab=40, d=32, heads=4, layers=2, max_len=64):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(max_len, d)
+        self.layers = nn.ModuleList(Layer(d, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.ln(x))
+
+
+def build():
+    return LM()
+
+
+def forward(model, ids, pad_id):
+    return model(ids)
+"""
+
+
+def test_a_residual_lost_in_a_sublayer_connection_is_placed_in_its_forward(tmp_path):
+    """The Annotated Transformer's SublayerConnection written `x = f(norm(x)); return x + x`
+    (kyegomez/BitNet#32): the residual is lost in that class's forward, not on the layer's line
+    that passes it the attention (`x = self.res[0](x, lambda y: self.attn(y))`, where a search
+    of the layer's source for the attention's call pointed before)."""
+    text = SUBLAYERS.replace("        return x + self.dropout(sublayer(self.norm(x)))",
+                             "        x = self.dropout(sublayer(self.norm(x)))\n        return x + x")
+    path = tmp_path / "sublayers_doubled.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    (f,) = missing(tndebug.check(mod.build(), mod.forward, probes="ln-placement", arch="decoder",
+                                 pad_id=None))
+    assert f.evidence["parts_without_residual"] == ["layers.0.attn", "ffn"]   # one class: both
+    assert (f.source["function"], f.source["code"]) == (
+        "SublayerConnection.forward", "x = self.dropout(sublayer(self.norm(x)))"), f.source

@@ -139,9 +139,11 @@ class ResidualTests:
                 f"{stack or 'model'} block{'s' if len(bad) > 1 else ''}: "
                 f"{', '.join(blocks[:3])}{' ...' if len(blocks) > 3 else ''})",
                 where=part or r.where, step=step,
-                # the block's line that calls the sublayer (`x = self.attn(self.ln_1(x))`); the
-                # FFN's loss is placed at the line that made the block's output (the engine)
-                source=call_site(subject.model, part) if part else None,
+                # where the user's code takes the attention's output in the test's own forward
+                # (`x = self.attn(self.ln_1(x))`, a sublayer connection's forward: BlockSkip.lines),
+                # else the block's line that calls it; the FFN's loss is placed at the line that
+                # made the block's output (the engine)
+                source=(r.lines.get(part) or call_site(subject.model, part)) if part else None,
                 layer=sp.layer if sp is not None else None,
                 evidence={"blocks": blocks, "skip_share": r.share,
                           "share_nothing_held": round(r.moves, 4), "weights_held": r.held,
