@@ -157,3 +157,21 @@ def test_a_healthy_encoder_says_where_its_positions_enter(tmp_path, style):
     where = report.probes["positional-encoding"]["coverage"][""]["reason"]
     absolute = style in ("enc_einsum_learned", "enc_sin_heads")
     assert where.startswith("encoder positions:") and ("embeddings" in where) == absolute, where
+
+
+@pytest.mark.parametrize("style, bug", [("enc_einsum_learned", "pos_unused"), ("enc_sin_heads", "pe_unused"),
+                                        ("enc_t5_relbias", "bias_unapplied"), ("alibi", "alibi_unapplied"),
+                                        ("rope_half", "rope_unapplied")])
+def test_positions_never_applied_points_where_they_belong(tmp_path, style, bug):
+    """Issue 48: an absolute table never added is placed at the line that made what enters
+    the first block (`x = self.tok(ids)`, where `+ self.pos[:T]` was deleted); a bias never
+    added to the scores at the score product beside it; rotary never applied gets no line (the
+    rotation belongs between q's making and the score product, a line no op shows). Before,
+    none of them had a user line (a parameter or buffer is no module to place)."""
+    report, file, lines = _check(tmp_path, style, bug)
+    (f,) = [f for f in report.findings if f.code == "positional-encoding/positions-not-applied"]
+    src = f.source if f.source and not f.source.get("def") and f.source["file"] == str(file) else None
+    if style.startswith("rope"):
+        assert src is None, f.source
+    else:
+        assert src is not None and src["line"] in lines, (lines, f.source)

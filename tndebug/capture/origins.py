@@ -451,6 +451,55 @@ class TakenLines(TorchFunctionMode):
                                             _file_kind(code.co_filename))
 
 
+class _OpLines(TorchFunctionMode):
+    """id(tensor) -> (weak ref, the user's line of the op that returned it), for one run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: dict[int, tuple] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        try:
+            if isinstance(out, torch.Tensor) and not any(out is a for a in _tensors(args, kwargs)):
+                frame = _user_frame(sys._getframe(1))
+                if frame is not None:
+                    code = frame.f_code
+                    self.made[id(out)] = (weakref.ref(out), (code.co_filename, frame.f_lineno,
+                                          getattr(code, "co_qualname", code.co_name),
+                                          _file_kind(code.co_filename)))
+        except Exception:  # noqa: BLE001 - the notes never break the forward
+            pass
+        return out
+
+
+def input_line(module, run) -> tuple[dict | None, tuple | None]:
+    """The user's line of the op that made the first tensor `module` is called with (its
+    first call) while `run()` runs, and that tensor's shape: for the first block of a stack,
+    the line that made what enters the stack (`x = self.tok(ids)`, where an absolute position
+    table is added). For a probe's own forward; the line is None when that op is not the
+    user's, both are None when `run` raised or the module was not called."""
+    mode, got = _OpLines(), {}
+
+    def pre(mod, args, kwargs):
+        if "x" not in got:
+            got["x"] = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    handle = module.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with mode:
+            run()
+    except Exception:  # noqa: BLE001 - the line is a help, the finding stands without it
+        return None, None
+    finally:
+        handle.remove()
+    x = got.get("x")
+    if x is None:
+        return None, None
+    e = mode.made.get(id(x))
+    return (_loc(e[1]) if e is not None and e[0]() is x else None), tuple(x.shape)
+
+
 _RANDOM = frozenset({"rand", "randn", "rand_like", "randn_like", "randint", "randint_like",
                      "randperm", "bernoulli", "bernoulli_", "normal", "normal_", "uniform_",
                      "multinomial", "exponential_", "geometric_", "random_"})

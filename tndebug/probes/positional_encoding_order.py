@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tndebug.capture.source import made_line
-from tndebug.probes import _pe_causal, _pe_order
+from tndebug.probes import _pe_causal, _pe_lines, _pe_order
 from tndebug.probes._misc_stats import first_reason, rel_diff
 from tndebug.subject import Subject
 
@@ -149,7 +149,8 @@ class OrderTests:
                     f"permutation-equivariant", where=tables[0], step=0, fix=NOT_APPLIED_FIX,
                     evidence={"rel_diff": rel, "threshold": tol, "compared": what,
                               "control_rel_diff": rel_ctrl, "vs_control": PERM_VS_CONTROL,
-                              "declared": tables}, code="positions-not-applied")
+                              "declared": tables}, code="positions-not-applied",
+                    source=_pe_lines.not_applied_line(subject, tables[0]))
         return True
 
     # -- 1b. decoder-only: positions applied? (_pe_causal) ---------------------------------------
@@ -205,7 +206,8 @@ class OrderTests:
             self.report("error", f"positions never applied: the model declares "
                         f"{', '.join(tables[:3])}{' (+more)' if len(tables) > 3 else ''}, but "
                         f"{what}", where=tables[0], step=0, evidence=evidence,
-                        fix=NOT_APPLIED_FIX, code="positions-not-applied")
+                        fix=NOT_APPLIED_FIX, code="positions-not-applied",
+                        source=_pe_lines.not_applied_line(subject, tables[0]))
         else:
             self.report("info", f"no position mechanism (NoPE): {what}; a causal stack can learn "
                         f"positions from its mask, a published design (Kazemnejad et al. 2023), "

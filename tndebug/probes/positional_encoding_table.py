@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from tndebug.capture.origins import table_line
 from tndebug.faults import FAULT_NOTES
 from tndebug.probes._embed_moves import embedding_moves
 from tndebug.probes._misc_stats import first_reason
@@ -98,7 +99,7 @@ class TableTests:
             same = torch.triu(dist < DUP_TOL, diagonal=1)               # pairs i < j
             dup_cols = same.any(0).nonzero().flatten()
             if len(dup_cols) == 0:
-                self._rank_test(site, rows, length)
+                self._rank_test(site, rows, length, subject.model)
                 continue
             j = int(dup_cols[0])
             i = int(same[:, j].nonzero()[0])
@@ -110,7 +111,7 @@ class TableTests:
                                   "threshold_rel_distance": DUP_TOL,
                                   "refused_length": refused[0] if refused else None}, code="pe-rows-reused")
 
-    def _rank_test(self, site: str, rows: torch.Tensor, length: int) -> None:
+    def _rank_test(self, site: str, rows: torch.Tensor, length: int, model=None) -> None:
         """The position part of the embedding rows (one token at every position, centred over
         the positions) spans how many directions? A sinusoidal table spans min(L, d), a learned
         one as many; a table whose every pair of dimensions has the same frequency (the
@@ -135,4 +136,7 @@ class TableTests:
                     f"the same row", where=site, step=0, fix=PE_RANK_FIX,
                     evidence={"rank": rank, "d_model": P.shape[1], "positions": P.shape[0],
                               "threshold_rank": PE_MIN_RANK, "singular_value_tol": PE_RANK_TOL,
-                              "probe_length": length}, code="pe-one-frequency")
+                              "probe_length": length}, code="pe-one-frequency",
+                    # the table is built in __init__, outside every probed forward: found by its
+                    # values, its line read from the source (origins.table_line)
+                    source=table_line(model, rows))
