@@ -98,7 +98,11 @@ class WatchHooks:
             return None
         logits = first_tensor(output)
         tgt_in = self._batch[1] if self._batch is not None else None
-        if logits is None or tgt_in is None or logits.dim() != 3:
+        if logits is None or tgt_in is None:
+            return None
+        if logits.dim() == 2 and tgt_in.dim() == 2 and logits.shape[0] == tgt_in.numel():
+            logits = logits.view(*tgt_in.shape, logits.shape[-1])   # flattened [B*T, V]
+        if logits.dim() != 3:
             return None
         vocab = self._subject.tgt_vocab
         # a Hugging Face output's `.logits` is the logits by name: its width is the output
