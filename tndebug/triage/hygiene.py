@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tndebug.findings import Finding
+from tndebug.model.embedding import sinusoid_table
 # the paired comparison of held-out losses, shared with the kv-order test (probes/paired.py)
 from tndebug.probes.paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS,  # noqa: F401
                                    SOLVED, Z_SE, paired_gain, sequence_losses)
@@ -176,7 +177,6 @@ def config_vs_weights(config: dict, inferred: dict, key: str) -> list[Finding]:
 def stored_pe(pe: torch.Tensor | None, key: str, d_model: int) -> list[Finding]:
     if pe is None:
         return []
-    from tndebug.model.embedding import sinusoid_table
     table = pe.reshape(-1, d_model).float()                                   # [max_len, d]
     ref = sinusoid_table(table.shape[0], d_model)
     err = float((table - ref).abs().max())

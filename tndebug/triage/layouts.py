@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from tndebug.errors import UsageError
-from tndebug.model.embedding import sinusoid_table
+from tndebug.inject import make_model
+from tndebug.model.embedding import Embeddings, sinusoid_table
 
 LAYOUTS = ("tndebug", "annotated", "torch")
 
@@ -342,8 +343,6 @@ def build_model(conv: Conversion, cfg):
     Built on the meta device (no initialisation) and given the checkpoint's tensors themselves
     (`assign=True`: no copy), so trying several head counts costs neither time nor memory.
     """
-    from tndebug.inject import make_model
-    from tndebug.model.embedding import Embeddings
 
     with torch.device("meta"):
         model = make_model(cfg)

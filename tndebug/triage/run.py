@@ -35,6 +35,7 @@ from tndebug.probes import TRIAGE_PROBES  # noqa: F401 - tndebug.triage exports 
 from tndebug.probes.head_weights import duplicate_heads
 from tndebug.subject import tndebug_subject
 from tndebug.triage import hygiene, layouts, own_decoder
+from tndebug.triage import hf_dir as hf       # a save_pretrained directory: no user code (issue 11)
 from tndebug.capture.user_model import parse_config
 from tndebug.probes.kv_order import kv_order, undecided as kv_undecided
 from tndebug.triage.loading import Checkpoint, load_checkpoint
@@ -55,7 +56,6 @@ def triage(opts: TriageOptions, sinks=()) -> Report:
     def lap(name: str) -> None:
         timings[name] = round(time.perf_counter() - t0 - sum(timings.values()), 3)
 
-    from tndebug.triage import hf_dir as hf       # a save_pretrained directory: no user code (issue 11)
     if hf.is_hf_dir(opts.checkpoint):
         if opts.text:
             text_file(opts.text)             # a binary --text: one line before the model is built

@@ -10,7 +10,7 @@ from torch import nn
 
 from tndebug import driver
 from tndebug.capture import GenericCapture, projection_weights
-from tndebug.capture.adapters import floating_logits, resolve_adapter
+from tndebug.capture.adapters import BUILTIN, floating_logits, resolve_adapter
 from tndebug.capture.user_model import build_user_model, load_weights, parse_config
 from tndebug.capture.subjects import fed_tables, vocab_rule
 from tndebug.data import Batch, as_lm
@@ -119,7 +119,6 @@ def mlm_batch(batch, data: str | None) -> Batch:
 def _own_adapter_hint(adapter) -> str:
     """For a built-in adapter (chosen by tndebug, or named): the line to write instead, so the
     model is called the way its own code calls it."""
-    from tndebug.capture.adapters import BUILTIN
     if adapter.name not in BUILTIN:
         return ""
     how = f" ({adapter.kind_from})" if getattr(adapter, "kind_from", "") else ""

@@ -27,11 +27,13 @@ from pathlib import Path
 
 import torch
 
+from tndebug.capture.adapters import load_callable
 from tndebug.data import Batch
 from tndebug.errors import UsageError
 from tndebug.one_stack import MAX_SEQS, one_stack_batch
 from tndebug.paths import data_file
 from tndebug.padding import mid_sequence_pads, pad_text
+from tndebug.subject import NO_PAD
 
 
 
@@ -66,7 +68,6 @@ def pad_ids(pad_id: int | None) -> tuple[int, int]:
     """--pad-id -> (the id the exact tests pad their own copies with, the id of the data's
     padding); `--pad-id none` (None: the data hold no padding) -> (0, NO_PAD): no id of the
     data is masked or ignored."""
-    from tndebug.subject import NO_PAD
     return (0, NO_PAD) if pad_id is None else (pad_id, pad_id)
 
 
@@ -101,7 +102,6 @@ def read_data_file(path: Path):
 
 def call_data_function(spec: str):
     """What --data FILE.py:FUNCTION returns, called with no arguments, or one UsageError line."""
-    from tndebug.capture.adapters import load_callable
     fn, _ = load_callable(spec, "--data")
     try:
         return fn()
