@@ -2,7 +2,7 @@
 
 Each `figure_*` function takes the Recorder (and the Report) and returns a `Plot` written
 under `fig_dir`, or None when the run gave it nothing to draw. `make_figures` draws them all,
-once, at the end of the run. `attention_image` colours one attention map for TensorBoard.
+once, at the end of the run.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tndebug.reporters import figures_common as C
 from tndebug.reporters.figures_common import (DPI, KIND_SHORT, STACK_COLOR, Plot, annotate_cells,
                                               add_colorbar, block_grid, notes_sentence, set_ticks,
                                               valid_rows)
-from tndebug.reporters.plots_attention import attention_image, figure_attention_maps  # noqa: F401
+from tndebug.reporters.plots_attention import figure_attention_maps
 from tndebug.reporters.plots_curves import figure_curves
 from tndebug.reporters.plots_evidence import finding_kinds, mask_figures, site_kinds
 from tndebug.reporters.recorder import Recorder, TraceSnapshot

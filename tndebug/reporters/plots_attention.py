@@ -1,5 +1,5 @@
-"""Attention maps of the probe batch (one figure per attention kind) and the TensorBoard image
-of one attention site; the token labels on their axes."""
+"""Attention maps of the probe batch (one figure per attention kind); the token labels on their
+axes. (TensorBoard's image of one attention site: reporters/attention_image.py.)"""
 from __future__ import annotations
 
 import functools
@@ -152,24 +152,6 @@ def padded_example(snap: TraceSnapshot | None) -> int:
     if int(n_pad.max()) == 0:
         return 0
     return int(torch.where(n_pad > 0, n_pad, n_pad.max() + 1).argmin())
-
-
-def attention_image(probs: torch.Tensor, min_cell: int = 96) -> np.ndarray:
-    """Heads side by side, viridis, upscaled; NaN in magenta.  probs [h, T, S] -> [H, W, 3] uint8
-
-    Coloured at [h, T, S] and upscaled as bytes, not as floats (an image per attention site
-    at every snapshot step of a training run)."""
-    p = probs.detach().float().cpu().numpy()
-    h, T, S = p.shape
-    k = max(1, math.ceil(min_cell / max(T, S, 1)))
-    rgb = colormaps["viridis"](np.clip(np.nan_to_num(p, nan=0.0), 0, 1), bytes=True)[..., :3]
-    rgb[~np.isfinite(p)] = (255, 0, 255)
-    rgb = rgb.repeat(k, axis=1).repeat(k, axis=2)                                  # [h, kT, kS, 3]
-    out = np.full((T * k, h * S * k + 2 * (h - 1), 3), 255, dtype=np.uint8)       # 2 px white gaps
-    for i in range(h):
-        x = i * (S * k + 2)
-        out[:, x:x + S * k] = rgb[i]
-    return out
 
 
 def _tokens(x: torch.Tensor | None, example: int, length: int) -> list[int] | None:

@@ -43,6 +43,7 @@ from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
 from tndebug import manifest
 from tndebug import tags
+from tndebug.reporters.attention_image import attention_image
 from tndebug.reporters.event_file import EventFile
 from tndebug.reporters.recorder import on_cadence
 from tndebug.reporters.tb_run import chart_order, hparams_and_metrics
@@ -162,7 +163,6 @@ class TensorBoardSink:
             named += [(f"grad/{name}", g) for name, g in trace.grads.items()]
             self.add_histograms(step, named)
         if self.images:
-            from tndebug.reporters.plots import attention_image
             file_writer = self._file()
             for r in trace.records():
                 if r.probs is not None and r.probs.dim() == 4 and r.probs.shape[0] > 0:
