@@ -28,6 +28,7 @@ from tndebug.integrations.lightning import TndebugCallback  # noqa: E402
 class Lit(pl.LightningModule):
     def __init__(self, bug: str):
         super().__init__()
+        self.bug = bug
         torch.manual_seed(0)
         self.model = nanogpt.build("manual", None if bug in ("healthy", "no_zero_grad") else bug,
                                    vocab_size=W.V, block_size=W.T, n_layer=2, n_head=2, n_embd=32)
@@ -47,6 +48,10 @@ class Lit(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.model.parameters(), lr=3e-3)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        if self.bug != "no_zero_grad":           # the bug: Lightning's zero_grad overridden away
+            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
 
 
 class Rows(torch.utils.data.IterableDataset):

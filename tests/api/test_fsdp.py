@@ -107,10 +107,13 @@ LIGHTNING = Path(__file__).with_name("lightning_fsdp_worker.py")
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("bug,errors", [("healthy", set()), ("no_scale", {"missing-scale/absent"})])
+@pytest.mark.parametrize("bug,errors", [("healthy", set()), ("no_scale", {"missing-scale/absent"}),
+                                        ("no_zero_grad", {"zero-grad/grads-accumulate"})])
 def test_lightning_callback_under_fsdp2(tmp_path, bug, errors):
     """Lightning's ModelParallelStrategy (FSDP2: fully_shard in configure_model), gloo, CPU:
-    the callback's one report, as clean as the loop above or naming the missing scale."""
+    the callback's one report, as clean as the loop above or naming the missing scale, or the
+    gradients that add up when `optimizer_zero_grad` does nothing (zero-grad hooks the optimizer
+    Lightning steps)."""
     pytest.importorskip("pytorch_lightning")
     out = tmp_path / "run"
     proc = torchrun(LIGHTNING, [str(out), bug, STEPS],
