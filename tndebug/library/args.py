@@ -5,11 +5,16 @@ docs/bad_input.md (its library section) lists each one with the exact line it ge
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from tndebug.errors import UsageError
+from tndebug.outputs import LIBRARY, claim_output as claim, held_here, resolve_output
+from tndebug.padding import mid_sequence_pads, pad_text
+from tndebug.probes import TRAINING_ONLY
+from tndebug.probes.base import Probe
 
 
 def _shown(value: Any) -> str:
@@ -46,7 +51,6 @@ def probe_spec(spec: Any, where: str) -> str | list:
     """`probes=`: "all", "none", "a,b", or a non-empty list of names (or, for watch, of Probe
     objects). An empty selection ("", [], ",") checks nothing and is refused: "none" says
     that on purpose."""
-    from tndebug.probes.base import Probe
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise UsageError(f"{where}: probes={_shown(spec)} selects no probe; pass probe names "
@@ -69,7 +73,6 @@ def probe_spec(spec: Any, where: str) -> str | list:
 
 def training_only(names: list[str], where: str) -> None:
     """`check` runs one forward and backward: the probes that judge a training run refused."""
-    from tndebug.probes import TRAINING_ONLY
     asked = [n for n in names if n in TRAINING_ONLY]
     if asked:
         raise UsageError(f"{where}: probes {', '.join(asked)} judge a training run (the optimizer's "
@@ -138,7 +141,6 @@ def _not_ids(t) -> str:
 def user_data(tensors: dict[str, Any], pad_id: int, src_vocab: int, tgt_vocab: int) -> None:
     """`check(data=)`: 2-D integer tensors with one row count, ids inside the model's vocabulary,
     and the pad id only at the ends of a row (else it is a real token: the pad id is wrong)."""
-    from tndebug.padding import mid_sequence_pads, pad_text
     rows = None
     for name, t in tensors.items():
         what = _not_ids(t)
@@ -176,9 +178,7 @@ def output_dir(out: Any, *, overwrite: bool, start_step: int, main: bool = True)
     a file, a place under a file, or a directory that holds a run (unless overwrite=True) is
     refused. A resumed watch (start_step > 0) continues in its own directory, as `run --resume`
     does."""
-    from pathlib import Path
 
-    from tndebug.outputs import LIBRARY, resolve_output
     if out is None:
         return None
     if not isinstance(out, (str, Path)):
@@ -195,9 +195,7 @@ def claim_output(stack, out, *, overwrite: bool, start_step: int):
     """Create, lock and (overwrite=True) clear `out` as `tndebug run` does, held by `stack`
     (an ExitStack the watch closes when the block ends): the old reports, figures and
     TensorBoard events go first, so tb/ never holds two runs."""
-    from pathlib import Path
 
-    from tndebug.outputs import LIBRARY, claim_output as claim, held_here
     if held_here(Path(out)):           # the lock lets this process in again: one run a tb/ all the same
         raise UsageError(f"watch: out='{out}' is in use by another tndebug.watch in this process; "
                          f"pass another out=, or leave that block first")
