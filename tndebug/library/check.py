@@ -36,6 +36,7 @@ from tndebug.probes.head_weights import duplicate_heads
 from tndebug.probes import TRIAGE_PROBES, parse_probe_spec
 from tndebug.probes.base import ProbeError
 from tndebug.probes.kv_order import kv_order, undecided as kv_undecided
+from tndebug.probes.mask_broadcast import tndebug_masks_note
 from tndebug.library import args as A
 from tndebug.library.live import live_subject, set_max_len, unwrap
 from tndebug.report import Report
@@ -105,10 +106,8 @@ def check(model: nn.Module, forward: Callable | None = None, data=None, *, pad_i
         heads = duplicate_heads(attention_weights(model))
     else:
         heads = duplicate_heads(projection_weights(model))
-    notes = [] if not info.get("adapter_note") else [Finding(
-        "mask-broadcast", "info", f"{info['adapter_note']}; the mask tests judged tndebug's masks, "
-        f"not yours: pass forward= that calls your own mask code", step=0,
-        evidence={"adapter": info["adapter"]}, code="mask-broadcast/tndebug-masks")]
+    notes = [] if not info.get("adapter_note") else [
+        tndebug_masks_note(info["adapter_note"], info["adapter"], "forward=")]
     run = {**_run_record(model, info, subject, data, batch, dtype, names),
            "kv_head_order": kv_evidence, "probe_seconds": probed.seconds,
            "wall_s": round(time.perf_counter() - t0, 3), "status": "completed"}

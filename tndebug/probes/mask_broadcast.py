@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 
 from tndebug.faults import FAULT_NOTES
+from tndebug.findings import Finding
 from tndebug.probes._tolerance import tol
 from tndebug.probes._mask_tests import (FIT_TOL, INPUTS, KINDS, MASS_TOL, NOTE, REL_TOL, SUM_TOL,
                                         Check, Module, likely_cause, behaviour, compare, probs_check)
@@ -362,3 +363,12 @@ class MaskBroadcast(Probe):
                     evidence=ev, fix=fix, code=code,
                     source=None if first is None or code == "positions-mixed"
                     else mask_line(first.sources, code))
+
+
+def tndebug_masks_note(adapter_note: str, adapter: str, own_forward: str) -> Finding:
+    """The info that tndebug's built-in adapter, not the user's code, built the masks the tests
+    judged (check's forward=, triage's --adapter); `own_forward` says how to pass a forward that
+    calls the user's own mask code."""
+    return Finding("mask-broadcast", "info", f"{adapter_note}; the mask tests judged tndebug's "
+                   f"masks, not yours: pass {own_forward} that calls your own mask code", where="",
+                   step=0, evidence={"adapter": adapter}, code="mask-broadcast/tndebug-masks")

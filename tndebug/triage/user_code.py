@@ -15,7 +15,8 @@ from tndebug.capture.user_model import build_user_model, load_weights, parse_con
 from tndebug.capture.subjects import fed_tables, vocab_rule
 from tndebug.data import Batch, as_lm
 from tndebug.errors import UsageError
-from tndebug.findings import Finding, user_path
+from tndebug.findings import user_path
+from tndebug.probes.mask_broadcast import tndebug_masks_note
 from tndebug.subject import Subject
 from tndebug.judge.fresh import SEED, seeded
 from tndebug.hf.encoder_only import MLM_LOSS
@@ -79,10 +80,7 @@ def user_target(ckpt: Checkpoint, batch, task, *, spec: str, config: str | None,
     findings = []
     if getattr(adapter, "note", None) and not decoder:   # tndebug built what the user's code would
         run["adapter_note"] = adapter.note
-        findings.append(Finding("mask-broadcast", "info", f"{adapter.note}; the mask tests judged "
-                                f"tndebug's masks, not yours: pass --adapter FILE.py:forward that "
-                                f"calls your own mask code", where="", step=0,
-                                evidence={"adapter": adapter.name}, code="mask-broadcast/tndebug-masks"))
+        findings.append(tndebug_masks_note(adapter.note, adapter.name, "--adapter FILE.py:forward"))
     elif adapter.note:                       # how the model was called; its own masks ran
         run["adapter_note"] = adapter.note
     run["fresh_init"] = f"{spec} called again with the same kwargs, seed {SEED}, no weights loaded"
