@@ -14,6 +14,7 @@ import re
 
 import torch
 
+from tndebug.capture.origins import cache_divergence
 from tndebug.faults import FAULT_NOTES
 from tndebug.probes._mask_tests import Check, compare
 from tndebug.probes.raised import ModelRaised, call as _call
@@ -139,6 +140,10 @@ class CacheTests:
             if not worst.failed:
                 return
             cause, fix, seen = self._cache_cause(s, plain, T // 2)
+            # the user's line where the cached step first computes what the full forward does not
+            with s.evaluating():
+                line = cache_divergence(s.model, lambda: s.logits(plain[:, :0], plain),
+                                        lambda: s.incremental(plain, T // 2), T // 2)
         except ModelRaised as e:
             self.skip(f"the model raised {type(e.error).__name__} on {e.what}: "
                       f"{str(e.error).strip()[:200]}", where=CACHE)
@@ -147,7 +152,7 @@ class CacheTests:
                     f"forward's by {worst.delta:.3g} (tolerance {worst.tol:.2g}): {cause}",
                     where="", step=0, evidence={"cases": per_case, "sees": seen,
                                                 "threshold": THRESHOLD},
-                    fix=fix, code="kv-cache")
+                    fix=fix, code="kv-cache", source=line)
 
     def _cache_cause(self, s: Subject, ids: torch.Tensor, split: int):
         """Which earlier tokens a cached step sees, by resampling them: the first key, the other
