@@ -14,6 +14,7 @@ import weakref
 import torch
 
 from tndebug.faults import FAULT_NOTES
+from tndebug.findings import Finding
 from tndebug.probes.base import Probe, ResumeInfo, RunContext, StepInfo
 from tndebug.probes.schedule import every
 from tndebug.sharded import norms
@@ -246,3 +247,20 @@ def _call(ref, name: str) -> None:
     probe = ref()
     if probe is not None:
         getattr(probe, name)()
+
+
+FIX_RESUME = ("save {'model': model.state_dict(), 'optimizer': opt.state_dict(), 'step': step} "
+              "and restore all three, so the warmup and Adam's moments continue [note 000]")
+
+
+def no_resume_state(missing: list[str], container, top_level_keys: list, step_key) -> Finding:
+    """A checkpoint file without optimizer state or step counter (`missing` names which; triage
+    reads the file: triage/hygiene.resume_state). An advisory (docs/severity.md): a weights-only
+    file is healthy for evaluation and export; the defect shows only in a resume, which this
+    probe checks when one happens."""
+    return Finding("lr-schedule", "info",
+                   f"checkpoint has no {' and no '.join(missing)}: resuming from it restarts the "
+                   f"warmup (the lr jumps) and Adam from empty moments (only matters if you resume "
+                   f"training from this file)", where="", step=0,
+                   evidence={"container": container, "top_level_keys": top_level_keys,
+                             "step_key": step_key}, fix=FIX_RESUME, code="lr-schedule/no-resume-state")

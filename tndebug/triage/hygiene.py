@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from tndebug.findings import Finding
 from tndebug.model.embedding import sinusoid_table
+from tndebug.probes.lr_schedule import no_resume_state
+from tndebug.probes.positional_encoding_weights import emb_ratio_finding, stored_pe_finding
 # the paired comparison of held-out losses, shared with the kv-order test (probes/paired.py)
 from tndebug.probes.paired import (MAJORITY, MIN_GAIN_NATS, MIN_GAIN_REL, MIN_SEQS,  # noqa: F401
                                    SOLVED, Z_SE, paired_gain, sequence_losses)
@@ -31,9 +33,6 @@ from tndebug.triage.loading import Checkpoint
 # [1/sqrt 2, sqrt 2] -> error.
 SWEEP_K = range(-6, 7)
 ALPHA_LOW, ALPHA_HIGH = 2 ** -0.5, 2 ** 0.5
-
-FIX_RESUME = ("save {'model': model.state_dict(), 'optimizer': opt.state_dict(), 'step': step} "
-              "and restore all three, so the warmup and Adam's moments continue [note 000]")
 
 
 def _f(probe, severity, message, where="", evidence=None, fix="", *, code: str) -> Finding:
@@ -149,14 +148,8 @@ def resume_state(ckpt: Checkpoint) -> list[Finding]:
         missing.append("step counter")
     if not missing:
         return []
-    # an advisory (docs/severity.md): a weights-only file is healthy for evaluation and
-    # export; the defect shows only in a resume, which lr-schedule checks when one happens
-    return [_f("lr-schedule", "info",
-               f"checkpoint has no {' and no '.join(missing)}: resuming from it restarts the "
-               f"warmup (the lr jumps) and Adam from empty moments (only matters if you resume "
-               f"training from this file)",
-               evidence={"container": ckpt.container, "top_level_keys": ckpt.top_keys[:12],
-                         "step_key": ckpt.step_key or None}, fix=FIX_RESUME, code="lr-schedule/no-resume-state")]
+    # an advisory (docs/severity.md): lr_schedule.no_resume_state
+    return [no_resume_state(missing, ckpt.container, ckpt.top_keys[:12], ckpt.step_key or None)]
 
 
 def config_vs_weights(config: dict, inferred: dict, key: str) -> list[Finding]:
@@ -183,12 +176,7 @@ def stored_pe(pe: torch.Tensor | None, key: str, d_model: int) -> list[Finding]:
     if err <= 1e-4:
         return []
     zero = float(table.abs().max()) == 0.0
-    return [_f("positional-encoding", "warning",
-               f"{key} is {'all zero' if zero else 'not the sinusoidal table'} "
-               f"(max |diff| {err:.2g}): the model was trained with a different PE than the "
-               f"paper's", where=key.rpartition(".")[0] or key,
-               evidence={"max_abs_diff": err, "all_zero": zero},
-               fix="check how the PE table is built (sin on even, cos on odd features)", code="positional-encoding/stored-pe")]
+    return [stored_pe_finding(key, err, zero)]
 
 
 def embedding_scale(lut: torch.Tensor, scale: float, where: str, rho_low: float = 0.05,
@@ -198,13 +186,7 @@ def embedding_scale(lut: torch.Tensor, scale: float, where: str, rho_low: float 
     rho = float(lut.float().pow(2).mean().sqrt()) * scale / math.sqrt(0.5)
     if rho_low <= rho <= rho_high:
         return []
-    drowned = "the PE drowns the token embeddings" if rho < rho_low else "the embeddings drown the PE"
-    return [_f("positional-encoding", "warning",
-               f"{where}: rho = RMS(embedding x {scale:.3g}) / RMS(PE) = {rho:.3g}: {drowned}",
-               where=where, evidence={"rho": rho, "scale": scale, "threshold_low": rho_low,
-                                      "threshold_high": rho_high},
-               fix="multiply the embeddings by sqrt(d_model) and initialise them N(0, 1/d_model) "
-                   "(or Xavier), so that token and position parts are comparable", code="positional-encoding/emb-ratio")]
+    return [emb_ratio_finding(where, rho, scale, rho_low, rho_high)]
 
 
 # -- weights ------------------------------------------------------------------------------------
