@@ -10,7 +10,7 @@ import torch
 
 from tndebug.config import ModelConfig
 from tndebug.inject import make_model
-from tndebug.judge.scale import sweep_findings
+from tndebug.probes.missing_scale_sweep import sweep_findings
 from tndebug.judge.status import sweep_not_run
 from tndebug.probes.head_weights import duplicate_heads
 from tndebug.report import Report
@@ -116,7 +116,7 @@ class SplitModel(FakeModel):
 def sweep(model, n=16, **kw):
     src = torch.randint(3, 11, (n, 6), generator=torch.Generator().manual_seed(1))
     ev = hygiene.temperature_sweep(model.forward, model.scaled, (src, src, src), 0, 11, **kw)
-    return sweep_findings(ev), ev             # the judge names the sweep's outcome (judge/scale.py)
+    return sweep_findings(ev), ev             # missing-scale names the sweep's outcome (its sweep file)
 
 
 def test_temperature_sweep_matched_checkpoint():

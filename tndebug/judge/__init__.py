@@ -14,7 +14,7 @@ statuses of the front-end's own checks, --select / --ignore -- is judged here, b
     shift-at-init, growth-at-init,    judge/fresh.py                 (label-shift, variance-drift)
       rank-at-init
     gather                            the front-end's own checks join; the temperature
-                                      sweep's findings (judge/scale.py, missing-scale)
+                                      sweep's findings (probes/missing_scale_sweep.py)
     wording                           hf/wording.py (Hugging Face), the user's paths,
                                       judge/arch.py (a decoder read by a guess)
     dedupe                            judge/status.py

@@ -20,8 +20,9 @@ from tndebug.judge import fresh, nan, status
 from tndebug.judge.arch import arch_hints
 from tndebug.judge.collateral import explained_by_update_fault
 from tndebug.hf.wording import hf_fix, hf_where, with_switches
-from tndebug.judge.scale import scale_at_init, sweep_findings, unscaled_error
+from tndebug.judge.scale import scale_at_init, unscaled_error
 from tndebug.probes.base import COVERAGE
+from tndebug.probes.missing_scale_sweep import sweep_findings
 from tndebug.report import Report
 
 AT_INIT = ("missing-scale", "label-shift", "variance-drift")   # re-judged on a fresh init
@@ -122,7 +123,7 @@ def rank(j: Judged, ctx: Context) -> None:
 
 def gather(j: Judged, ctx: Context) -> None:
     """The front-end's own checks join the probes' findings: the file's first, the rest after,
-    then the temperature sweep's, judged under missing-scale's name (judge/scale.py)."""
+    then the temperature sweep's, missing-scale's (probes/missing_scale_sweep.py)."""
     j.findings = [*ctx.first, *j.findings, *ctx.checks, *sweep_findings(ctx.sweep)]
 
 

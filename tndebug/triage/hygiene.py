@@ -7,8 +7,8 @@ Each check returns `Finding`s (probe "checkpoint", or the probe whose failure mo
 * the checkpoint's config and its weights disagree                         -> checkpoint, error
 * attention heads duplicated in the weights, or W_Q = W_K                  -> head-collapse, error
 * trained without the 1/sqrt(d_k) scale: the temperature sweep (FAILURE_MODES 2.2), with a
-  paired significance test, measured here -> its evidence; the judge names it (judge/scale.py
-  sweep_findings: missing-scale, error; on the user's own code info or none)
+  paired significance test, measured here -> its evidence; missing-scale's findings from it
+  (probes/missing_scale_sweep.py sweep_findings: error; on the user's own code info or none)
 * a stored PE table that is not the paper's sinusoids                      -> positional-encoding, warning
 """
 from __future__ import annotations
@@ -216,7 +216,7 @@ def temperature_sweep(forward: Callable, scaled: ScaleCtx, batch, pad_id: int, v
     Returns the evidence, run["temperature_sweep"]: the losses, the best alpha, the paired test
     and the verdict ("matched", "not significant", "mismatch", "not applicable", or
     "inconclusive" with its "reason" when the checkpoint does not solve the data, "non-finite").
-    The judge turns it into missing-scale's findings (judge/scale.py `sweep_findings`: an error
+    The judge adds missing-scale's findings from it (probes/missing_scale_sweep.py `sweep_findings`: an error
     on "mismatch") and a verdict that decided nothing into a part not run (Context.sweep).
     """
     src, tgt_in, tgt_out = batch
