@@ -232,3 +232,18 @@ def test_a_stuck_loop_whose_loss_is_scaled_is_still_stuck():
     probe = feed([2.4] * n, [2.4 / 4] * n)
     (f,) = probe.findings
     assert f.code == "loss-health/stuck-uniform" and f.step == 210
+
+
+def test_a_run_of_exactly_the_plateau_steps_is_judged_at_its_last_read():
+    """A 200-step run read every 10 steps last reads step 190: the run had the 200 steps the
+    check needs, so it is judged there (it said "plateau check needs 200 steps; this run had
+    200" and was partly checked)."""
+    probe = LossHealthProbe(every(10))
+    probe.setup(type("Run", (), {"lr_schedule": None, "total_steps": None})())
+    for i in range(20):                                           # steps 0, 10, ..., 190
+        probe.update({"ce": torch.tensor(2.4), "loss": torch.tensor(2.4), "vocab": V},
+                     type("Info", (), {"step": i * 10, "lr": None})())
+    probe.steps_run = 200
+    probe.finish(None)
+    (f,) = probe.findings
+    assert f.code == "loss-health/stuck-uniform" and f.step == 190

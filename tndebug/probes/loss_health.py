@@ -311,9 +311,8 @@ class LossHealthProbe(Probe):
             return
         needed = min(self.plateau_steps, PLATEAU_MIN_STEPS)
         last = self._ce[-1][0]
-        if last >= needed:
+        ran = self.steps_run if self.steps_run is not None else last + 1   # steps count from 0
+        if ran >= needed:                        # judged at its last read, as the run's end
             self._plateau(last)
         else:
-            had = (f"this run had {self.steps_run}" if self.steps_run is not None
-                   else f"the last probed step was {last}")
-            self.skip(f"plateau check needs {needed} steps; {had}")
+            self.skip(f"plateau check needs {needed} steps; this run had {ran}")
