@@ -189,7 +189,7 @@ def test_the_feed_forward_split_over_two_modules_is_found(dirs):
 @pytest.mark.parametrize("arch", ("bert", "distilbert"))
 def test_duplicated_heads_are_read_from_the_weights(arch):
     from tndebug.hf.encoder_decoder import attention_weights
-    from tndebug.probes.head_weights import duplicate_heads
+    from tndebug.probes.head_collapse_weights import duplicate_heads
     torch.manual_seed(0)
     model = transformers.AutoModelForMaskedLM.from_config(config(arch))
     sites = attention_weights(model)

@@ -12,7 +12,7 @@ from tndebug.config import ModelConfig
 from tndebug.inject import make_model
 from tndebug.probes.missing_scale_sweep import sweep_findings
 from tndebug.judge.status import sweep_not_run
-from tndebug.probes.head_weights import duplicate_heads
+from tndebug.probes.head_collapse_weights import duplicate_heads
 from tndebug.report import Report
 from tndebug.triage import hygiene
 from tndebug.triage.loading import Checkpoint

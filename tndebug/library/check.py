@@ -32,7 +32,7 @@ from tndebug.judge.fresh import SEED, seeded
 from tndebug.hf.wording import package_code, scale_switches
 from tndebug.hf.encoder_decoder import attention_weights
 from tndebug.one_stack import one_stack_batch
-from tndebug.probes.head_weights import duplicate_heads
+from tndebug.probes.head_collapse_weights import duplicate_heads
 from tndebug.probes import TRIAGE_PROBES, parse_probe_spec
 from tndebug.probes.base import ProbeError
 from tndebug.probes.kv_order import kv_order, undecided as kv_undecided

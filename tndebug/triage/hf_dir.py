@@ -48,7 +48,7 @@ from tndebug.hf.shift import NAME as LABEL_SHIFT, label_shift
 from tndebug.hf.wording import package_code, scale_switches
 from tndebug.judge.fresh import SEED, seeded
 from tndebug.probes import TRIAGE_PROBES
-from tndebug.probes.head_weights import duplicate_heads
+from tndebug.probes.head_collapse_weights import duplicate_heads
 from tndebug.report import Report
 from tndebug.subject import Subject
 from tndebug.triage import hygiene

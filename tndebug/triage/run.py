@@ -32,7 +32,7 @@ from tndebug import driver, judge
 from tndebug.findings import Finding
 from tndebug.triage.rebuilt import rebuilt_code
 from tndebug.probes import TRIAGE_PROBES  # noqa: F401 - tndebug.triage exports it
-from tndebug.probes.head_weights import duplicate_heads
+from tndebug.probes.head_collapse_weights import duplicate_heads
 from tndebug.subject import tndebug_subject
 from tndebug.triage import hygiene, layouts, own_decoder
 from tndebug.triage import hf_dir as hf       # a save_pretrained directory: no user code (issue 11)
