@@ -24,7 +24,7 @@ removes on exit:
 
 Nothing outlives the block: hooks are removed, the engine, subject and batch references
 dropped; the hooks hold the watch through a weak reference. The per-step hooks are
-`watch_hooks._WatchHooks` (a mixin of Watch), the pieces they hook in `watch_parts`. A probe that raises is switched
+`watch_hooks.WatchHooks` (a mixin of Watch), the pieces they hook in `watch_parts`. A probe that raises is switched
 off and reported (an info finding); an error of tndebug's own stops probing, never training.
 """
 from __future__ import annotations
