@@ -61,7 +61,7 @@ class State(AttentionEvents, AttentionSites, Streams):
         self.until_stacks = False               # raise StacksEntered once every stack is entered
         self.stop_before: str | None = None     # raise HeadReached as this module is called
         self.streams: list[tuple[str, str, int | None, str, torch.Tensor]] = []
-        self.last_add = self.normed = None      # post-norm streams (streams._Streams)
+        self.last_add = self.normed = None      # post-norm streams (streams.Streams)
         self.post_norm_stacks: set[str] = set()
         self.norm_outs: list = []               # the last normalisation outputs, with (weight, bias)
         self.stream_norm: dict[int, tuple] = {}   # stream index -> its norm's (weight, bias)

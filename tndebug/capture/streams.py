@@ -16,7 +16,7 @@ def is_norm(module: nn.Module) -> bool:
 
 
 class Streams:
-    """The residual stream and embedding points of a recording (mixed into `_State`: the
+    """The residual stream and embedding points of a recording (mixed into `recording.State`: the
     attention internals are the rest of it)."""
 
     def _token_embedding(self, name, args, kwargs, x) -> None:
