@@ -9,7 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tndebug.probes import PROBE_NAMES
+from tndebug.probes import PROBE_NAMES, probe_class
+from tndebug.probes.codes import OTHER_CODES
 
 PKG = Path(__file__).resolve().parents[1] / "tndebug"
 
@@ -58,6 +59,30 @@ def misplaced(pkg: Path = PKG) -> list[str]:
 
 def test_every_probe_finding_is_built_in_its_probe_files():
     assert misplaced() == []
+
+
+def _built_codes(pkg: Path = PKG) -> set[str]:
+    """Every whole `code="<probe>/<kind>"` literal under tndebug/ whose probe is a probe's name."""
+    out = set()
+    for path in pkg.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                out |= {kw.value.value for kw in node.keywords if kw.arg == "code"
+                        and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)
+                        and kw.value.value.partition("/")[0] in PROBE_NAMES}
+    return out
+
+
+def test_a_probe_code_is_registered_in_its_probe():
+    """The codes a probe's files build for triage or check are declared in the probe's own
+    `codes` (listed under it by `tndebug probes --codes`), not in OTHER_CODES, which keeps the
+    codes of no probe."""
+    assert sorted(c for c in OTHER_CODES if c.partition("/")[0] in PROBE_NAMES) == []
+    built = _built_codes()
+    assert "mask-broadcast/tndebug-masks" in built       # the scan sees them
+    undeclared = sorted(c for c in built
+                        if c.partition("/")[2] not in probe_class(c.partition("/")[0]).codes)
+    assert undeclared == []
 
 
 def test_the_home_check_can_fail(tmp_path):

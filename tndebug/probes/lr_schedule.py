@@ -64,6 +64,8 @@ class LrScheduleProbe(Probe):
         "no-optimizer-state": "optimizer state missing on resume",
         "warmup-restart": "the warmup restarted on resume",
         "lr-too-high": "one optimizer step moves the weights by a large share of their norm",
+        # triage reads the file (no_resume_state, below)
+        "no-resume-state": "no optimizer state or step in the file (advisory)",
     }
     reads = ()
     fix = _FIX

@@ -121,6 +121,8 @@ class MaskBroadcast(Probe):
         "at-embedding": "a behaviour test fails already at the embedding output: positional-encoding's (info)",
         "encoder-causal": "encoder-only: the outputs at <= t ignore the tokens after t (causal mask)",
         "encoder-one-sided": "encoder-only: the outputs at >= t ignore the tokens before t (triu mask)",
+        # check and triage say so when tndebug's adapter built the masks (tndebug_masks_note)
+        "tndebug-masks": "the built-in adapter built the masks, not your code",
     }
     reads = ("attn.q", "attn.k", "attn.scores", "attn.masked_scores", "attn.probs", "stream")
     fix = FAULT_NOTES["pad_mask_query_axis"][2]

@@ -84,6 +84,9 @@ class MissingScale(Probe):
         "wrong-constant": "another constant scale than 1/sqrt(d_k)",
         "folded-into-weights": "no 1/sqrt(d_k), folded into W_Q at initialisation (T5), by design",
         "shared-qk-unverifiable": "no 1/sqrt(d_k), q = k: the weights cannot show a fold",
+        # the temperature sweep triage measures (missing_scale_sweep.py)
+        "sweep-not-applicable": "the temperature sweep on your own code (advisory)",
+        "sweep-mismatch": "the checkpoint was trained with another scale",
     }
     reads = ("attn.q", "attn.k", "attn.scores", "attn.masked_scores", "attn.probs")
     fix = FAULT_NOTES["no_scale"][2]

@@ -88,6 +88,9 @@ class PositionalEncodingProbe(OrderTests, TableTests, Probe):
                                  "tokens, or permuting them, changes nothing)",
         "no-positions": "decoder-only: no position mechanism at all (NoPE, by design or not)",
         "pe-one-frequency": "the PE spans two dimensions: every pair has the same frequency",
+        # triage reads the weights (positional_encoding_weights.py)
+        "stored-pe": "a stored PE table that is not the paper's sinusoids",
+        "emb-ratio": "the embedding/PE ratio from the weights out of range",
     }
     reads = ("embed",)
     fix = _fix("no_pos_encoding")
