@@ -179,6 +179,16 @@ def normalised_residuals(subject, src, tgt, sites: list[str]) -> list[dict]:
             h.remove()
     found = []
     for site, other in adds.seen:
-        if id(other) in norm_out and attn_in.get(site) == id(other):
+        if id(other) in norm_out and attn_in.get(site) == id(other) \
+                and _beside(norm_out[id(other)], site.split("#")[0]):
             found.append({"where": site, "norm": norm_out[id(other)]})
     return found
+
+
+def _beside(norm: str, site: str) -> bool:
+    """The norm sits in the module that holds the attention (its block, or the model itself):
+    there `x = norm(x)` replaced the stream the block's residual should carry. A norm in
+    another branch (ModernBERT's `embeddings.norm`, whose output starts the stream and whose
+    first block reads it through an Identity) makes the stream's first value, not the bug."""
+    parent = norm.rpartition(".")[0]
+    return not parent or site.startswith(parent + ".")
