@@ -145,6 +145,39 @@ def scale_switches(config) -> dict[str, tuple]:
             and k in default and default[k] != v}
 
 
+def scale_fields(config) -> dict[str, float]:
+    """{field: value} for every numeric config field whose name says it sets an attention
+    scale, at its default or not (Gemma-2's query_pre_attn_scalar, Granite's
+    attention_multiplier)."""
+    try:
+        saved = config.to_dict()
+    except Exception:  # noqa: BLE001 - a config that cannot list its fields: no hint
+        return {}
+    words = ("scale", "scaling", "multiplier", "scalar")
+    return {k: float(v) for k, v in saved.items() if any(w in k.lower() for w in words)
+            and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0}
+
+
+def with_scale_field(f, fields: dict):
+    """A missing-scale error whose fitted scale is a config field's value v as transformers
+    uses it (v**-0.5, or v itself): the fix names the field first, even at its class default
+    (Gemma-2's query_pre_attn_scalar = 256 on a config whose heads are 16 wide: scale 1/16)."""
+    fitted = f.evidence.get("fitted_scale")
+    if f.probe != "missing-scale" or f.severity != "error" or not fitted:
+        return f
+    forms = {"**-0.5": lambda v: v ** -0.5, "": lambda v: v}
+    hit = next(((k, v, form) for k, v in fields.items() for form, of in forms.items()
+                if abs(of(v) - fitted) <= 1e-3 * fitted), None)
+    if hit is None:
+        return f
+    k, v, form = hit
+    d_k = f.evidence.get("d_k")
+    want = f"{d_k:g}" if form and d_k else "the scale you meant"
+    return replace(f, fix=f"config.{k} = {v:g} sets this scale ({k}{form} = {fitted:.3g}); set "
+                          f"it to {want}. " + (f.fix or ""),
+                   evidence={**f.evidence, "config_scale_field": {k: v}})
+
+
 def with_switches(f, switches: dict):
     """A missing-scale error whose config sets a scale switch away from its default: the fix
     names the field first."""

@@ -19,7 +19,7 @@ from tndebug.findings import Finding
 from tndebug.judge import fresh, nan, status
 from tndebug.judge.arch import arch_hints
 from tndebug.judge.collateral import explained_by_update_fault
-from tndebug.hf.wording import hf_fix, hf_where, with_switches
+from tndebug.hf.wording import hf_fix, hf_where, scale_fields, with_scale_field, with_switches
 from tndebug.judge.scale import scale_at_init, unscaled_error
 from tndebug.probes.base import COVERAGE
 from tndebug.probes.missing_scale_sweep import sweep_findings
@@ -135,8 +135,10 @@ def wording(j: Judged, ctx: Context) -> None:
         j.findings = [replace(f, fix=f.fix.rstrip(". ") + "." + hints[f.code])
                       if f.code in hints else f for f in j.findings]
     if ctx.hf_model is not None:
+        fields = scale_fields(getattr(ctx.hf_model, "config", None))
         j.findings = [hf_where(with_switches(hf_fix(f), ctx.hf_switches)
-                               if ctx.hf_switches else hf_fix(f), ctx.hf_model)
+                               if ctx.hf_switches else with_scale_field(hf_fix(f), fields),
+                               ctx.hf_model)
                       for f in j.findings]
     if ctx.rename is not None:
         j.findings = [renamed(f, ctx.rename) for f in j.findings]
