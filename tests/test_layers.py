@@ -304,6 +304,12 @@ def _private_imports(pkg: Path) -> list[str]:
     return sorted(set(bad))
 
 
+def test_no_private_name_is_imported_across_modules():
+    """Private means private (issue 46): a name used by another file drops its underscore (as
+    capture/source.py's `file_kind`, which origins.py reads), or the code moves."""
+    assert _private_imports(PKG) == []
+
+
 def test_the_private_import_check_can_fail(tmp_path):
     """A private name taken from another file is found however it is taken; a package's private
     module used inside its own package is not."""

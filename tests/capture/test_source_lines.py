@@ -84,7 +84,7 @@ def test_source_in_json_console_and_markdown(tmp_path):
 
 
 def test_no_op_line_names_the_forward_def_and_packages_are_marked(tmp_path):
-    from tndebug.capture.source import _kind, forward_def, pick, source_text
+    from tndebug.capture.source import file_kind, forward_def, pick, source_text
     path, _ = model_file(tmp_path, "healthy")
     module = load(path).CausalSelfAttention(64, 4, 8)
     loc = forward_def(module)
@@ -94,10 +94,10 @@ def test_no_op_line_names_the_forward_def_and_packages_are_marked(tmp_path):
     assert pick({"forward": loc}, "scores", "sdpa") is loc           # the fallback
     assert "its forward; no line of the op was found" in source_text(loc)
     site = "/usr/lib/python3/site-packages"
-    assert _kind(f"{site}/transformers/models/gpt2/modeling_gpt2.py") == "transformers"
-    assert _kind(f"{site}/x_transformers/x_transformers.py") is None    # another package: skipped
-    assert _kind(torch_file()) is None
-    assert _kind(str(path)) == "user"
+    assert file_kind(f"{site}/transformers/models/gpt2/modeling_gpt2.py") == "transformers"
+    assert file_kind(f"{site}/x_transformers/x_transformers.py") is None    # another package: skipped
+    assert file_kind(torch_file()) is None
+    assert file_kind(str(path)) == "user"
 
 
 def torch_file() -> str:

@@ -37,7 +37,7 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
-from tndebug.capture.source import _kind, location
+from tndebug.capture.source import file_kind, location
 
 _HERE = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _TNDEBUG = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
@@ -48,7 +48,7 @@ _FILES: dict[str, object] = {}
 
 def _file_kind(filename: str):
     """_OURS (tndebug's code), _WRAP (a recording wrapper: called on the user's behalf),
-    "user" or a package name (source._kind), or _SKIP (torch, the standard library)."""
+    "user" or a package name (source.file_kind), or _SKIP (torch, the standard library)."""
     k = _FILES.get(filename)
     if k is None:
         path = os.path.realpath(filename) if filename and not filename.startswith("<") else ""
@@ -57,7 +57,7 @@ def _file_kind(filename: str):
         elif path.startswith(_TNDEBUG):
             k = _OURS
         else:
-            k = _kind(filename) or _SKIP
+            k = file_kind(filename) or _SKIP
         _FILES[filename] = k
     return k
 
@@ -304,7 +304,7 @@ def _built_by(module, attr: str) -> dict | None:
             tree = ast.parse(textwrap.dedent("".join(lines)))
         except (TypeError, OSError, SyntaxError):
             continue
-        kind = _kind(file) if file else None
+        kind = file_kind(file) if file else None
         if kind is None:
             continue
         based = sorted({s.lineno for s in ast.walk(tree) if isinstance(s, ast.stmt)
@@ -343,7 +343,7 @@ def _assignment(cls, attr: str) -> dict | None:
             lines, first = inspect.getsourcelines(klass)
         except (TypeError, OSError):
             continue
-        kind = _kind(file) if file else None
+        kind = file_kind(file) if file else None
         if kind is None:
             continue
         for i, text in enumerate(lines):

@@ -9,7 +9,7 @@ the probed passes pay for it: the wrappers run only while a probe reads those op
 
 A location is a plain dict {file, line, function, code} ("function" is Class.method), so it
 travels into a Finding, report.json and back unchanged; "read": True marks a line found by
-reading the source, not by an op that ran (a table built in `__init__`, origins.table_line).
+reading the source, not by an op that ran (a table built in `__init__`, assignments.table_line).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ PACKAGES = ("transformers",)          # installed packages whose lines are the m
 
 
 @lru_cache(maxsize=512)
-def _kind(filename: str) -> str | None:
+def file_kind(filename: str) -> str | None:
     """"user", a package's name from PACKAGES, or None (a frame to skip)."""
     if not filename or filename.startswith("<"):
         return None
@@ -72,7 +72,7 @@ def user_line(skip: int = 1) -> dict | None:
         code = frame.f_code
         if _ours(code.co_filename):             # back in tndebug: the model's frames are over
             return None
-        kind = _kind(code.co_filename)
+        kind = file_kind(code.co_filename)
         if kind is not None:
             return location(code.co_filename, frame.f_lineno,
                             getattr(code, "co_qualname", code.co_name), kind)
@@ -103,9 +103,9 @@ def _forward_def(cls) -> dict | None:
         _, line = inspect.getsourcelines(fn)
     except (TypeError, OSError):
         return None
-    if file is None or _kind(file) is None and _package(os.path.realpath(file)) is None:
+    if file is None or file_kind(file) is None and _package(os.path.realpath(file)) is None:
         return None                        # torch's or tndebug's own modules: not the user's
-    kind = _kind(file) or _package(os.path.realpath(file))
+    kind = file_kind(file) or _package(os.path.realpath(file))
     loc = location(file, line, getattr(fn, "__qualname__", "forward"), kind)
     loc["def"] = True                    # the forward's def line, not the op's
     return loc
@@ -260,7 +260,7 @@ def _call_in(cls, attr: str, call: bool = True) -> dict | None:
         lines, first = inspect.getsourcelines(fn)
     except (TypeError, OSError):
         return None
-    kind = _kind(file) if file else None
+    kind = file_kind(file) if file else None
     if kind is None:
         return None
     needle = f"self.{attr}" + ("(" if call else "")
@@ -283,7 +283,7 @@ def module_place(model, path: str, modules: dict | None = None, *,
     if module is None or not path:
         return None
     own = _forward_def(type(module))
-    if own is not None and _kind(own["file"]) is not None:
+    if own is not None and file_kind(own["file"]) is not None:
         made = made_line(model, path) if by_output else None   # the op that made its output
         cls = own["function"].rpartition(".")[0]
         if made is not None and cls and made["function"].startswith(cls + "."):
