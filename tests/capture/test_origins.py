@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
 
 import tndebug
-from tndebug.capture.origins import Origins, attribute_line, table_line
+from tndebug.capture.assignments import attribute_line, table_line
+from tndebug.capture.origins import Origins
 
 from nanogpt_text import load, model_file
 

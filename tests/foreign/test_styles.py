@@ -180,7 +180,7 @@ def test_positions_never_applied_points_where_they_belong(tmp_path, style, bug):
 @pytest.mark.parametrize("bug", ["cache_positions", "cache_v_from_k", "cache_mask"])
 def test_a_kv_cache_bug_is_placed_where_the_cached_step_leaves_the_full_forward(tmp_path, bug):
     """Issue 48: lm-decoding/kv-cache had no line; the cached step's ops, matched line by line
-    to the full forward's (origins.cache_divergence), first differ on the line the bug was
+    to the full forward's (cache_divergence.py), first differ on the line the bug was
     written in: the positions restarted, v concatenated to the cached k, the mask not offset."""
     report, file, lines = _check(tmp_path, "kv_cache", bug)
     (f,) = [f for f in report.findings if f.code == "lm-decoding/kv-cache"]

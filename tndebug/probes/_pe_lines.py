@@ -6,7 +6,7 @@ module). Its line is told from the table's shape, against what the first attenti
 
 * a table of rows as wide as the stream ([L, d_model] or [1, L, d_model]: a learned or
   sinusoidal absolute table) is added to the embeddings: the line that made what enters the first block (`x = self.tok(ids)`,
-  where `+ self.pos[:T]` belongs), from the probe's own forward (origins.input_line);
+  where `+ self.pos[:T]` belongs), from the probe's own forward (op_lines.input_line);
 * a module of another width (a relative-bias nn.Embedding, one column per head) or a tensor
   whose last dim is neither d_model nor the head's (an ALiBi bias [h, L, L]) is added to the
   scores: the line of the first attention's score product (or its SDPA call), the op its
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tndebug.capture.origins import input_line
+from tndebug.capture.op_lines import input_line
 from tndebug.capture.source import pick
 from tndebug.subject import Subject
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tndebug.capture.origins import TakenLines
+from tndebug.capture.taken_lines import TakenLines
 
 # A skip passes each token's input at its share of the token's output, |x_t| / |y_t| (pre-LN),
 # |x_t| / |x_t + f_t| (post-LN); a missing skip passes exactly 0: the block's output is computed
@@ -101,7 +101,7 @@ class BlockSkip:
     reason: str = ""              # why there is no verdict
     by_part: dict = field(default_factory=dict)   # attention site or "rest" -> share
     lines: dict = field(default_factory=dict)     # attention site -> the user's line that takes
-    #                                               its output (origins.TakenLines)
+    #                                               its output (taken_lines.TakenLines)
 
 
 class _Runs:

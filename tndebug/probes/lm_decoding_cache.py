@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from tndebug.capture.origins import cache_divergence
+from tndebug.capture.cache_divergence import cache_divergence
 from tndebug.faults import FAULT_NOTES
 from tndebug.probes._mask_tests import Check, compare
 from tndebug.probes.raised import ModelRaised, call as _call

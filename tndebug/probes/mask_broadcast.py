@@ -12,7 +12,7 @@ from tndebug.probes.raised import ModelRaised, call as _call, raised_in as _rais
 from tndebug.probes._attn_stats import head_split_fits, probe_batch
 from tndebug.capture.source import pick, same_line, with_also
 from tndebug.capture.trace import KIND_WORDS
-from tndebug.capture.origins import random_op_line
+from tndebug.capture.op_lines import random_op_line
 from tndebug.probes import _bidirectional
 from tndebug.probes._embed_moves import embedding_moves
 from tndebug.probes.base import Probe, RunContext

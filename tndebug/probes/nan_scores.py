@@ -179,8 +179,8 @@ class NanScores(Probe):
                         "returns its bias on a constant row", code="eps-zero", source=self._eps_line(first))
 
     def _eps_line(self, path: str) -> dict | None:
-        """Where the norm's eps is set: the line that constructs it (capture/origins.py)."""
-        from tndebug.capture.origins import constructor_line
+        """Where the norm's eps is set: the line that constructs it (capture/assignments.py)."""
+        from tndebug.capture.assignments import constructor_line
         subject = self._run.subject if self._run is not None else None
         return constructor_line(getattr(subject, "model", None), path)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tndebug.capture.origins import table_line
+from tndebug.capture.assignments import table_line
 from tndebug.faults import FAULT_NOTES
 from tndebug.probes._embed_moves import embedding_moves
 from tndebug.probes._misc_stats import first_reason
@@ -138,5 +138,5 @@ class TableTests:
                               "threshold_rank": PE_MIN_RANK, "singular_value_tol": PE_RANK_TOL,
                               "probe_length": length}, code="pe-one-frequency",
                     # the table is built in __init__, outside every probed forward: found by its
-                    # values, its line read from the source (origins.table_line)
+                    # values, its line read from the source (assignments.table_line)
                     source=table_line(model, rows))
