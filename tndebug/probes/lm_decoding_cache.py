@@ -70,19 +70,23 @@ class CacheTests:
     """lm-decoding's KV-cache test, mixed into LMDecoding: it reports as the probe."""
 
     # -- the KV cache --------------------------------------------------------------------
+    def _no_cache(self, s: Subject) -> None:
+        """No incremental call: a cache the adapter does not reach is untested, not absent."""
+        declared = declared_cache(s.model)
+        if declared:
+            self.cover(CACHE, "no verdict", f"the model has a KV cache ({declared}) that the "
+                       f"adapter does not call, so cached decoding was not tested: "
+                       f"{OFFER_CACHE}")
+            self.part_not_run("KV cache", f"the model has a KV cache ({declared}) that the "
+                              f"adapter does not call: {OFFER_CACHE}")
+            return
+        self.cover(CACHE, "not applicable", "the model offers no KV cache (no incremental "
+                   "call, no cache argument or module): generation reruns the whole prefix, "
+                   "which the causality and padding tests cover")
+
     def kv_cache(self, s: Subject) -> None:
         if not s.has_cache:
-            declared = declared_cache(s.model)
-            if declared:            # a cache the adapter does not reach: untested, not absent
-                self.cover(CACHE, "no verdict", f"the model has a KV cache ({declared}) that the "
-                           f"adapter does not call, so cached decoding was not tested: "
-                           f"{OFFER_CACHE}")
-                self.part_not_run("KV cache", f"the model has a KV cache ({declared}) that the "
-                                  f"adapter does not call: {OFFER_CACHE}")
-                return
-            self.cover(CACHE, "not applicable", "the model offers no KV cache (no incremental "
-                       "call, no cache argument or module): generation reruns the whole prefix, "
-                       "which the causality and padding tests cover")
+            self._no_cache(s)
             return
         T = s.fit(10)
         if T < 4:
