@@ -57,3 +57,20 @@ def test_a_built_in_adapter_named_on_the_command_line_is_used(capsys):
     code = main(["check", SPEC, "--adapter", "annotated", "--format", "concise"])
     err = capsys.readouterr().err
     assert code == 2 and "annotated raised AttributeError" in err, err
+
+
+def test_concise_output_says_what_could_not_be_checked(tmp_path, monkeypatch, capsys):
+    """Exit 4 in CI with --format concise: the lines say which probe could not check and why
+    (they gave only "tndebug check: INCOMPLETE (...)"). Here the projections sit in a module
+    whose class name says nothing of attention, so missing-scale cannot trace q and k."""
+    (tmp_path / "renamed.py").write_text(
+        "import two_input_seq2seq as m\n"
+        "class MultiHead(m.MultiHeadAttention):\n    pass\n"
+        "m.MultiHeadAttention = MultiHead\n"
+        "def make():\n    return m.make()\n")
+    monkeypatch.syspath_prepend(str(HERE))
+    code = main(["check", f"{tmp_path / 'renamed.py'}:make", "--format", "concise",
+                 "--probe", "missing-scale"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 4 and out[-1].startswith("tndebug check: INCOMPLETE"), out
+    assert out[-2].startswith("tndebug check: not checked: missing-scale: q and k"), out

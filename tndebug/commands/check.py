@@ -58,7 +58,8 @@ def add_parser(sub) -> None:
                    help=f"probes to run: a,b (default: every probe that needs no training; "
                         f"known: {', '.join(PROBE_NAMES)})")
     p.add_argument("--format", choices=("concise", "text", "json"), default="text",
-                   help="concise: one FILE:LINE: CODE severity: message line per finding; text: "
+                   help="concise: one FILE:LINE: CODE severity: message line per finding, a "
+                        "'not checked: PROBE: why' line per probe that could not check; text: "
                         "the findings table; json: the report (default text). With concise or "
                         "json, what your code prints goes to stderr")
     add_fail_on(p)
@@ -109,6 +110,8 @@ def main(args) -> int:
         for line in concise_lines(report, factory, model):
             print(line)
         from tndebug.reporters.common import counts_text
+        for name, why in report.incomplete().items():    # exit 4 says why, in the same lines
+            print(f"tndebug check: not checked: {name}: {why or 'no reason given'}")
         print(f"tndebug check: {report.verdict.upper()} ({counts_text(report)})")
     else:
         from tndebug.reporters.console import make_console, print_summary
