@@ -93,7 +93,8 @@ def residual_carries(trace: Trace) -> list[dict]:
     return out
 
 
-def _first_tensor(x):
+def first_output(x):
+    """A module's output tensor: the output, or the first item of a tuple/list output."""
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
@@ -155,7 +156,7 @@ def normalised_residuals(subject, src, tgt, sites: list[str]) -> list[dict]:
                 held.append(first)
 
         def post(mod, args, out):
-            t = _first_tensor(out)
+            t = first_output(out)
             if t is not None:
                 attn_out[id(t)] = site
                 held.append(t)

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from tndebug.capture.taken_lines import TakenLines
+from tndebug.probes._residual import first_output
 
 # A skip passes each token's input at its share of the token's output, |x_t| / |y_t| (pre-LN),
 # |x_t| / |x_t + f_t| (post-LN); a missing skip passes exactly 0: the block's output is computed
@@ -61,14 +62,6 @@ def _matrix_modules(block: str, modules: dict[str, nn.Module]) -> list[str]:
     """Modules strictly inside `block` that own a weight matrix (a >= 2-D parameter)."""
     return [p for p, m in modules.items() if p.startswith(block + ".")
             and any(w.dim() >= 2 for w in m.parameters(recurse=False))]
-
-
-def _first_tensor(out):
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    return None
 
 
 def _clone(out):
@@ -155,7 +148,7 @@ class _Runs:
     def _post(self, block):
         def hook(mod, args, out):
             key = self.stack.pop() if self.stack else None
-            y = _first_tensor(out)
+            y = first_output(out)
             if key is not None and y is not None:
                 (self.base_out if self.mode == "base" else self.moved_out)[key] = y.detach().clone()
         return hook
